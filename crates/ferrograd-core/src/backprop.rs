@@ -1,0 +1,318 @@
+//! Reverse-mode autodiff. `backward()` sorts the graph below a scalar once, then walks it from the
+//! output to the leaves, applying one rule per `Op`. A node's gradient is removed from the working
+//! map as soon as it has been pushed to its inputs, so intermediate buffers die during the walk;
+//! only leaf variables' gradients reach the returned `GradStore`.
+
+use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
+use crate::{DType, Error, Result, Tensor, TensorId};
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Restores the previous grad mode on drop.
+pub struct NoGradGuard(bool);
+
+impl Drop for NoGradGuard {
+    fn drop(&mut self) {
+        GRAD_ENABLED.with(|g| g.set(self.0));
+    }
+}
+
+/// Stop recording ops on this thread until the guard drops.
+pub fn no_grad() -> NoGradGuard {
+    NoGradGuard(GRAD_ENABLED.with(|g| g.replace(false)))
+}
+
+/// Run `f` without recording ops.
+pub fn with_no_grad<T>(f: impl FnOnce() -> T) -> T {
+    let _g = no_grad();
+    f()
+}
+
+/// Whether an op on these inputs must be recorded.
+pub(crate) fn track(inputs: &[&Tensor]) -> bool {
+    is_grad_enabled() && inputs.iter().any(|t| t.tracks_grad())
+}
+
+/// Gradients of leaf variables, by tensor id.
+#[derive(Default, Clone)]
+pub struct GradStore(HashMap<TensorId, Tensor>);
+
+impl GradStore {
+    pub fn get(&self, t: &Tensor) -> Option<&Tensor> {
+        self.0.get(&t.id())
+    }
+    pub fn get_id(&self, id: TensorId) -> Option<&Tensor> {
+        self.0.get(&id)
+    }
+    pub fn remove(&mut self, t: &Tensor) -> Option<Tensor> {
+        self.0.remove(&t.id())
+    }
+    pub fn insert(&mut self, t: &Tensor, g: Tensor) -> Option<Tensor> {
+        self.0.insert(t.id(), g)
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn clear(&mut self) {
+        self.0.clear()
+    }
+    pub fn ids(&self) -> impl Iterator<Item = &TensorId> {
+        self.0.keys()
+    }
+    /// Add `g` to the gradient stored for `id`.
+    fn accumulate(map: &mut HashMap<TensorId, Tensor>, id: TensorId, g: Tensor) -> Result<()> {
+        match map.remove(&id) {
+            Some(prev) => {
+                map.insert(id, prev.add(&g)?);
+            }
+            None => {
+                map.insert(id, g);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn inputs(op: &Op) -> Vec<&Tensor> {
+    match op {
+        Op::Unary(x, _)
+        | Op::Reduce(x, _, _)
+        | Op::Reshape(x)
+        | Op::Permute(x, _)
+        | Op::Narrow(x, _, _)
+        | Op::Broadcast(x)
+        | Op::Copy(x)
+        | Op::ToDType(x)
+        | Op::IndexSelect(x, _, _)
+        | Op::Gather(x, _, _)
+        | Op::Softmax(x)
+        | Op::LogSoftmax(x) => vec![x],
+        Op::Binary(a, b, _) | Op::Matmul(a, b) => vec![a, b],
+        Op::WhereCond(_, t, f) => vec![t, f],
+        Op::Cat(xs, _) => xs.iter().collect(),
+        Op::LayerNorm { x, weight, bias, .. } => {
+            let mut v = vec![x];
+            v.extend(weight);
+            v.extend(bias);
+            v
+        }
+    }
+}
+
+/// Nodes that lead to a tracked leaf, in topological order (inputs before outputs).
+fn topo_order(root: &Tensor) -> Vec<Tensor> {
+    let mut order = Vec::new();
+    let mut seen = HashSet::new();
+    // Iterative post-order DFS: deep graphs (long training unrolls) must not overflow the stack.
+    let mut stack: Vec<(Tensor, bool)> = vec![(root.clone(), false)];
+    while let Some((t, expanded)) = stack.pop() {
+        if expanded {
+            order.push(t);
+            continue;
+        }
+        if !seen.insert(t.id()) {
+            continue;
+        }
+        stack.push((t.clone(), true));
+        if let Some(op) = t.op() {
+            for i in inputs(op) {
+                if i.tracks_grad() && !seen.contains(&i.id()) {
+                    stack.push((i.clone(), false));
+                }
+            }
+        }
+    }
+    order
+}
+
+pub(crate) fn backward(root: &Tensor, store: &mut GradStore) -> Result<()> {
+    if root.elem_count() != 1 {
+        return Err(Error::Backward(format!("needs a scalar loss, got shape {:?}", root.dims())));
+    }
+    if !root.tracks_grad() {
+        return Err(Error::Backward("the loss does not depend on any variable that requires grad".into()));
+    }
+    let _guard = crate::backprop::no_grad();
+    let order = topo_order(root);
+    let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
+    grads.insert(root.id(), root.ones_like()?);
+    for node in order.into_iter().rev() {
+        let Some(g) = grads.remove(&node.id()) else { continue };
+        if node.is_variable() {
+            GradStore::accumulate(&mut store.0, node.id(), g.clone())?;
+        }
+        let Some(op) = node.op() else { continue };
+        for (input, gi) in input_grads(&node, op, &g)? {
+            if input.tracks_grad() {
+                GradStore::accumulate(&mut grads, input.id(), gi)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `g` summed down to `shape` (the adjoint of broadcasting).
+pub(crate) fn sum_to(g: &Tensor, dims: &[usize]) -> Result<Tensor> {
+    let lead = g.rank() - dims.len();
+    let mut red: Vec<usize> = (0..lead).collect();
+    for (i, &d) in dims.iter().enumerate() {
+        if d == 1 && g.dims()[lead + i] != 1 {
+            red.push(lead + i);
+        }
+    }
+    let s = if red.is_empty() { g.clone() } else { g.sum(red, true)? };
+    s.reshape(dims.to_vec())
+}
+
+fn mask_of(c: Tensor, dtype: DType) -> Result<Tensor> {
+    c.to_dtype(dtype)
+}
+
+/// The gradient of each input of `node` given the gradient `g` of its output.
+fn input_grads(node: &Tensor, op: &Op, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
+    Ok(match op {
+        Op::Unary(x, u) => {
+            let d = match *u {
+                UnaryOp::Neg => g.neg()?,
+                UnaryOp::Abs => g.mul(&x.sign()?)?,
+                UnaryOp::Sqr => g.mul(&x.mul_scalar(2.0)?)?,
+                UnaryOp::Sign => return Ok(vec![]),
+                UnaryOp::Relu => g.mul(&mask_of(x.gt(&x.scalar_like(0.0)?)?, x.dtype())?)?,
+                UnaryOp::Exp => g.mul(node)?,
+                UnaryOp::Log => g.div(x)?,
+                // d sqrt(x) = 1 / (2 sqrt(x))
+                UnaryOp::Sqrt => g.div(&node.mul_scalar(2.0)?)?,
+                // d x^-1/2 = -1/2 x^-3/2 = -1/2 rsqrt(x) / x
+                UnaryOp::Rsqrt => g.mul(&node.div(x)?.mul_scalar(-0.5)?)?,
+                UnaryOp::Recip => g.mul(&node.sqr()?.neg()?)?,
+                UnaryOp::Tanh => g.mul(&node.sqr()?.affine(-1.0, 1.0)?)?,
+                UnaryOp::Sigmoid => g.mul(&node.mul(&node.affine(-1.0, 1.0)?)?)?,
+                UnaryOp::GeluTanh => g.mul(&x.unary_op(UnaryOp::GeluTanhGrad)?)?,
+                UnaryOp::GeluErf => g.mul(&x.unary_op(UnaryOp::GeluErfGrad)?)?,
+                UnaryOp::Silu => g.mul(&x.unary_op(UnaryOp::SiluGrad)?)?,
+                UnaryOp::Sin => g.mul(&x.cos()?)?,
+                UnaryOp::Cos => g.mul(&x.sin()?.neg()?)?,
+                UnaryOp::Affine { mul, .. } => g.mul_scalar(mul)?,
+                UnaryOp::Powf(e) => g.mul(&x.powf(e - 1.0)?.mul_scalar(e)?)?,
+                UnaryOp::Clamp { min, max } => {
+                    let inside = x.ge(&x.scalar_like(min)?)?.mul(&x.le(&x.scalar_like(max)?)?)?;
+                    g.mul(&mask_of(inside, x.dtype())?)?
+                }
+                UnaryOp::GeluTanhGrad | UnaryOp::GeluErfGrad | UnaryOp::SiluGrad => {
+                    return Err(Error::Backward(format!("second derivative through {} is not supported", u.name())))
+                }
+            };
+            vec![(x.clone(), d)]
+        }
+        Op::Binary(a, b, op) => {
+            let (ga, gb) = match op {
+                BinaryOp::Add => (g.clone(), g.clone()),
+                BinaryOp::Sub => (g.clone(), g.neg()?),
+                BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
+                // d(a/b)/db = -a/b^2 = -out/b
+                BinaryOp::Div => (g.div(b)?, g.mul(node)?.div(b)?.neg()?),
+                BinaryOp::Maximum | BinaryOp::Minimum => {
+                    let pick_a = if *op == BinaryOp::Maximum { a.ge(b)? } else { a.le(b)? };
+                    let m = mask_of(pick_a, g.dtype())?;
+                    (g.mul(&m)?, g.mul(&m.affine(-1.0, 1.0)?)?)
+                }
+            };
+            vec![(a.clone(), ga), (b.clone(), gb)]
+        }
+        Op::WhereCond(c, t, f) => {
+            let z = g.zeros_like()?;
+            vec![(t.clone(), c.where_cond(g, &z)?), (f.clone(), c.where_cond(&z, g)?)]
+        }
+        Op::Reduce(x, ReduceOp::Sum, _) => vec![(x.clone(), g.broadcast_as(x.shape().clone())?)],
+        Op::Reduce(x, _, dims) => {
+            // Ties share the gradient equally (PyTorch's amax/amin rule).
+            let hit = mask_of(x.eq(&node.broadcast_as(x.shape().clone())?)?, x.dtype())?;
+            let count = hit.sum(dims.clone(), true)?;
+            vec![(x.clone(), hit.mul(&g.div(&count)?)?)]
+        }
+        Op::Matmul(a, b) => vec![(a.clone(), g.matmul(&b.t()?)?), (b.clone(), a.t()?.matmul(g)?)],
+        Op::Reshape(x) => vec![(x.clone(), g.reshape(x.shape().clone())?)],
+        Op::Permute(x, perm) => {
+            let mut inv = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            vec![(x.clone(), g.permute(&inv)?)]
+        }
+        Op::Narrow(x, dim, start) => {
+            let (size, len) = (x.dims()[*dim], node.dims()[*dim]);
+            let mut parts = vec![];
+            let zeros = |n: usize| {
+                let mut d = x.dims().to_vec();
+                d[*dim] = n;
+                Tensor::zeros(d, g.dtype(), g.device())
+            };
+            if *start > 0 {
+                parts.push(zeros(*start)?);
+            }
+            parts.push(g.clone());
+            if start + len < size {
+                parts.push(zeros(size - start - len)?);
+            }
+            vec![(x.clone(), Tensor::cat(&parts, *dim)?)]
+        }
+        Op::Broadcast(x) => vec![(x.clone(), sum_to(g, x.dims())?)],
+        Op::Copy(x) => vec![(x.clone(), g.clone())],
+        Op::ToDType(x) => vec![(x.clone(), g.to_dtype(x.dtype())?)],
+        Op::Cat(xs, dim) => {
+            let mut off = 0;
+            let mut out = vec![];
+            for x in xs {
+                let n = x.dims()[*dim];
+                out.push((x.clone(), g.narrow(*dim, off, n)?));
+                off += n;
+            }
+            out
+        }
+        Op::IndexSelect(x, ids, dim) => vec![(x.clone(), x.zeros_like()?.index_add(ids, g, *dim)?)],
+        Op::Gather(x, ids, dim) => vec![(x.clone(), x.zeros_like()?.scatter_add(*dim, ids, g)?)],
+        Op::Softmax(x) => {
+            // dx = y * (g - sum(g * y))
+            let s = g.mul(node)?.sum(-1, true)?;
+            vec![(x.clone(), node.mul(&g.sub(&s)?)?)]
+        }
+        Op::LogSoftmax(x) => {
+            // dx = g - softmax(x) * sum(g)
+            let s = g.sum(-1, true)?;
+            vec![(x.clone(), g.sub(&node.exp()?.mul(&s)?)?)]
+        }
+        Op::LayerNorm { x, weight, bias, mean, rstd } => {
+            use crate::backend::BackendStorage;
+            let ws = weight.as_ref().map(|w| w.storage());
+            let wp = weight.as_ref().zip(ws.as_deref()).map(|(w, s)| (s, w.layout()));
+            let (dx, dw, db) = x.storage().layer_norm_backward(
+                x.layout(),
+                wp,
+                &mean.storage(),
+                &rstd.storage(),
+                &g.storage(),
+                g.layout(),
+            )?;
+            let c = *x.dims().last().unwrap_or(&1);
+            let mut out = vec![(x.clone(), Tensor::from_storage(dx, x.shape().clone(), None))];
+            if let Some(w) = weight {
+                out.push((w.clone(), Tensor::from_storage(dw, c, None)));
+            }
+            if let Some(b) = bias {
+                out.push((b.clone(), Tensor::from_storage(db, c, None)));
+            }
+            out
+        }
+    })
+}

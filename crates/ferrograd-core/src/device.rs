@@ -1,0 +1,81 @@
+//! Where a tensor lives. `Device::best()` picks a usable GPU or falls back to the CPU, and
+//! `FERROGRAD_DEVICE=cpu|cuda|cuda:N` overrides the choice.
+
+use crate::{Error, Result};
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim().to_ascii_lowercase();
+        match s.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            _ => match s.strip_prefix("cuda:") {
+                Some(n) => n
+                    .parse::<usize>()
+                    .map(Device::Cuda)
+                    .map_err(|_| Error::InvalidArgument(format!("bad device ordinal in {s:?}"))),
+                None => Err(Error::InvalidArgument(format!("unknown device {s:?}: expected cpu, cuda or cuda:N"))),
+            },
+        }
+    }
+}
+
+impl Device {
+    pub fn is_cpu(&self) -> bool {
+        matches!(self, Device::Cpu)
+    }
+    pub fn is_cuda(&self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
+}
+
+/// The error for a CUDA device on a build whose CUDA tensor backend is not available yet.
+pub(crate) fn cuda_unsupported() -> Error {
+    Error::CudaUnavailable { reason: "CUDA tensors are not supported by this build of ferrograd yet".into() }
+}
+
+impl Device {
+    /// The device to use: `FERROGRAD_DEVICE` if set, else a usable GPU, else the CPU. The string
+    /// says in one line why this device was chosen.
+    pub fn best_with_reason() -> Result<(Device, String)> {
+        if let Ok(s) = std::env::var("FERROGRAD_DEVICE") {
+            let d: Device = s.parse()?;
+            if let Device::Cuda(n) = d {
+                let visible = crate::cuda::device_count()?;
+                if n >= visible {
+                    return Err(Error::CudaDeviceNotFound { ordinal: n, visible });
+                }
+                return Err(cuda_unsupported());
+            }
+            return Ok((d, format!("FERROGRAD_DEVICE={s}")));
+        }
+        let reason = match crate::cuda::device_count() {
+            Ok(0) => "running on the CPU: no CUDA device found".to_string(),
+            Ok(n) => format!("running on the CPU: {n} CUDA device(s) found, but CUDA tensors are not supported yet"),
+            Err(e) => format!("running on the CPU: {e}"),
+        };
+        Ok((Device::Cpu, reason))
+    }
+
+    pub fn best() -> Result<Device> {
+        Ok(Self::best_with_reason()?.0)
+    }
+}

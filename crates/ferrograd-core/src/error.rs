@@ -1,0 +1,75 @@
+//! One error type for the whole library. Every fallible path returns `Result<T>`; user input never
+//! panics. Messages name the offending shape, dtype, device or file so a user can act on them.
+
+use crate::{DType, Device};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("shape mismatch in {op}: {lhs:?} vs {rhs:?}")]
+    ShapeMismatch { op: &'static str, lhs: Vec<usize>, rhs: Vec<usize> },
+
+    #[error("cannot broadcast {from:?} to {to:?}")]
+    Broadcast { from: Vec<usize>, to: Vec<usize> },
+
+    #[error("{op}: {msg}")]
+    Shape { op: &'static str, msg: String },
+
+    #[error("dtype mismatch in {op}: {lhs:?} vs {rhs:?}")]
+    DTypeMismatch { op: &'static str, lhs: DType, rhs: DType },
+
+    #[error("{op} does not support dtype {dtype:?}")]
+    UnsupportedDType { op: &'static str, dtype: DType },
+
+    #[error("device mismatch in {op}: {lhs} vs {rhs}")]
+    DeviceMismatch { op: &'static str, lhs: Device, rhs: Device },
+
+    #[error("{op}: dim {dim} out of range for a tensor of rank {rank}")]
+    DimOutOfRange { op: &'static str, dim: isize, rank: usize },
+
+    #[error("{op}: index {index} out of range for size {size}")]
+    IndexOutOfRange { op: &'static str, index: i64, size: usize },
+
+    #[error("{op}: expected {expected} elements, got {got}")]
+    ElementCount { op: &'static str, expected: usize, got: usize },
+
+    #[error("{op} needs a tensor of a single element, got shape {shape:?}")]
+    NotAScalar { op: &'static str, shape: Vec<usize> },
+
+    #[error("backward: {0}")]
+    Backward(String),
+
+    #[error("CUDA is not available: {reason}")]
+    CudaUnavailable { reason: String },
+
+    #[error("CUDA device {ordinal} not found: {visible} device(s) visible")]
+    CudaDeviceNotFound { ordinal: usize, visible: usize },
+
+    #[error(
+        "CUDA out of memory: tried to allocate {requested} bytes; device has {free} free of {total}; \
+         ferrograd holds {allocated} allocated in {reserved} reserved. {hint}"
+    )]
+    OutOfMemory { requested: usize, free: usize, total: usize, allocated: usize, reserved: usize, hint: String },
+
+    #[error("CUDA error: {0}")]
+    Cuda(String),
+
+    #[error("kernel {name}: {msg}")]
+    Kernel { name: String, msg: String },
+
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    #[error("{path}: {msg}")]
+    File { path: String, msg: String },
+
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Shorthand for an `Error::Shape` with a formatted message.
+#[macro_export]
+macro_rules! shape_err {
+    ($op:expr, $($arg:tt)*) => { $crate::Error::Shape { op: $op, msg: format!($($arg)*) } };
+}

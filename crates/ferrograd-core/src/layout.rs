@@ -1,0 +1,214 @@
+//! How a tensor's elements sit in its storage: shape, strides (in elements) and a start offset.
+//! Views (transpose, permute, narrow, broadcast, squeeze/unsqueeze) only rewrite the layout.
+//! A broadcast dim has stride 0.
+
+use crate::{shape_err, Error, Result, Shape};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    shape: Shape,
+    strides: Vec<usize>,
+    offset: usize,
+}
+
+impl Layout {
+    pub fn contiguous<S: Into<Shape>>(shape: S) -> Self {
+        Self::contiguous_with_offset(shape, 0)
+    }
+    pub fn contiguous_with_offset<S: Into<Shape>>(shape: S, offset: usize) -> Self {
+        let shape = shape.into();
+        let strides = shape.contiguous_strides();
+        Layout { shape, strides, offset }
+    }
+    pub fn new(shape: Shape, strides: Vec<usize>, offset: usize) -> Self {
+        Layout { shape, strides, offset }
+    }
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    pub fn elem_count(&self) -> usize {
+        self.shape.elem_count()
+    }
+
+    /// Row-major contiguous (size-1 dims may carry any stride).
+    pub fn is_contiguous(&self) -> bool {
+        let mut acc = 1;
+        for (&d, &s) in self.dims().iter().zip(&self.strides).rev() {
+            if d != 1 && s != acc {
+                return false;
+            }
+            acc *= d;
+        }
+        true
+    }
+
+    /// `Some((start, end))` when the elements are one contiguous run of storage.
+    pub fn contiguous_range(&self) -> Option<(usize, usize)> {
+        self.is_contiguous().then(|| (self.offset, self.offset + self.elem_count()))
+    }
+
+    pub fn transpose(&self, d0: usize, d1: usize) -> Layout {
+        let mut l = self.clone();
+        l.strides.swap(d0, d1);
+        let mut dims = l.shape.to_vec();
+        dims.swap(d0, d1);
+        l.shape = dims.into();
+        l
+    }
+
+    pub fn permute(&self, perm: &[usize]) -> Result<Layout> {
+        let rank = self.shape.rank();
+        let mut seen = vec![false; rank];
+        if perm.len() != rank {
+            return Err(shape_err!("permute", "{perm:?} is not a permutation of {rank} dims"));
+        }
+        for &p in perm {
+            if p >= rank || seen[p] {
+                return Err(shape_err!("permute", "{perm:?} is not a permutation of {rank} dims"));
+            }
+            seen[p] = true;
+        }
+        let dims = perm.iter().map(|&p| self.dims()[p]).collect::<Vec<_>>();
+        let strides = perm.iter().map(|&p| self.strides[p]).collect();
+        Ok(Layout { shape: dims.into(), strides, offset: self.offset })
+    }
+
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Layout> {
+        let size = self.dims()[dim];
+        if start.checked_add(len).is_none_or(|end| end > size) {
+            return Err(shape_err!(
+                "narrow",
+                "range {start}..{} out of bounds for dim {dim} of size {size}",
+                start + len
+            ));
+        }
+        let mut dims = self.shape.to_vec();
+        dims[dim] = len;
+        Ok(Layout {
+            shape: dims.into(),
+            strides: self.strides.clone(),
+            offset: self.offset + start * self.strides[dim],
+        })
+    }
+
+    /// Broadcast to `shape` (NumPy rules): new leading dims and size-1 dims get stride 0.
+    pub fn broadcast_as(&self, shape: &Shape) -> Result<Layout> {
+        let (src, dst) = (self.dims(), shape.dims());
+        let err = || Error::Broadcast { from: src.to_vec(), to: dst.to_vec() };
+        if dst.len() < src.len() {
+            return Err(err());
+        }
+        let lead = dst.len() - src.len();
+        let mut strides = vec![0; dst.len()];
+        for (i, &d) in dst.iter().enumerate() {
+            if i < lead {
+                continue;
+            }
+            let s = src[i - lead];
+            strides[i] = if s == d {
+                self.strides[i - lead]
+            } else if s == 1 {
+                0
+            } else {
+                return Err(err());
+            };
+        }
+        Ok(Layout { shape: shape.clone(), strides, offset: self.offset })
+    }
+
+    /// A view of `shape` when no copy is needed: contiguous input, or only size-1 dims added/removed.
+    pub fn reshape_view(&self, shape: &Shape) -> Option<Layout> {
+        if self.is_contiguous() {
+            return Some(Layout::contiguous_with_offset(shape.clone(), self.offset));
+        }
+        let (keep_src, keep_dst): (Vec<_>, Vec<_>) = (
+            self.dims().iter().zip(&self.strides).filter(|(&d, _)| d != 1).map(|(&d, &s)| (d, s)).collect(),
+            shape.dims().iter().filter(|&&d| d != 1).copied().collect(),
+        );
+        if keep_src.iter().map(|(d, _)| *d).ne(keep_dst.iter().copied()) {
+            return None;
+        }
+        let mut it = keep_src.iter();
+        let strides = shape.dims().iter().map(|&d| if d == 1 { 0 } else { it.next().map_or(0, |(_, s)| *s) }).collect();
+        Some(Layout { shape: shape.clone(), strides, offset: self.offset })
+    }
+
+    /// Storage offsets of every element, in row-major order of the logical shape.
+    pub fn offsets(&self) -> StridedOffsets<'_> {
+        StridedOffsets::new(self, 0)
+    }
+
+    /// Offsets starting from logical element `start`.
+    pub fn offsets_from(&self, start: usize) -> StridedOffsets<'_> {
+        StridedOffsets::new(self, start)
+    }
+}
+
+/// Iterator over storage offsets in logical row-major order; O(1) amortized per element.
+pub struct StridedOffsets<'a> {
+    dims: &'a [usize],
+    strides: &'a [usize],
+    index: Vec<usize>,
+    next: Option<usize>,
+    remaining: usize,
+}
+
+impl<'a> StridedOffsets<'a> {
+    fn new(l: &'a Layout, start: usize) -> Self {
+        let total = l.elem_count();
+        let mut index = vec![0; l.dims().len()];
+        let mut rem = start;
+        let mut off = l.offset;
+        for i in (0..index.len()).rev() {
+            let d = l.dims()[i];
+            if d > 0 {
+                index[i] = rem % d;
+                rem /= d;
+                off += index[i] * l.strides[i];
+            }
+        }
+        let remaining = total.saturating_sub(start);
+        StridedOffsets { dims: l.dims(), strides: &l.strides, index, next: (remaining > 0).then_some(off), remaining }
+    }
+}
+
+impl Iterator for StridedOffsets<'_> {
+    type Item = usize;
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        let cur = self.next?;
+        self.remaining -= 1;
+        if self.remaining == 0 {
+            self.next = None;
+            return Some(cur);
+        }
+        let mut off = cur;
+        for i in (0..self.dims.len()).rev() {
+            self.index[i] += 1;
+            off += self.strides[i];
+            if self.index[i] < self.dims[i] {
+                self.next = Some(off);
+                return Some(cur);
+            }
+            off -= self.index[i] * self.strides[i];
+            self.index[i] = 0;
+        }
+        self.next = None;
+        Some(cur)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining, Some(self.remaining))
+    }
+}
+
+impl ExactSizeIterator for StridedOffsets<'_> {}

@@ -1,0 +1,275 @@
+//! Ops with a neural-network flavour: softmax, layer norm, losses, dropout, and the structural ops
+//! cat/stack/chunk and indexing (index_select, gather, embedding).
+
+use crate::backend::BackendStorage;
+use crate::backprop::track;
+use crate::op::Op;
+use crate::rng::Rng;
+use crate::{shape_err, DType, Dim, Error, Result, Tensor};
+
+impl Tensor {
+    /// Apply a last-dim row op along `dim` by moving `dim` last and back.
+    fn along_last(&self, dim: usize, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        let last = self.rank() - 1;
+        if dim == last {
+            return f(self);
+        }
+        f(&self.transpose(dim, last)?)?.transpose(dim, last)
+    }
+
+    fn softmax_impl<D: Dim>(&self, dim: D, log: bool) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op: "softmax", dtype: self.dtype() });
+        }
+        if self.rank() == 0 {
+            return self.reshape(1)?.softmax_impl(0usize, log)?.reshape(());
+        }
+        let d = dim.to_index(self.rank(), "softmax")?;
+        self.along_last(d, |x| {
+            let s = x.storage().softmax_last(x.layout(), log)?;
+            let rec = track(&[x]).then(|| if log { Op::LogSoftmax(x.clone()) } else { Op::Softmax(x.clone()) });
+            Ok(Tensor::from_storage(s, x.shape().clone(), rec))
+        })
+    }
+
+    pub fn softmax<D: Dim>(&self, dim: D) -> Result<Tensor> {
+        self.softmax_impl(dim, false)
+    }
+
+    pub fn log_softmax<D: Dim>(&self, dim: D) -> Result<Tensor> {
+        self.softmax_impl(dim, true)
+    }
+
+    /// Layer norm over the last dim with optional weight and bias of that size.
+    pub fn layer_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op: "layer_norm", dtype: self.dtype() });
+        }
+        let c = *self.dims().last().ok_or_else(|| shape_err!("layer_norm", "needs rank >= 1"))?;
+        for (p, what) in [(weight, "weight"), (bias, "bias")] {
+            if let Some(p) = p {
+                if p.dims() != [c] {
+                    return Err(shape_err!("layer_norm", "{what} has shape {:?}, expected [{c}]", p.dims()));
+                }
+                if p.dtype() != self.dtype() {
+                    return Err(Error::DTypeMismatch { op: "layer_norm", lhs: self.dtype(), rhs: p.dtype() });
+                }
+            }
+        }
+        let (ws, bs) = (weight.map(|w| w.storage()), bias.map(|b| b.storage()));
+        let wp = weight.zip(ws.as_deref()).map(|(w, s)| (s, w.layout()));
+        let bp = bias.zip(bs.as_deref()).map(|(b, s)| (s, b.layout()));
+        let (y, mean, rstd) = self.storage().layer_norm(self.layout(), wp, bp, eps)?;
+        let rows = self.elem_count() / c.max(1);
+        let (mean, rstd) = (Tensor::from_storage(mean, rows, None), Tensor::from_storage(rstd, rows, None));
+        let mut inputs = vec![self];
+        inputs.extend(weight);
+        inputs.extend(bias);
+        let rec = track(&inputs).then(|| Op::LayerNorm {
+            x: self.clone(),
+            weight: weight.cloned(),
+            bias: bias.cloned(),
+            mean,
+            rstd,
+        });
+        Ok(Tensor::from_storage(y, self.shape().clone(), rec))
+    }
+
+    /// Mean squared error; shapes must match.
+    pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
+        if self.dims() != target.dims() {
+            return Err(Error::ShapeMismatch {
+                op: "mse_loss",
+                lhs: self.dims().to_vec(),
+                rhs: target.dims().to_vec(),
+            });
+        }
+        self.sub(target)?.sqr()?.mean_all()
+    }
+
+    /// Cross entropy of logits `[N, C]` against class indices `[N]` (any integer dtype), averaged
+    /// over the targets that are not `ignore_index`.
+    pub fn cross_entropy(&self, targets: &Tensor, ignore_index: Option<i64>) -> Result<Tensor> {
+        if self.rank() != 2 || targets.dims() != [self.dims()[0]] {
+            return Err(shape_err!(
+                "cross_entropy",
+                "logits {:?} and targets {:?}: expected [N, C] and [N]",
+                self.dims(),
+                targets.dims()
+            ));
+        }
+        if targets.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op: "cross_entropy targets", dtype: targets.dtype() });
+        }
+        let t = targets.to_dtype(DType::I32)?;
+        let keep = match ignore_index {
+            Some(ix) => t.ne(&t.scalar_like(ix as f64)?)?,
+            None => Tensor::ones(t.shape().clone(), DType::U8, t.device())?,
+        };
+        let safe_t = keep.where_cond(&t, &t.scalar_like(0.0)?)?;
+        let picked = self.log_softmax(1)?.gather(1, &safe_t.unsqueeze(1)?)?.squeeze(1)?;
+        let keep = keep.to_dtype(self.dtype())?;
+        picked.mul(&keep)?.sum_all()?.neg()?.div(&keep.sum_all()?)
+    }
+
+    /// Inverted dropout: zero each element with probability `p`, scale the rest by `1/(1-p)`.
+    pub fn dropout_with(&self, rng: &mut Rng, p: f64, train: bool) -> Result<Tensor> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::InvalidArgument(format!("dropout probability {p} not in [0, 1)")));
+        }
+        if !train || p == 0.0 {
+            return Ok(self.clone());
+        }
+        let u = Tensor::rand_with(rng, 0.0, 1.0, self.shape().clone(), DType::F32, self.device())?;
+        let mask = u.ge(&u.scalar_like(p)?)?.to_dtype(self.dtype())?;
+        self.mul(&mask)?.mul_scalar(1.0 / (1.0 - p))
+    }
+
+    /// Dropout drawing from the default generator.
+    pub fn dropout(&self, p: f64, train: bool) -> Result<Tensor> {
+        crate::rng::with_global_rng(|r| self.dropout_with(r, p, train))
+    }
+
+    // ---- structure ----------------------------------------------------------------------------
+
+    /// Concatenate along `dim`; all other dims must agree.
+    pub fn cat<D: Dim>(tensors: &[Tensor], dim: D) -> Result<Tensor> {
+        let first = tensors.first().ok_or_else(|| shape_err!("cat", "needs at least one tensor"))?;
+        let d = dim.to_index(first.rank(), "cat")?;
+        for t in tensors {
+            first.check_cat(t, d)?;
+        }
+        if tensors.len() == 1 {
+            return Ok(first.clone());
+        }
+        if d == 0 {
+            return Self::cat0(tensors);
+        }
+        let moved = tensors.iter().map(|t| t.transpose(0, d)).collect::<Result<Vec<_>>>()?;
+        Self::cat0(&moved)?.transpose(0, d)?.contiguous()
+    }
+
+    fn check_cat(&self, t: &Tensor, d: usize) -> Result<()> {
+        let same_rest =
+            t.rank() == self.rank() && t.dims().iter().zip(self.dims()).enumerate().all(|(i, (a, b))| i == d || a == b);
+        if !same_rest {
+            return Err(Error::ShapeMismatch { op: "cat", lhs: self.dims().to_vec(), rhs: t.dims().to_vec() });
+        }
+        if t.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch { op: "cat", lhs: self.dtype(), rhs: t.dtype() });
+        }
+        if t.device() != self.device() {
+            return Err(Error::DeviceMismatch { op: "cat", lhs: self.device(), rhs: t.device() });
+        }
+        Ok(())
+    }
+
+    fn cat0(tensors: &[Tensor]) -> Result<Tensor> {
+        let first = &tensors[0];
+        let mut dims = first.dims().to_vec();
+        dims[0] = tensors.iter().map(|t| t.dims()[0]).sum();
+        let n = dims.iter().product();
+        let mut dst = crate::storage::Storage::zeros(n, first.dtype(), first.device())?;
+        let mut offset = 0;
+        for t in tensors {
+            t.storage().copy_strided_into(t.layout(), &mut dst, offset)?;
+            offset += t.elem_count();
+        }
+        let rec = track(&tensors.iter().collect::<Vec<_>>()).then(|| Op::Cat(tensors.to_vec(), 0));
+        let s = dst;
+        Ok(Tensor::from_storage(s, dims, rec))
+    }
+
+    /// Stack equal-shaped tensors along a new dim.
+    pub fn stack(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
+        let v = tensors.iter().map(|t| t.unsqueeze(dim)).collect::<Result<Vec<_>>>()?;
+        let first = v.first().ok_or_else(|| shape_err!("stack", "needs at least one tensor"))?;
+        let d = if dim < 0 { dim + first.rank() as isize } else { dim };
+        Self::cat(&v, d as usize)
+    }
+
+    /// Split into `n` pieces along `dim` (the last may be smaller), as views.
+    pub fn chunk<D: Dim>(&self, n: usize, dim: D) -> Result<Vec<Tensor>> {
+        let d = dim.to_index(self.rank(), "chunk")?;
+        if n == 0 {
+            return Err(Error::InvalidArgument("chunk: n must be positive".into()));
+        }
+        let size = self.dims()[d];
+        let step = size.div_ceil(n).max(1);
+        (0..size).step_by(step).map(|start| self.narrow(d, start, step.min(size - start))).collect()
+    }
+
+    // ---- indexing -----------------------------------------------------------------------------
+
+    fn check_ids(ids: &Tensor, op: &'static str, device: crate::Device) -> Result<()> {
+        if ids.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op, dtype: ids.dtype() });
+        }
+        if ids.device() != device {
+            return Err(Error::DeviceMismatch { op, lhs: device, rhs: ids.device() });
+        }
+        Ok(())
+    }
+
+    /// Slices along `dim` picked by a 1-D integer index tensor.
+    pub fn index_select<D: Dim>(&self, ids: &Tensor, dim: D) -> Result<Tensor> {
+        let d = dim.to_index(self.rank(), "index_select")?;
+        Self::check_ids(ids, "index_select", self.device())?;
+        if ids.rank() != 1 {
+            return Err(shape_err!("index_select", "indices must be 1-D, got shape {:?}", ids.dims()));
+        }
+        let s = self.storage().index_select(self.layout(), &ids.storage(), ids.layout(), d)?;
+        let mut dims = self.dims().to_vec();
+        dims[d] = ids.elem_count();
+        Ok(Tensor::from_storage(s, dims, track(&[self]).then(|| Op::IndexSelect(self.clone(), ids.detach(), d))))
+    }
+
+    /// Rows of this `[V, D]` table for indices of any shape: output `ids.shape + [D]`.
+    pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
+        if self.rank() != 2 {
+            return Err(shape_err!("embedding", "table must be [V, D], got {:?}", self.dims()));
+        }
+        let mut dims = ids.dims().to_vec();
+        dims.push(self.dims()[1]);
+        self.index_select(&ids.flatten_all()?, 0)?.reshape(dims)
+    }
+
+    /// PyTorch's gather: `out[i][j] = self[i][ids[i][j]]` for dim 1; output has the index shape.
+    pub fn gather<D: Dim>(&self, dim: D, ids: &Tensor) -> Result<Tensor> {
+        let d = dim.to_index(self.rank(), "gather")?;
+        Self::check_ids(ids, "gather", self.device())?;
+        let s = self.storage().gather(self.layout(), &ids.storage(), ids.layout(), d)?;
+        Ok(Tensor::from_storage(
+            s,
+            ids.shape().clone(),
+            track(&[self]).then(|| Op::Gather(self.clone(), ids.detach(), d)),
+        ))
+    }
+
+    /// `self` with `src` added at the slices `ids` select along `dim` (not differentiable).
+    pub fn index_add<D: Dim>(&self, ids: &Tensor, src: &Tensor, dim: D) -> Result<Tensor> {
+        let d = dim.to_index(self.rank(), "index_add")?;
+        Self::check_ids(ids, "index_add", self.device())?;
+        self.check_same_dtype(src, "index_add")?;
+        let s =
+            self.storage().index_add(self.layout(), &ids.storage(), ids.layout(), &src.storage(), src.layout(), d)?;
+        Ok(Tensor::from_storage(s, self.shape().clone(), None))
+    }
+
+    /// `self` with `src[i][j]` added at `[i][ids[i][j]]` for dim 1 (not differentiable).
+    pub fn scatter_add<D: Dim>(&self, dim: D, ids: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let d = dim.to_index(self.rank(), "scatter_add")?;
+        Self::check_ids(ids, "scatter_add", self.device())?;
+        self.check_same_dtype(src, "scatter_add")?;
+        let s =
+            self.storage().scatter_add(self.layout(), &ids.storage(), ids.layout(), &src.storage(), src.layout(), d)?;
+        Ok(Tensor::from_storage(s, self.shape().clone(), None))
+    }
+
+    fn check_same_dtype(&self, o: &Tensor, op: &'static str) -> Result<()> {
+        if self.dtype() != o.dtype() {
+            return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: o.dtype() });
+        }
+        Ok(())
+    }
+}

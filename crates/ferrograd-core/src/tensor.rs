@@ -1,0 +1,349 @@
+//! `Tensor`: a cheap-to-clone handle (an `Arc`) to storage, a layout over it, and the op that made
+//! it. Views share storage; every other op returns a new contiguous tensor. Ops on tensors that
+//! track gradients record an `Op` so that `backward()` can walk the graph.
+
+use crate::backend::BackendStorage;
+use crate::cpu::CpuStorage;
+use crate::op::Op;
+use crate::rng::{self, Rng};
+use crate::storage::Storage;
+use crate::{backprop, shape_err, DType, Device, Dim, Error, Layout, Result, Shape, WithDType};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(usize);
+
+impl TensorId {
+    fn new() -> Self {
+        static COUNTER: AtomicUsize = AtomicUsize::new(1);
+        TensorId(COUNTER.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+pub(crate) struct Inner {
+    id: TensorId,
+    storage: Arc<RwLock<Storage>>,
+    layout: Layout,
+    op: Option<Op>,
+    is_variable: bool,
+    dtype: DType,
+    device: Device,
+}
+
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<Inner>);
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor[{:?}, {}, {}]", self.dims(), self.dtype(), self.device())
+    }
+}
+
+impl Tensor {
+    // ---- construction -------------------------------------------------------------------------
+
+    pub(crate) fn from_storage<S: Into<Shape>>(storage: Storage, shape: S, op: Option<Op>) -> Tensor {
+        let dtype = storage.dtype();
+        let device = storage.device();
+        Tensor(Arc::new(Inner {
+            id: TensorId::new(),
+            storage: Arc::new(RwLock::new(storage)),
+            layout: Layout::contiguous(shape),
+            op,
+            is_variable: false,
+            dtype,
+            device,
+        }))
+    }
+
+    /// A new view over the same storage.
+    pub(crate) fn view(&self, layout: Layout, op: Option<Op>) -> Tensor {
+        Tensor(Arc::new(Inner {
+            id: TensorId::new(),
+            storage: self.0.storage.clone(),
+            layout,
+            op,
+            is_variable: false,
+            dtype: self.0.dtype,
+            device: self.0.device,
+        }))
+    }
+
+    fn cpu_to_device(s: CpuStorage, device: Device) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(s)),
+            Device::Cuda(_) => Err(crate::device::cuda_unsupported()),
+        }
+    }
+
+    pub fn from_vec<T: WithDType, S: Into<Shape>>(data: Vec<T>, shape: S, device: Device) -> Result<Tensor> {
+        let shape = shape.into();
+        if shape.elem_count() != data.len() {
+            return Err(Error::ElementCount { op: "from_vec", expected: shape.elem_count(), got: data.len() });
+        }
+        Ok(Self::from_storage(Self::cpu_to_device(T::to_cpu_storage(data), device)?, shape, None))
+    }
+
+    pub fn from_slice<T: WithDType, S: Into<Shape>>(data: &[T], shape: S, device: Device) -> Result<Tensor> {
+        Self::from_vec(data.to_vec(), shape, device)
+    }
+
+    /// A 0-d tensor holding `v`.
+    pub fn scalar<T: WithDType>(v: T, device: Device) -> Result<Tensor> {
+        Self::from_vec(vec![v], (), device)
+    }
+
+    pub fn full<S: Into<Shape>>(value: f64, shape: S, dtype: DType, device: Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let s = CpuStorage::full(value, shape.elem_count(), dtype);
+        Ok(Self::from_storage(Self::cpu_to_device(s, device)?, shape, None))
+    }
+
+    pub fn zeros<S: Into<Shape>>(shape: S, dtype: DType, device: Device) -> Result<Tensor> {
+        Self::full(0.0, shape, dtype, device)
+    }
+
+    pub fn ones<S: Into<Shape>>(shape: S, dtype: DType, device: Device) -> Result<Tensor> {
+        Self::full(1.0, shape, dtype, device)
+    }
+
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        Self::zeros(self.shape().clone(), self.dtype(), self.device())
+    }
+
+    pub fn ones_like(&self) -> Result<Tensor> {
+        Self::ones(self.shape().clone(), self.dtype(), self.device())
+    }
+
+    pub fn full_like(&self, v: f64) -> Result<Tensor> {
+        Self::full(v, self.shape().clone(), self.dtype(), self.device())
+    }
+
+    /// `start, start + step, ...` below `end` (above it for a negative step).
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+            return Err(Error::InvalidArgument(format!("arange({start}, {end}, {step}): bad range")));
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let s = CpuStorage::from_f64_iter((0..n).map(|i| start + i as f64 * step), dtype);
+        Ok(Self::from_storage(Self::cpu_to_device(s, device)?, n, None))
+    }
+
+    /// Uniform in `[lo, hi)` from `rng` (Philox; the same numbers on every backend).
+    pub fn rand_with<S: Into<Shape>>(
+        rng: &mut Rng,
+        lo: f64,
+        hi: f64,
+        shape: S,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = shape.elem_count();
+        let (seed, off) = rng.advance(n);
+        let s = CpuStorage::from_f64_iter((0..n as u64).map(|i| lo + (hi - lo) * rng::uniform_at(seed, off, i)), dtype);
+        Ok(Self::from_storage(Self::cpu_to_device(s, device)?, shape, None))
+    }
+
+    /// Normal with `mean` and `std` from `rng`.
+    pub fn randn_with<S: Into<Shape>>(
+        rng: &mut Rng,
+        mean: f64,
+        std: f64,
+        shape: S,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = shape.elem_count();
+        let (seed, off) = rng.advance(n);
+        let s = CpuStorage::from_f64_iter((0..n as u64).map(|i| mean + std * rng::normal_at(seed, off, i)), dtype);
+        Ok(Self::from_storage(Self::cpu_to_device(s, device)?, shape, None))
+    }
+
+    /// Uniform from the default generator (`manual_seed`).
+    pub fn rand<S: Into<Shape>>(lo: f64, hi: f64, shape: S, dtype: DType, device: Device) -> Result<Tensor> {
+        rng::with_global_rng(|r| Self::rand_with(r, lo, hi, shape, dtype, device))
+    }
+
+    /// Normal from the default generator (`manual_seed`).
+    pub fn randn<S: Into<Shape>>(mean: f64, std: f64, shape: S, dtype: DType, device: Device) -> Result<Tensor> {
+        rng::with_global_rng(|r| Self::randn_with(r, mean, std, shape, dtype, device))
+    }
+
+    // ---- accessors ----------------------------------------------------------------------------
+
+    pub fn id(&self) -> TensorId {
+        self.0.id
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+    pub fn shape(&self) -> &Shape {
+        self.0.layout.shape()
+    }
+    pub fn dims(&self) -> &[usize] {
+        self.0.layout.dims()
+    }
+    pub fn rank(&self) -> usize {
+        self.dims().len()
+    }
+    pub fn elem_count(&self) -> usize {
+        self.0.layout.elem_count()
+    }
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+    pub fn op(&self) -> Option<&Op> {
+        self.0.op.as_ref()
+    }
+    pub fn is_variable(&self) -> bool {
+        self.0.is_variable
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+    /// Whether gradients flow through this tensor.
+    pub fn tracks_grad(&self) -> bool {
+        self.0.is_variable || self.0.op.is_some()
+    }
+    pub fn dim<D: Dim>(&self, d: D) -> Result<usize> {
+        Ok(self.dims()[d.to_index(self.rank(), "dim")?])
+    }
+    /// Whether two tensors share storage.
+    pub fn same_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+
+    pub(crate) fn storage(&self) -> RwLockReadGuard<'_, Storage> {
+        self.0.storage.read().unwrap_or_else(|e| e.into_inner())
+    }
+    pub(crate) fn storage_mut(&self) -> RwLockWriteGuard<'_, Storage> {
+        self.0.storage.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    // ---- autograd bookkeeping -----------------------------------------------------------------
+
+    /// A leaf variable sharing this tensor's storage: gradients are collected for it.
+    pub fn requires_grad(&self) -> Tensor {
+        Tensor(Arc::new(Inner {
+            id: TensorId::new(),
+            storage: self.0.storage.clone(),
+            layout: self.0.layout.clone(),
+            op: None,
+            is_variable: true,
+            dtype: self.0.dtype,
+            device: self.0.device,
+        }))
+    }
+
+    /// The same values, cut from the graph.
+    pub fn detach(&self) -> Tensor {
+        if !self.tracks_grad() {
+            return self.clone();
+        }
+        self.view(self.layout().clone(), None)
+    }
+
+    /// Reverse-mode gradients of this scalar with respect to every tensor it depends on.
+    pub fn backward(&self) -> Result<backprop::GradStore> {
+        let mut store = backprop::GradStore::default();
+        backprop::backward(self, &mut store)?;
+        Ok(store)
+    }
+
+    /// Like `backward`, adding into an existing store (gradient accumulation over several losses).
+    pub fn backward_into(&self, store: &mut backprop::GradStore) -> Result<()> {
+        backprop::backward(self, store)
+    }
+
+    /// Overwrite this tensor's elements with `src`'s (same shape and dtype), keeping identity and
+    /// storage: how optimizers update parameters in place.
+    pub fn set(&self, src: &Tensor) -> Result<()> {
+        if src.dims() != self.dims() {
+            return Err(Error::ShapeMismatch { op: "set", lhs: self.dims().to_vec(), rhs: src.dims().to_vec() });
+        }
+        if src.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch { op: "set", lhs: self.dtype(), rhs: src.dtype() });
+        }
+        if src.device() != self.device() {
+            return Err(Error::DeviceMismatch { op: "set", lhs: self.device(), rhs: src.device() });
+        }
+        if !self.is_contiguous() {
+            return Err(shape_err!("set", "destination must be contiguous"));
+        }
+        if self.same_storage(src) {
+            let copy = src.storage().copy_strided(src.layout())?;
+            return copy.copy_strided_into(
+                &Layout::contiguous(self.shape().clone()),
+                &mut self.storage_mut(),
+                self.layout().offset(),
+            );
+        }
+        let s = src.storage();
+        s.copy_strided_into(src.layout(), &mut self.storage_mut(), self.layout().offset())
+    }
+
+    // ---- reading values -----------------------------------------------------------------------
+
+    fn cpu_storage(&self) -> Result<CpuStorage> {
+        let s = self.storage();
+        match &*s {
+            Storage::Cpu(c) => c.copy_strided(self.layout()),
+        }
+    }
+
+    /// All elements in row-major order; `T` must match the dtype.
+    pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DTypeMismatch { op: "to_vec", lhs: self.dtype(), rhs: T::DTYPE });
+        }
+        let c = self.cpu_storage()?;
+        Ok(c.as_slice::<T>()?.to_vec())
+    }
+
+    /// Rows of a 2-d tensor.
+    pub fn to_vec2<T: WithDType>(&self) -> Result<Vec<Vec<T>>> {
+        if self.rank() != 2 {
+            return Err(shape_err!("to_vec2", "expected rank 2, got shape {:?}", self.dims()));
+        }
+        let cols = self.dims()[1];
+        let v = self.to_vec::<T>()?;
+        Ok(if cols == 0 { vec![vec![]; self.dims()[0]] } else { v.chunks(cols).map(|c| c.to_vec()).collect() })
+    }
+
+    /// All elements as f64 (exact for every dtype).
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        let c = self.cpu_storage()?;
+        Ok(c.to_f64_vec(&Layout::contiguous(self.shape().clone())))
+    }
+
+    /// The single element of a one-element tensor.
+    pub fn item<T: WithDType>(&self) -> Result<T> {
+        if self.elem_count() != 1 {
+            return Err(Error::NotAScalar { op: "item", shape: self.dims().to_vec() });
+        }
+        self.to_vec::<T>()?.pop().ok_or(Error::NotAScalar { op: "item", shape: self.dims().to_vec() })
+    }
+
+    /// The single element as f64, whatever the dtype.
+    pub fn item_f64(&self) -> Result<f64> {
+        if self.elem_count() != 1 {
+            return Err(Error::NotAScalar { op: "item", shape: self.dims().to_vec() });
+        }
+        Ok(self.to_f64_vec()?[0])
+    }
+
+    /// This tensor on `device` (a copy, or `self` when already there).
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        let c = self.cpu_storage()?;
+        Ok(Self::from_storage(Self::cpu_to_device(c, device)?, self.shape().clone(), None))
+    }
+}
