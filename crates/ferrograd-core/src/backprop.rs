@@ -41,8 +41,8 @@ pub(crate) fn track(inputs: &[&Tensor]) -> bool {
     is_grad_enabled() && inputs.iter().any(|t| t.tracks_grad())
 }
 
-/// Gradients of leaf variables, by tensor id.
-#[derive(Default, Clone)]
+/// Gradients of leaf variables, by tensor id. `Debug` so that `Result<GradStore>` can be unwrapped.
+#[derive(Default, Clone, Debug)]
 pub struct GradStore(HashMap<TensorId, Tensor>);
 
 impl GradStore {
@@ -84,7 +84,8 @@ impl GradStore {
     }
 }
 
-fn inputs(op: &Op) -> Vec<&Tensor> {
+/// The differentiable inputs of `op` (also used to unlink deep graphs on drop).
+pub(crate) fn op_inputs(op: &Op) -> Vec<&Tensor> {
     match op {
         Op::Unary(x, _)
         | Op::Reduce(x, _, _)
@@ -126,7 +127,7 @@ fn topo_order(root: &Tensor) -> Vec<Tensor> {
         }
         stack.push((t.clone(), true));
         if let Some(op) = t.op() {
-            for i in inputs(op) {
+            for i in op_inputs(op) {
                 if i.tracks_grad() && !seen.contains(&i.id()) {
                     stack.push((i.clone(), false));
                 }

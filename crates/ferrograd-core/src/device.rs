@@ -47,11 +47,6 @@ impl Device {
     }
 }
 
-/// The error for a CUDA device on a build whose CUDA tensor backend is not available yet.
-pub(crate) fn cuda_unsupported() -> Error {
-    Error::CudaUnavailable { reason: "CUDA tensors are not supported by this build of ferrograd yet".into() }
-}
-
 impl Device {
     /// The device to use: `FERROGRAD_DEVICE` if set, else a usable GPU, else the CPU. The string
     /// says in one line why this device was chosen.
@@ -59,23 +54,25 @@ impl Device {
         if let Ok(s) = std::env::var("FERROGRAD_DEVICE") {
             let d: Device = s.parse()?;
             if let Device::Cuda(n) = d {
-                let visible = crate::cuda::device_count()?;
-                if n >= visible {
-                    return Err(Error::CudaDeviceNotFound { ordinal: n, visible });
-                }
-                return Err(cuda_unsupported());
+                crate::cuda::CudaDevice::get(n)?;
             }
             return Ok((d, format!("FERROGRAD_DEVICE={s}")));
         }
-        let reason = match crate::cuda::device_count() {
-            Ok(0) => "running on the CPU: no CUDA device found".to_string(),
-            Ok(n) => format!("running on the CPU: {n} CUDA device(s) found, but CUDA tensors are not supported yet"),
-            Err(e) => format!("running on the CPU: {e}"),
-        };
-        Ok((Device::Cpu, reason))
+        Ok(match crate::cuda::CudaDevice::get(0) {
+            Ok(dev) => (Device::Cuda(0), format!("running on cuda:0 ({})", dev.info.name)),
+            Err(e) => (Device::Cpu, format!("running on the CPU: {e}")),
+        })
     }
 
     pub fn best() -> Result<Device> {
         Ok(Self::best_with_reason()?.0)
+    }
+
+    /// Block until all work queued on this device has finished (a no-op on the CPU).
+    pub fn synchronize(&self) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda(n) => crate::cuda::CudaDevice::get(*n)?.synchronize(),
+        }
     }
 }

@@ -84,12 +84,11 @@ impl Layout {
 
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Layout> {
         let size = self.dims()[dim];
-        if start.checked_add(len).is_none_or(|end| end > size) {
-            return Err(shape_err!(
-                "narrow",
-                "range {start}..{} out of bounds for dim {dim} of size {size}",
-                start + len
-            ));
+        let end = start.checked_add(len);
+        if end.is_none_or(|end| end > size) {
+            // `start + len` may overflow usize: format the end only when it exists, never panic.
+            let range = end.map_or_else(|| format!("{start} + {len} (overflows)"), |end| format!("{start}..{end}"));
+            return Err(shape_err!("narrow", "range {range} out of bounds for dim {dim} of size {size}"));
         }
         let mut dims = self.shape.to_vec();
         dims[dim] = len;

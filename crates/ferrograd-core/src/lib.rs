@@ -30,6 +30,7 @@ mod tensor;
 mod views;
 
 pub use backprop::{is_grad_enabled, no_grad, with_no_grad, GradStore, NoGradGuard};
+pub use cuda::memory_status;
 pub use device::Device;
 pub use dtype::{DType, WithDType};
 pub use error::{Error, Result};

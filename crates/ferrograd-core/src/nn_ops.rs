@@ -7,6 +7,16 @@ use crate::op::Op;
 use crate::rng::Rng;
 use crate::{shape_err, DType, Dim, Error, Result, Tensor};
 
+/// An index or index-dtype error of an inner op, renamed for the op the user called (a bad class
+/// target should say `cross_entropy`, not `gather`).
+fn renamed(e: Error, op: &'static str) -> Error {
+    match e {
+        Error::IndexOutOfRange { index, size, .. } => Error::IndexOutOfRange { op, index, size },
+        Error::UnsupportedDType { dtype, .. } => Error::UnsupportedDType { op, dtype },
+        e => e,
+    }
+}
+
 impl Tensor {
     /// Apply a last-dim row op along `dim` by moving `dim` last and back.
     fn along_last(&self, dim: usize, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
@@ -107,7 +117,9 @@ impl Tensor {
             None => Tensor::ones(t.shape().clone(), DType::U8, t.device())?,
         };
         let safe_t = keep.where_cond(&t, &t.scalar_like(0.0)?)?;
-        let picked = self.log_softmax(1)?.gather(1, &safe_t.unsqueeze(1)?)?.squeeze(1)?;
+        let picked =
+            self.log_softmax(1)?.gather(1, &safe_t.unsqueeze(1)?).map_err(|e| renamed(e, "cross_entropy target"))?;
+        let picked = picked.squeeze(1)?;
         let keep = keep.to_dtype(self.dtype())?;
         picked.mul(&keep)?.sum_all()?.neg()?.div(&keep.sum_all()?)
     }
@@ -231,7 +243,7 @@ impl Tensor {
         }
         let mut dims = ids.dims().to_vec();
         dims.push(self.dims()[1]);
-        self.index_select(&ids.flatten_all()?, 0)?.reshape(dims)
+        self.index_select(&ids.flatten_all()?, 0).map_err(|e| renamed(e, "embedding"))?.reshape(dims)
     }
 
     /// PyTorch's gather: `out[i][j] = self[i][ids[i][j]]` for dim 1; output has the index shape.

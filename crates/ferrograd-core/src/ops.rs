@@ -260,7 +260,10 @@ impl Tensor {
         if k != k2 {
             return Err(Error::ShapeMismatch { op: "matmul", lhs: self.dims().to_vec(), rhs: rhs.dims().to_vec() });
         }
-        let batch = Shape::from(&a.dims()[..ar - 2]).broadcast_with(&Shape::from(&b.dims()[..br - 2]), "matmul")?;
+        // Report the operands' full shapes, not just the batch dims that failed to broadcast.
+        let batch = Shape::from(&a.dims()[..ar - 2])
+            .broadcast_with(&Shape::from(&b.dims()[..br - 2]), "matmul")
+            .map_err(|_| Error::ShapeMismatch { op: "matmul", lhs: self.dims().to_vec(), rhs: rhs.dims().to_vec() })?;
         let mut adims = batch.to_vec();
         adims.extend([m, k]);
         let mut bdims = batch.to_vec();

@@ -3,46 +3,97 @@
 
 use crate::backend::{BackendStorage, MatmulDims};
 use crate::cpu::CpuStorage;
+use crate::cuda::{CudaDevice, CudaStorage};
 use crate::op::{ArgReduceOp, BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result};
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub enum Storage {
     Cpu(CpuStorage),
+    Cuda(CudaStorage),
 }
 
-fn same_device<'a>(op: &'static str, a: &'a Storage, b: &'a Storage) -> Result<(&'a CpuStorage, &'a CpuStorage)> {
-    match (a, b) {
-        (Storage::Cpu(a), Storage::Cpu(b)) => Ok((a, b)),
-        #[allow(unreachable_patterns)]
-        _ => Err(Error::DeviceMismatch { op, lhs: a.device(), rhs: b.device() }),
-    }
+/// Apply a backend method to a single storage, rewrapping the result.
+macro_rules! one {
+    ($s:expr, $x:ident => $body:expr) => {
+        match $s {
+            Storage::Cpu($x) => Ok(Storage::Cpu($body?)),
+            Storage::Cuda($x) => Ok(Storage::Cuda($body?)),
+        }
+    };
 }
 
-fn opt<'a>(
-    op: &'static str,
-    base: &'a Storage,
-    p: Option<(&'a Storage, &'a Layout)>,
-) -> Result<Option<(&'a CpuStorage, &'a Layout)>> {
-    match p {
-        None => Ok(None),
-        Some((s, l)) => Ok(Some((same_device(op, base, s)?.1, l))),
-    }
+/// Unwrap several storages of one backend, or report the device mismatch.
+macro_rules! all_cpu_or_cuda {
+    ($op:expr, $first:expr, [$($s:expr),*], |$($v:ident),*| $cpu:expr, $cuda:expr) => {{
+        #[allow(unused_parens)]
+        match ($first, $($s),*) {
+            ($(Storage::Cpu($v)),*) => Ok($cpu),
+            ($(Storage::Cuda($v)),*) => Ok($cuda),
+            _ => Err(mismatch($op, &[$first, $($s),*])),
+        }
+    }};
+}
+
+fn mismatch(op: &'static str, s: &[&Storage]) -> Error {
+    let lhs = s[0].device();
+    let rhs = s.iter().map(|x| x.device()).find(|d| *d != lhs).unwrap_or(lhs);
+    Error::DeviceMismatch { op, lhs, rhs }
 }
 
 impl Storage {
     /// `n` zeros of `dtype` on `device`.
     pub fn zeros(n: usize, dtype: DType, device: Device) -> Result<Storage> {
+        Self::full(0.0, n, dtype, device)
+    }
+
+    pub fn full(v: f64, n: usize, dtype: DType, device: Device) -> Result<Storage> {
         match device {
-            Device::Cpu => Ok(Storage::Cpu(CpuStorage::full(0.0, n, dtype))),
-            Device::Cuda(_) => Err(crate::device::cuda_unsupported()),
+            Device::Cpu => Ok(Storage::Cpu(CpuStorage::full(v, n, dtype))),
+            Device::Cuda(o) => Ok(Storage::Cuda(CudaStorage::full(&CudaDevice::get(o)?, v, n, dtype)?)),
+        }
+    }
+
+    /// Move host data to `device`.
+    pub fn from_cpu(c: CpuStorage, device: Device) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(c)),
+            Device::Cuda(o) => Ok(Storage::Cuda(CudaStorage::from_cpu(&CudaDevice::get(o)?, &c)?)),
+        }
+    }
+
+    /// The viewed elements as a contiguous host storage.
+    pub fn to_cpu(&self, l: &Layout) -> Result<CpuStorage> {
+        match self {
+            Storage::Cpu(c) => c.copy_strided(l),
+            Storage::Cuda(c) => c.to_cpu_view(l),
         }
     }
 
     pub fn as_cpu(&self) -> Option<&CpuStorage> {
         match self {
             Storage::Cpu(c) => Some(c),
+            Storage::Cuda(_) => None,
         }
+    }
+
+    pub fn as_cuda(&self) -> Option<&CudaStorage> {
+        match self {
+            Storage::Cuda(c) => Some(c),
+            Storage::Cpu(_) => None,
+        }
+    }
+}
+
+/// An optional parameter, split by backend: `(cpu, cuda)`, at most one of them set.
+type SplitParam<'a> = (Option<(&'a CpuStorage, &'a Layout)>, Option<(&'a CudaStorage, &'a Layout)>);
+
+fn param<'a>(op: &'static str, base: &Storage, p: Option<(&'a Storage, &'a Layout)>) -> Result<SplitParam<'a>> {
+    match (base, p) {
+        (_, None) => Ok((None, None)),
+        (Storage::Cpu(_), Some((Storage::Cpu(s), l))) => Ok((Some((s, l)), None)),
+        (Storage::Cuda(_), Some((Storage::Cuda(s), l))) => Ok((None, Some((s, l)))),
+        (_, Some((s, _))) => Err(mismatch(op, &[base, s])),
     }
 }
 
@@ -50,60 +101,66 @@ impl BackendStorage for Storage {
     fn dtype(&self) -> DType {
         match self {
             Storage::Cpu(s) => s.dtype(),
+            Storage::Cuda(s) => s.dtype(),
         }
     }
     fn device(&self) -> Device {
         match self {
             Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(s) => Device::Cuda(s.dev().ordinal),
         }
     }
     fn copy_strided(&self, l: &Layout) -> Result<Self> {
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.copy_strided(l)?)),
-        }
+        one!(self, s => s.copy_strided(l))
     }
     fn copy_strided_into(&self, l: &Layout, dst: &mut Self, dst_offset: usize) -> Result<()> {
         match (self, dst) {
             (Storage::Cpu(s), Storage::Cpu(d)) => s.copy_strided_into(l, d, dst_offset),
+            (Storage::Cuda(s), Storage::Cuda(d)) => s.copy_strided_into(l, d, dst_offset),
+            (s, d) => Err(Error::DeviceMismatch { op: "copy_strided_into", lhs: s.device(), rhs: d.device() }),
         }
     }
     fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Self> {
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.to_dtype(l, dtype)?)),
-        }
+        one!(self, s => s.to_dtype(l, dtype))
     }
     fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.unary(l, op)?)),
-        }
+        one!(self, s => s.unary(l, op))
     }
     fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
-        let (a, b) = same_device(op.name(), self, rhs)?;
-        Ok(Storage::Cpu(a.binary(l, b, rl, op)?))
+        all_cpu_or_cuda!(
+            op.name(),
+            self,
+            [rhs],
+            |a, b| Storage::Cpu(a.binary(l, b, rl, op)?),
+            Storage::Cuda(a.binary(l, b, rl, op)?)
+        )
     }
     fn cmp(&self, l: &Layout, rhs: &Self, rl: &Layout, op: CmpOp) -> Result<Self> {
-        let (a, b) = same_device("cmp", self, rhs)?;
-        Ok(Storage::Cpu(a.cmp(l, b, rl, op)?))
+        all_cpu_or_cuda!(
+            "cmp",
+            self,
+            [rhs],
+            |a, b| Storage::Cpu(a.cmp(l, b, rl, op)?),
+            Storage::Cuda(a.cmp(l, b, rl, op)?)
+        )
     }
     fn where_cond(&self, l: &Layout, t: &Self, tl: &Layout, f: &Self, fl: &Layout) -> Result<Self> {
-        let (c, t) = same_device("where_cond", self, t)?;
-        let (_, f) = same_device("where_cond", self, f)?;
-        Ok(Storage::Cpu(c.where_cond(l, t, tl, f, fl)?))
+        all_cpu_or_cuda!(
+            "where_cond",
+            self,
+            [t, f],
+            |c, t, f| Storage::Cpu(c.where_cond(l, t, tl, f, fl)?),
+            Storage::Cuda(c.where_cond(l, t, tl, f, fl)?)
+        )
     }
     fn reduce(&self, l: &Layout, op: ReduceOp, dims: &[usize]) -> Result<Self> {
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.reduce(l, op, dims)?)),
-        }
+        one!(self, s => s.reduce(l, op, dims))
     }
     fn arg_reduce(&self, l: &Layout, op: ArgReduceOp, dim: usize) -> Result<Self> {
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.arg_reduce(l, op, dim)?)),
-        }
+        one!(self, s => s.arg_reduce(l, op, dim))
     }
     fn softmax_last(&self, l: &Layout, log: bool) -> Result<Self> {
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.softmax_last(l, log)?)),
-        }
+        one!(self, s => s.softmax_last(l, log))
     }
     fn layer_norm(
         &self,
@@ -112,11 +169,16 @@ impl BackendStorage for Storage {
         bias: Option<(&Self, &Layout)>,
         eps: f64,
     ) -> Result<(Self, Self, Self)> {
-        let (w, b) = (opt("layer_norm", self, weight)?, opt("layer_norm", self, bias)?);
+        let (wc, wg) = param("layer_norm", self, weight)?;
+        let (bc, bg) = param("layer_norm", self, bias)?;
         match self {
             Storage::Cpu(s) => {
-                let (y, m, r) = s.layer_norm(l, w, b, eps)?;
+                let (y, m, r) = s.layer_norm(l, wc, bc, eps)?;
                 Ok((Storage::Cpu(y), Storage::Cpu(m), Storage::Cpu(r)))
+            }
+            Storage::Cuda(s) => {
+                let (y, m, r) = s.layer_norm(l, wg, bg, eps)?;
+                Ok((Storage::Cuda(y), Storage::Cuda(m), Storage::Cuda(r)))
             }
         }
     }
@@ -129,33 +191,62 @@ impl BackendStorage for Storage {
         dy: &Self,
         dyl: &Layout,
     ) -> Result<(Self, Self, Self)> {
-        let w = opt("layer_norm_backward", self, weight)?;
-        let (x, mean) = same_device("layer_norm_backward", self, mean)?;
-        let (_, rstd) = same_device("layer_norm_backward", self, rstd)?;
-        let (_, dy) = same_device("layer_norm_backward", self, dy)?;
-        let (dx, dw, db) = x.layer_norm_backward(l, w, mean, rstd, dy, dyl)?;
-        Ok((Storage::Cpu(dx), Storage::Cpu(dw), Storage::Cpu(db)))
+        let (wc, wg) = param("layer_norm_backward", self, weight)?;
+        match (self, mean, rstd, dy) {
+            (Storage::Cpu(x), Storage::Cpu(m), Storage::Cpu(r), Storage::Cpu(g)) => {
+                let (a, b, c) = x.layer_norm_backward(l, wc, m, r, g, dyl)?;
+                Ok((Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(c)))
+            }
+            (Storage::Cuda(x), Storage::Cuda(m), Storage::Cuda(r), Storage::Cuda(g)) => {
+                let (a, b, c) = x.layer_norm_backward(l, wg, m, r, g, dyl)?;
+                Ok((Storage::Cuda(a), Storage::Cuda(b), Storage::Cuda(c)))
+            }
+            _ => Err(mismatch("layer_norm_backward", &[self, mean, rstd, dy])),
+        }
     }
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout, dims: MatmulDims) -> Result<Self> {
-        let (a, b) = same_device("matmul", self, rhs)?;
-        Ok(Storage::Cpu(a.matmul(l, b, rl, dims)?))
+        all_cpu_or_cuda!(
+            "matmul",
+            self,
+            [rhs],
+            |a, b| Storage::Cpu(a.matmul(l, b, rl, dims)?),
+            Storage::Cuda(a.matmul(l, b, rl, dims)?)
+        )
     }
     fn index_select(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self> {
-        let (a, i) = same_device("index_select", self, ids)?;
-        Ok(Storage::Cpu(a.index_select(l, i, il, dim)?))
+        all_cpu_or_cuda!(
+            "index_select",
+            self,
+            [ids],
+            |a, i| Storage::Cpu(a.index_select(l, i, il, dim)?),
+            Storage::Cuda(a.index_select(l, i, il, dim)?)
+        )
     }
     fn gather(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self> {
-        let (a, i) = same_device("gather", self, ids)?;
-        Ok(Storage::Cpu(a.gather(l, i, il, dim)?))
+        all_cpu_or_cuda!(
+            "gather",
+            self,
+            [ids],
+            |a, i| Storage::Cpu(a.gather(l, i, il, dim)?),
+            Storage::Cuda(a.gather(l, i, il, dim)?)
+        )
     }
     fn index_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self> {
-        let (a, i) = same_device("index_add", self, ids)?;
-        let (_, s) = same_device("index_add", self, src)?;
-        Ok(Storage::Cpu(a.index_add(l, i, il, s, sl, dim)?))
+        all_cpu_or_cuda!(
+            "index_add",
+            self,
+            [ids, src],
+            |a, i, s| Storage::Cpu(a.index_add(l, i, il, s, sl, dim)?),
+            Storage::Cuda(a.index_add(l, i, il, s, sl, dim)?)
+        )
     }
     fn scatter_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self> {
-        let (a, i) = same_device("scatter_add", self, ids)?;
-        let (_, s) = same_device("scatter_add", self, src)?;
-        Ok(Storage::Cpu(a.scatter_add(l, i, il, s, sl, dim)?))
+        all_cpu_or_cuda!(
+            "scatter_add",
+            self,
+            [ids, src],
+            |a, i, s| Storage::Cpu(a.scatter_add(l, i, il, s, sl, dim)?),
+            Storage::Cuda(a.scatter_add(l, i, il, s, sl, dim)?)
+        )
     }
 }

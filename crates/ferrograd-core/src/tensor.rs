@@ -23,6 +23,9 @@ impl TensorId {
 
 pub(crate) struct Inner {
     id: TensorId,
+    /// Page-lock registration of a pinned CPU tensor's buffer; declared before `storage` so that
+    /// it is dropped (unregistered) before the memory it covers is freed.
+    pinned: Option<Arc<crate::cuda::pinned::HostPin>>,
     storage: Arc<RwLock<Storage>>,
     layout: Layout,
     op: Option<Op>,
@@ -33,6 +36,25 @@ pub(crate) struct Inner {
 
 #[derive(Clone)]
 pub struct Tensor(pub(crate) Arc<Inner>);
+
+impl Drop for Inner {
+    /// Each `Op` owns its inputs, so dropping the output of a long chain (an unrolled loop, tens of
+    /// thousands of ops deep) would recurse once per op and overflow the stack. Unlink the graph
+    /// iteratively instead: take the inputs this node was the last owner of and strip their ops.
+    fn drop(&mut self) {
+        let Some(op) = self.op.take() else { return };
+        let mut pending: Vec<Tensor> = backprop::op_inputs(&op).into_iter().cloned().collect();
+        drop(op);
+        while let Some(t) = pending.pop() {
+            if let Ok(mut inner) = Arc::try_unwrap(t.0) {
+                if let Some(op) = inner.op.take() {
+                    pending.extend(backprop::op_inputs(&op).into_iter().cloned());
+                }
+                // `inner` drops here with no op left, so this does not recurse.
+            }
+        }
+    }
+}
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -48,6 +70,7 @@ impl Tensor {
         let device = storage.device();
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
+            pinned: None,
             storage: Arc::new(RwLock::new(storage)),
             layout: Layout::contiguous(shape),
             op,
@@ -61,6 +84,7 @@ impl Tensor {
     pub(crate) fn view(&self, layout: Layout, op: Option<Op>) -> Tensor {
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
+            pinned: self.0.pinned.clone(),
             storage: self.0.storage.clone(),
             layout,
             op,
@@ -71,9 +95,35 @@ impl Tensor {
     }
 
     fn cpu_to_device(s: CpuStorage, device: Device) -> Result<Storage> {
+        Storage::from_cpu(s, device)
+    }
+
+    /// Philox numbers for `n` elements: drawn on the device itself for CUDA tensors.
+    fn random_storage(
+        rng: &mut Rng,
+        normal: bool,
+        n: usize,
+        a: f64,
+        b: f64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Storage> {
+        let (seed, off) = rng.advance(n);
         match device {
-            Device::Cpu => Ok(Storage::Cpu(s)),
-            Device::Cuda(_) => Err(crate::device::cuda_unsupported()),
+            Device::Cpu => {
+                let it = (0..n as u64).map(|i| {
+                    if normal {
+                        a + b * rng::normal_at(seed, off, i)
+                    } else {
+                        a + (b - a) * rng::uniform_at(seed, off, i)
+                    }
+                });
+                Ok(Storage::Cpu(CpuStorage::from_f64_iter(it, dtype)))
+            }
+            Device::Cuda(o) => {
+                let dev = crate::cuda::CudaDevice::get(o)?;
+                Ok(Storage::Cuda(crate::cuda::CudaStorage::random(&dev, normal, n, dtype, seed, off, a, b)?))
+            }
         }
     }
 
@@ -96,8 +146,7 @@ impl Tensor {
 
     pub fn full<S: Into<Shape>>(value: f64, shape: S, dtype: DType, device: Device) -> Result<Tensor> {
         let shape = shape.into();
-        let s = CpuStorage::full(value, shape.elem_count(), dtype);
-        Ok(Self::from_storage(Self::cpu_to_device(s, device)?, shape, None))
+        Ok(Self::from_storage(Storage::full(value, shape.elem_count(), dtype, device)?, shape, None))
     }
 
     pub fn zeros<S: Into<Shape>>(shape: S, dtype: DType, device: Device) -> Result<Tensor> {
@@ -140,10 +189,8 @@ impl Tensor {
         device: Device,
     ) -> Result<Tensor> {
         let shape = shape.into();
-        let n = shape.elem_count();
-        let (seed, off) = rng.advance(n);
-        let s = CpuStorage::from_f64_iter((0..n as u64).map(|i| lo + (hi - lo) * rng::uniform_at(seed, off, i)), dtype);
-        Ok(Self::from_storage(Self::cpu_to_device(s, device)?, shape, None))
+        let s = Self::random_storage(rng, false, shape.elem_count(), lo, hi, dtype, device)?;
+        Ok(Self::from_storage(s, shape, None))
     }
 
     /// Normal with `mean` and `std` from `rng`.
@@ -156,10 +203,8 @@ impl Tensor {
         device: Device,
     ) -> Result<Tensor> {
         let shape = shape.into();
-        let n = shape.elem_count();
-        let (seed, off) = rng.advance(n);
-        let s = CpuStorage::from_f64_iter((0..n as u64).map(|i| mean + std * rng::normal_at(seed, off, i)), dtype);
-        Ok(Self::from_storage(Self::cpu_to_device(s, device)?, shape, None))
+        let s = Self::random_storage(rng, true, shape.elem_count(), mean, std, dtype, device)?;
+        Ok(Self::from_storage(s, shape, None))
     }
 
     /// Uniform from the default generator (`manual_seed`).
@@ -232,6 +277,7 @@ impl Tensor {
     pub fn requires_grad(&self) -> Tensor {
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
+            pinned: self.0.pinned.clone(),
             storage: self.0.storage.clone(),
             layout: self.0.layout.clone(),
             op: None,
@@ -290,11 +336,9 @@ impl Tensor {
 
     // ---- reading values -----------------------------------------------------------------------
 
+    /// The viewed elements on the host (the one place a CUDA tensor synchronises).
     fn cpu_storage(&self) -> Result<CpuStorage> {
-        let s = self.storage();
-        match &*s {
-            Storage::Cpu(c) => c.copy_strided(self.layout()),
-        }
+        self.storage().to_cpu(self.layout())
     }
 
     /// All elements in row-major order; `T` must match the dtype.
@@ -338,12 +382,76 @@ impl Tensor {
         Ok(self.to_f64_vec()?[0])
     }
 
-    /// This tensor on `device` (a copy, or `self` when already there).
+    /// This tensor on `device` (a copy, or `self` when already there). From a pinned CPU tensor
+    /// the copy is asynchronous: the host returns before the data has arrived.
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
         if device == self.device() {
             return Ok(self.clone());
         }
+        if let (Device::Cuda(o), Some(pin)) = (device, &self.0.pinned) {
+            let dev = crate::cuda::CudaDevice::get(o)?;
+            let g = self.storage();
+            if let (Some(c), Some((start, end))) = (g.as_cpu(), self.layout().contiguous_range()) {
+                let esz = self.dtype().size_in_bytes();
+                let bytes = &c.as_bytes()[start * esz..end * esz];
+                if pin.contains(bytes.as_ptr(), bytes.len()) {
+                    let dst = crate::cuda::CudaStorage::uninit(&dev, end - start, self.dtype())?;
+                    let keep = Box::new((self.0.storage.clone(), pin.clone()));
+                    // SAFETY: `bytes` lies inside the registered range and `keep` owns it.
+                    unsafe {
+                        crate::cuda::transfer::htod_pinned_async(&dev, bytes.as_ptr(), bytes.len(), &dst.buf, keep)?
+                    };
+                    return Ok(Self::from_storage(Storage::Cuda(dst), self.shape().clone(), None));
+                }
+            }
+        }
         let c = self.cpu_storage()?;
         Ok(Self::from_storage(Self::cpu_to_device(c, device)?, self.shape().clone(), None))
+    }
+
+    /// A CPU copy of this tensor in page-locked memory, so that moving it to a GPU runs at full
+    /// DMA speed and asynchronously. Needs a CUDA driver.
+    pub fn pin_memory(&self) -> Result<Tensor> {
+        let dev = crate::cuda::CudaDevice::get(0)?;
+        let c = self.cpu_storage()?;
+        let pin = {
+            let b = c.as_bytes();
+            crate::cuda::pinned::HostPin::register(&dev, b.as_ptr(), b.len())?
+        };
+        let t = Self::from_storage(Storage::Cpu(c), self.shape().clone(), None);
+        let inner = Inner {
+            id: TensorId::new(),
+            pinned: Some(Arc::new(pin)),
+            storage: t.0.storage.clone(),
+            layout: t.0.layout.clone(),
+            op: None,
+            is_variable: false,
+            dtype: t.0.dtype,
+            device: t.0.device,
+        };
+        Ok(Tensor(Arc::new(inner)))
+    }
+
+    pub fn is_pinned(&self) -> bool {
+        self.0.pinned.is_some()
+    }
+
+    /// Move many tensors to `device` at once: to a GPU they travel in one coalesced copy.
+    pub fn to_device_many(tensors: &[Tensor], device: Device) -> Result<Vec<Tensor>> {
+        let Device::Cuda(o) = device else {
+            return tensors.iter().map(|t| t.to_device(device)).collect();
+        };
+        if tensors.iter().any(|t| t.device() != Device::Cpu) {
+            return tensors.iter().map(|t| t.to_device(device)).collect();
+        }
+        let dev = crate::cuda::CudaDevice::get(o)?;
+        let host = tensors.iter().map(|t| t.cpu_storage()).collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&CpuStorage> = host.iter().collect();
+        let gpu = crate::cuda::CudaStorage::from_cpu_many(&dev, &refs)?;
+        Ok(gpu
+            .into_iter()
+            .zip(tensors)
+            .map(|(s, t)| Self::from_storage(Storage::Cuda(s), t.shape().clone(), None))
+            .collect())
     }
 }

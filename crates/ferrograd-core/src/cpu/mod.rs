@@ -118,6 +118,10 @@ impl CpuStorage {
         cpu_dispatch!(self, v => bytemuck::cast_slice(v))
     }
 
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        cpu_dispatch!(self, v => bytemuck::cast_slice_mut(v))
+    }
+
     fn float_unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
         Ok(match self {
             CpuStorage::F32(v) => CpuStorage::F32(strided::map(v, l, |x| op.eval_f32(x))),

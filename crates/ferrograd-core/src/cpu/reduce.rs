@@ -32,7 +32,8 @@ fn split(l: &Layout, dims: &[usize]) -> Split {
 
 fn fold(op: ReduceOp, vals: impl Iterator<Item = f64>) -> f64 {
     match op {
-        ReduceOp::Sum => vals.sum(),
+        // Not `Iterator::sum`: for floats it starts from -0.0, so an empty sum would print "-0".
+        ReduceOp::Sum => vals.fold(0.0, |a, x| a + x),
         ReduceOp::Max => {
             vals.fold(f64::NEG_INFINITY, |a, x| if x.is_nan() || a.is_nan() { f64::NAN } else { a.max(x) })
         }

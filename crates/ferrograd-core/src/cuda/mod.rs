@@ -1,7 +1,25 @@
-//! The CUDA side. Everything here loads the driver libraries at run time (cudarc's dynamic
+//! The CUDA backend. Everything here loads the driver libraries at run time (cudarc's dynamic
 //! loading), so a machine without CUDA builds and runs the same binary; each entry point checks
 //! that the library exists first because cudarc panics on a missing one.
 
+pub mod alloc;
+mod buffer;
+pub mod device;
+mod driver;
+pub mod event;
+pub mod kernels;
+mod matmul;
+pub mod memory;
+pub mod modules;
+mod ops;
+pub mod pinned;
 pub mod probe;
+pub mod storage;
+pub mod transfer;
 
+pub use buffer::set_poison_allocations;
+pub use device::CudaDevice;
+pub use matmul::{matmul_precision, set_matmul_precision, MatmulPrecision};
+pub use memory::{memory_status, DeviceMemoryStatus};
 pub use probe::{device_count, devices, CudaDeviceInfo};
+pub use storage::CudaStorage;

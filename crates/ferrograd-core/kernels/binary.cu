@@ -1,0 +1,136 @@
+// binary.cu: elementwise binary ops, comparisons and where.
+// CPU twins: src/cpu/mod.rs `bin_f32` / `bin_f64` (BackendStorage::binary: floats in f32 for
+// f32 / f16 / bf16, f64 for f64; integers in f64, `Div` truncated, then `T::from_f64` saturating),
+// `cmp_f64` (BackendStorage::cmp) and `BackendStorage::where_cond`.
+//
+// Op codes: BinaryOp Add 0, Sub 1, Mul 2, Div 3, Maximum 4, Minimum 5; CmpOp Eq 0, Ne 1, Lt 2,
+// Le 3, Gt 4, Ge 5. The op is uniform over a launch and switched on per element (one kernel per
+// dtype keeps NVRTC time down; the branch costs nothing next to the memory traffic).
+
+enum { FG_ADD = 0, FG_SUB, FG_MUL, FG_DIV, FG_MAXIMUM, FG_MINIMUM };
+enum { FG_EQ = 0, FG_NE, FG_LT, FG_LE, FG_GT, FG_GE };
+
+// bin_f64 / bin_f32 in ACC; maximum / minimum: a if a is NaN or a >= b (<=) else b.
+template <typename A>
+static __device__ __forceinline__ A fg_binary_eval(int op, A a, A b) {
+  switch (op) {
+    case FG_ADD: return a + b;
+    case FG_SUB: return a - b;
+    case FG_MUL: return a * b;
+    case FG_DIV: return a / b;
+    case FG_MAXIMUM: return (a != a || a >= b) ? a : b;
+    default: return (a != a || a <= b) ? a : b;  // FG_MINIMUM
+  }
+}
+
+template <typename T>
+struct FgBinary {
+  typedef typename FgAcc<T>::type A;
+  // Integers: the f64 result is saturated by fg_from_acc, which also truncates toward zero (so
+  // integer Div truncates, x/0 saturates to the type's max/min and 0/0 gives 0, as on the CPU).
+  static __device__ __forceinline__ T apply(int op, T a, T b) {
+    return fg_from_acc<T>(fg_binary_eval<A>(op, fg_to_acc(a), fg_to_acc(b)));
+  }
+};
+
+template <typename T>
+static __device__ __forceinline__ void fg_binary(const Layout& al, const T* __restrict__ a, const Layout& bl,
+                                                 const T* __restrict__ b, T* __restrict__ y, fg_u64 n, int op) {
+  const int am = fg_mode(al), bm = fg_mode(bl);
+  if (am == FG_CONTIG && bm == FG_CONTIG) {
+    const T* ap = a + al.offset;
+    const T* bp = b + bl.offset;
+    fg_unrolled(n, [&](fg_u64 i) { return FgPack<T, 2>{{ap[i], bp[i]}}; },
+                [&](fg_u64 i, const FgPack<T, 2>& v) { y[i] = FgBinary<T>::apply(op, v.v[0], v.v[1]); });
+    return;
+  }
+  FG_GRID_STRIDE(i, n) y[i] = FgBinary<T>::apply(op, a[fg_offset_m(al, am, i)], b[fg_offset_m(bl, bm, i)]);
+}
+
+#define FG_BINARY(SUF, T)                                                                      \
+  FG_KERNEL binary_##SUF(Layout al, const T* a, Layout bl, const T* b, T* y, fg_u64 n, int op) { \
+    fg_binary<T>(al, a, bl, b, y, n, op);                                                      \
+  }
+FG_FOR_ALL(FG_BINARY)
+
+// ---------------------------------------------------------------------------------------------
+// cmp_{dt}: y = (a op b) as u8. The CPU compares the exact f64 values; comparing in the native
+// type (f16 / bf16 widened to f32) is the same relation.
+// ---------------------------------------------------------------------------------------------
+
+template <typename T> struct FgCmpType { typedef T type; };
+template <> struct FgCmpType<__half> { typedef float type; };
+template <> struct FgCmpType<__nv_bfloat16> { typedef float type; };
+
+static __device__ __forceinline__ float fg_cmp_widen(__half x) { return __half2float(x); }
+static __device__ __forceinline__ float fg_cmp_widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> static __device__ __forceinline__ T fg_cmp_widen(T x) { return x; }
+
+template <typename C>
+static __device__ __forceinline__ unsigned char fg_cmp_eval(int op, C a, C b) {
+  bool r;
+  switch (op) {
+    case FG_EQ: r = a == b; break;
+    case FG_NE: r = a != b; break;
+    case FG_LT: r = a < b; break;
+    case FG_LE: r = a <= b; break;
+    case FG_GT: r = a > b; break;
+    default: r = a >= b; break;  // FG_GE
+  }
+  return (unsigned char)r;
+}
+
+template <typename T>
+static __device__ __forceinline__ void fg_cmp(const Layout& al, const T* __restrict__ a, const Layout& bl,
+                                              const T* __restrict__ b, unsigned char* __restrict__ y, fg_u64 n,
+                                              int op) {
+  typedef typename FgCmpType<T>::type C;
+  const int am = fg_mode(al), bm = fg_mode(bl);
+  if (am == FG_CONTIG && bm == FG_CONTIG) {
+    const T* ap = a + al.offset;
+    const T* bp = b + bl.offset;
+    fg_unrolled(n, [&](fg_u64 i) { return FgPack<T, 2>{{ap[i], bp[i]}}; },
+                [&](fg_u64 i, const FgPack<T, 2>& v) {
+                  y[i] = fg_cmp_eval<C>(op, fg_cmp_widen(v.v[0]), fg_cmp_widen(v.v[1]));
+                });
+    return;
+  }
+  FG_GRID_STRIDE(i, n) {
+    y[i] = fg_cmp_eval<C>(op, fg_cmp_widen(a[fg_offset_m(al, am, i)]), fg_cmp_widen(b[fg_offset_m(bl, bm, i)]));
+  }
+}
+
+#define FG_CMP(SUF, T)                                                                         \
+  FG_KERNEL cmp_##SUF(Layout al, const T* a, Layout bl, const T* b, unsigned char* y, fg_u64 n, int op) { \
+    fg_cmp<T>(al, a, bl, b, y, n, op);                                                         \
+  }
+FG_FOR_ALL(FG_CMP)
+
+// ---------------------------------------------------------------------------------------------
+// where_{b8,b16,b32,b64}: y[i] = c[i] != 0 ? t[i] : f[i], each operand read through its layout
+// (only the chosen branch is read).
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+static __device__ __forceinline__ void fg_where(const Layout& cl, const unsigned char* __restrict__ c,
+                                                const Layout& tl, const T* __restrict__ t, const Layout& fl,
+                                                const T* __restrict__ f, T* __restrict__ y, fg_u64 n) {
+  const int cm = fg_mode(cl), tm = fg_mode(tl), fm = fg_mode(fl);
+  if (cm == FG_CONTIG && tm == FG_CONTIG && fm == FG_CONTIG) {
+    const unsigned char* cp = c + cl.offset;
+    const T* tp = t + tl.offset;
+    const T* fp = f + fl.offset;
+    fg_unrolled(n, [&](fg_u64 i) { return cp[i] ? tp[i] : fp[i]; }, [&](fg_u64 i, T v) { y[i] = v; });
+    return;
+  }
+  FG_GRID_STRIDE(i, n) {
+    y[i] = c[fg_offset_m(cl, cm, i)] ? t[fg_offset_m(tl, tm, i)] : f[fg_offset_m(fl, fm, i)];
+  }
+}
+
+#define FG_WHERE(SUF, T)                                                                       \
+  FG_KERNEL where_##SUF(Layout cl, const unsigned char* c, Layout tl, const T* t, Layout fl, const T* f, \
+                        T* y, fg_u64 n) {                                                      \
+    fg_where<T>(cl, c, tl, t, fl, f, y, n);                                                    \
+  }
+FG_FOR_WIDTH(FG_WHERE)

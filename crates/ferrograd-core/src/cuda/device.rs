@@ -1,0 +1,222 @@
+//! One `CudaDevice` per ordinal, created on first use and kept for the process: the context, a
+//! compute stream (every op), a copy stream (transfers), a cuBLAS handle, the caching allocator and
+//! the loaded kernels.
+
+use super::alloc::{AllocError, Allocation, CachingAllocator, MemoryStats};
+use super::driver::{DriverEvents, DriverMemory, COMPUTE};
+use super::kernels::{self, Arch, KernelError, KernelSource};
+use super::modules::Module;
+use super::probe::{self, CudaDeviceInfo};
+use crate::{Error, Result};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+pub struct CudaDevice {
+    pub ordinal: usize,
+    pub info: CudaDeviceInfo,
+    pub arch: Arch,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) copy_stream: Arc<CudaStream>,
+    pub(crate) blas: Mutex<CudaBlas>,
+    alloc: Mutex<CachingAllocator<DriverMemory, DriverEvents>>,
+    funcs: Mutex<HashMap<String, CudaFunction>>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    pending: Mutex<super::event::Pending>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaDevice({}, {})", self.ordinal, self.info.name)
+    }
+}
+
+pub(crate) fn driver_err(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Cuda(format!("{what}: {e:?}"))
+}
+
+impl From<AllocError> for Error {
+    fn from(e: AllocError) -> Self {
+        match e {
+            AllocError::OutOfMemory { requested, free, total, allocated, reserved, hint } => {
+                Error::OutOfMemory { requested, free, total, allocated, reserved, hint }
+            }
+            other => Error::Cuda(other.to_string()),
+        }
+    }
+}
+
+impl From<KernelError> for Error {
+    fn from(e: KernelError) -> Self {
+        match e {
+            KernelError::NvrtcMissing { .. } | KernelError::NvrtcTooOld { .. } => {
+                Error::CudaUnavailable { reason: e.to_string() }
+            }
+            other => Error::Kernel { name: other.kernel_name().unwrap_or("?").to_string(), msg: other.to_string() },
+        }
+    }
+}
+
+static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
+
+/// Whether this process has already opened a CUDA device (so stats can be read without creating one).
+pub fn opened_devices() -> Vec<Arc<CudaDevice>> {
+    DEVICES.get().map(|m| lock(m).values().cloned().collect()).unwrap_or_default()
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl CudaDevice {
+    /// The device for `ordinal`, opened on first use.
+    pub fn get(ordinal: usize) -> Result<Arc<CudaDevice>> {
+        let map = DEVICES.get_or_init(Default::default);
+        let mut map = lock(map);
+        if let Some(d) = map.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(Self::open(ordinal)?);
+        map.insert(ordinal, d.clone());
+        Ok(d)
+    }
+
+    fn open(ordinal: usize) -> Result<CudaDevice> {
+        let info = probe::device_info(ordinal)?;
+        super::storage::set_sm_count(info.multiprocessors as usize);
+        let (maj, min) = info.compute_capability;
+        let arch = Arch::from_compute_capability(maj, min)?;
+        // NVRTC must be loadable before we promise a working device.
+        kernels::nvrtc_info()?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("cuCtx", e))?;
+        let stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
+        let copy_stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
+        // SAFETY: cuBLAS needs its library; check before cudarc would panic on a missing one.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(Error::CudaUnavailable { reason: "libcublas was not found".into() });
+        }
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| driver_err("cublasCreate", e))?;
+        let mut alloc = CachingAllocator::new(
+            DriverMemory { ctx: ctx.clone() },
+            DriverEvents::new(ctx.clone(), [stream.cu_stream(), copy_stream.cu_stream()]),
+        );
+        alloc.set_memory_limit(super::alloc::memory_limit_from_env()?);
+        Ok(CudaDevice {
+            ordinal,
+            info,
+            arch,
+            ctx,
+            stream,
+            copy_stream,
+            blas: Mutex::new(blas),
+            alloc: Mutex::new(alloc),
+            funcs: Mutex::new(HashMap::new()),
+            modules: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Default::default()),
+        })
+    }
+
+    pub(crate) fn allocator(&self) -> MutexGuard<'_, CachingAllocator<DriverMemory, DriverEvents>> {
+        lock(&self.alloc)
+    }
+
+    /// `bytes` of device memory for the compute stream.
+    pub(crate) fn alloc_bytes(&self, bytes: usize) -> Result<Allocation> {
+        Ok(self.allocator().allocate(bytes, COMPUTE)?)
+    }
+
+    pub(crate) fn free(&self, a: Allocation) {
+        if let Err(e) = self.allocator().free(a) {
+            // Freeing only fails when the driver is broken; the block is then leaked on purpose.
+            eprintln!("ferrograd: cuda free failed: {e}");
+        }
+    }
+
+    /// Keep `keep` alive until `done` completes (asynchronous copies from host memory).
+    pub(crate) fn defer(&self, done: super::event::Event, keep: Box<dyn Send + Sync>) {
+        let mut p = lock(&self.pending);
+        p.collect();
+        p.push(done, keep);
+    }
+
+    /// One allocation and free through the caching allocator (what the alloc benchmark times).
+    pub fn cached_alloc_free(&self, bytes: usize) -> Result<()> {
+        let a = self.alloc_bytes(bytes)?;
+        self.free(a);
+        Ok(())
+    }
+
+    /// One raw `cuMemAlloc` + `cuMemFree`, bypassing the cache (the benchmark's baseline).
+    pub fn raw_alloc_free(&self, bytes: usize) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+        // SAFETY: a fresh allocation freed at once; nothing else sees the pointer.
+        unsafe {
+            let p = cudarc::driver::result::malloc_sync(bytes).map_err(|e| driver_err("cuMemAlloc", e))?;
+            cudarc::driver::result::free_sync(p).map_err(|e| driver_err("cuMemFree", e))
+        }
+    }
+
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.allocator().stats()
+    }
+
+    pub fn reset_peak_stats(&self) {
+        self.allocator().reset_peak_stats()
+    }
+
+    /// Return every cached, unused segment to the driver.
+    pub fn empty_cache(&self) -> Result<()> {
+        Ok(self.allocator().empty_cache()?)
+    }
+
+    /// Behave as if the card had only `limit` bytes (`None` lifts the cap).
+    pub fn set_memory_limit(&self, limit: Option<usize>) {
+        self.allocator().set_memory_limit(limit)
+    }
+
+    pub fn memory_limit(&self) -> Option<usize> {
+        self.allocator().memory_limit()
+    }
+
+    /// The driver's (free, total) bytes for this device.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))
+    }
+
+    /// Block until all queued work on both streams is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
+        self.copy_stream.synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
+        lock(&self.pending).wait_all()
+    }
+
+    /// The kernel `name` from `module`, compiling (or loading from the disk cache) on first use.
+    pub(crate) fn func(&self, module: &Module, name: &str) -> Result<CudaFunction> {
+        if let Some(f) = lock(&self.funcs).get(name) {
+            return Ok(f.clone());
+        }
+        let m = self.load_module(module)?;
+        let f = m.load_function(name).map_err(|e| Error::Kernel {
+            name: name.to_string(),
+            msg: format!("not found in module {}: {e:?}", module.name),
+        })?;
+        lock(&self.funcs).insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// Compile (or fetch from the disk cache) and load `module` into this context, once.
+    pub fn load_module(&self, module: &Module) -> Result<Arc<CudaModule>> {
+        if let Some(m) = lock(&self.modules).get(module.name) {
+            return Ok(m.clone());
+        }
+        let compiled = kernels::get_or_compile(&KernelSource::new(module.name, module.src), self.arch)?;
+        let m = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.to_vec()))
+            .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))?;
+        lock(&self.modules).insert(module.name, m.clone());
+        Ok(m)
+    }
+}

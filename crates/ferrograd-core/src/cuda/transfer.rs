@@ -1,0 +1,203 @@
+//! Host <-> device copies.
+//!
+//! - Small copies go straight to the driver on the compute stream.
+//! - Large copies from pageable memory are staged through two pinned chunks on the copy stream:
+//!   while the DMA engine moves chunk i, the host threads copy chunk i+1 into the other buffer
+//!   (double buffering). The driver's own pageable path uses one thread and no overlap.
+//! - Copies from pinned tensors are asynchronous: the host returns at once, the compute stream
+//!   waits on an event, and the source is kept alive until the copy completes.
+//! - `htod_many` packs many small tensors into one pinned buffer and moves them in one copy.
+//!
+//! The copy stream first waits for the compute stream, because a destination block handed out
+//! by the allocator may have been freed by compute work that is still queued.
+
+use super::buffer::CudaBuffer;
+use super::device::{driver_err, CudaDevice};
+use super::event::Event;
+use super::pinned::PinnedBuf;
+use crate::Result;
+use cudarc::driver::{result, sys};
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// Below this a plain driver copy is as fast as staging.
+pub const STAGE_MIN: usize = 1 << 20;
+/// Staging chunk: large enough to amortise the per-copy cost, small enough to overlap well.
+pub const CHUNK: usize = 8 << 20;
+
+fn bind(dev: &CudaDevice) -> Result<()> {
+    dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))
+}
+
+/// Host memcpy on all cores: one thread cannot keep up with the DMA engine.
+pub fn par_copy(dst: &mut [u8], src: &[u8]) {
+    const PIECE: usize = 1 << 20;
+    if src.len() < 2 * PIECE {
+        dst.copy_from_slice(src);
+    } else {
+        dst.par_chunks_mut(PIECE).zip(src.par_chunks(PIECE)).for_each(|(d, s)| d.copy_from_slice(s));
+    }
+}
+
+/// The copy stream waits for everything queued on the compute stream so far.
+fn copy_after_compute(dev: &CudaDevice) -> Result<()> {
+    let e = Event::new()?;
+    e.record(&dev.stream)?;
+    e.wait_on(&dev.copy_stream)
+}
+
+unsafe fn dma_htod(dev: &CudaDevice, dst: u64, src: *const u8, n: usize) -> Result<()> {
+    // SAFETY (caller): `src` is pinned (or staged by the driver) and `dst` holds `n` bytes.
+    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const _, n, dev.copy_stream.cu_stream()) }
+        .result()
+        .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))
+}
+
+unsafe fn dma_dtoh(dev: &CudaDevice, dst: *mut u8, src: u64, n: usize) -> Result<()> {
+    // SAFETY (caller): `dst` is pinned and holds `n` bytes, `src` is a live device range.
+    unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut _, src, n, dev.copy_stream.cu_stream()) }
+        .result()
+        .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))
+}
+
+/// Copy `src` into the start of `dst`. Returns once `src` may be reused.
+pub fn htod(dev: &Arc<CudaDevice>, src: &[u8], dst: &CudaBuffer) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    debug_assert!(src.len() <= dst.bytes());
+    bind(dev)?;
+    if src.len() < STAGE_MIN {
+        // SAFETY: `dst` holds at least `src.len()` bytes; the driver stages a pageable source
+        // before the call returns.
+        return unsafe { result::memcpy_htod_async(dst.ptr(), src, dev.stream.cu_stream()) }
+            .map_err(|e| driver_err("cuMemcpyHtoDAsync", e));
+    }
+    copy_after_compute(dev)?;
+    let mut bufs = [PinnedBuf::new(dev, CHUNK)?, PinnedBuf::new(dev, CHUNK)?];
+    let events = [Event::new()?, Event::new()?];
+    let mut used = [false, false];
+    let mut last = 0;
+    for (i, chunk) in src.chunks(CHUNK).enumerate() {
+        let s = i % 2;
+        if used[s] {
+            events[s].synchronize()?;
+        }
+        par_copy(bufs[s].as_mut_slice(chunk.len()), chunk);
+        // SAFETY: the pinned chunk holds `chunk.len()` bytes and is not touched until its event.
+        unsafe { dma_htod(dev, dst.ptr() + (i * CHUNK) as u64, bufs[s].as_ptr(), chunk.len())? };
+        events[s].record(&dev.copy_stream)?;
+        used[s] = true;
+        last = s;
+    }
+    events[last].wait_on(&dev.stream)?;
+    // The pinned chunks go back to the pool, so their copies must be done.
+    for (e, u) in events.iter().zip(used) {
+        if u {
+            e.synchronize()?;
+        }
+    }
+    Ok(())
+}
+
+/// Copy from pinned host memory without waiting: the compute stream is ordered after the copy and
+/// `keep` (the owner of `src`) lives until it completes.
+///
+/// # Safety
+/// `src` must point to `n` readable bytes of page-locked memory owned by `keep`.
+pub unsafe fn htod_pinned_async(
+    dev: &Arc<CudaDevice>,
+    src: *const u8,
+    n: usize,
+    dst: &CudaBuffer,
+    keep: Box<dyn Send + Sync>,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    bind(dev)?;
+    copy_after_compute(dev)?;
+    // SAFETY: `src` is page-locked and kept alive by `keep` until the event completes.
+    unsafe { dma_htod(dev, dst.ptr(), src, n)? };
+    let done = Event::new()?;
+    done.record(&dev.copy_stream)?;
+    done.wait_on(&dev.stream)?;
+    dev.defer(done, keep);
+    Ok(())
+}
+
+/// Copy the start of `src` into `dst` and wait for it.
+pub fn dtoh(dev: &Arc<CudaDevice>, src: &CudaBuffer, dst: &mut [u8]) -> Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    debug_assert!(dst.len() <= src.bytes());
+    bind(dev)?;
+    if dst.len() < STAGE_MIN {
+        // SAFETY: `src` holds at least `dst.len()` bytes; we synchronise before `dst` is read.
+        unsafe { result::memcpy_dtoh_async(dst, src.ptr(), dev.stream.cu_stream()) }
+            .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
+        return dev.stream.synchronize().map_err(|e| driver_err("cuStreamSynchronize", e));
+    }
+    copy_after_compute(dev)?;
+    let mut bufs = [PinnedBuf::new(dev, CHUNK)?, PinnedBuf::new(dev, CHUNK)?];
+    let events = [Event::new()?, Event::new()?];
+    let n = dst.len();
+    let chunks = n.div_ceil(CHUNK);
+    let len = |i: usize| CHUNK.min(n - i * CHUNK);
+    let enqueue = |i: usize, buf: &mut PinnedBuf, ev: &Event| -> Result<()> {
+        // SAFETY: the pinned buffer holds CHUNK bytes and is read only after `ev` completes.
+        unsafe { dma_dtoh(dev, buf.as_mut_slice(len(i)).as_mut_ptr(), src.ptr() + (i * CHUNK) as u64, len(i))? };
+        ev.record(&dev.copy_stream)
+    };
+    for (i, (b, e)) in bufs.iter_mut().zip(&events).enumerate().take(chunks) {
+        enqueue(i, b, e)?;
+    }
+    for i in 0..chunks {
+        let s = i % 2;
+        events[s].synchronize()?;
+        par_copy(&mut dst[i * CHUNK..i * CHUNK + len(i)], bufs[s].as_slice(len(i)));
+        if i + 2 < chunks {
+            enqueue(i + 2, &mut bufs[s], &events[s])?;
+        }
+    }
+    Ok(())
+}
+
+/// Alignment of each tensor inside a coalesced transfer (vector loads want 16 bytes; 256 keeps
+/// cache lines separate).
+pub const PACK_ALIGN: usize = 256;
+
+/// Move several host byte ranges in one copy; returns the shared allocation and byte offsets.
+pub(crate) fn htod_many(
+    dev: &Arc<CudaDevice>,
+    parts: &[&[u8]],
+) -> Result<(Arc<super::buffer::AllocGuard>, Vec<usize>)> {
+    let mut offsets = Vec::with_capacity(parts.len());
+    let mut total = 0usize;
+    for p in parts {
+        offsets.push(total);
+        total += p.len().div_ceil(PACK_ALIGN) * PACK_ALIGN;
+    }
+    let guard = Arc::new(CudaBuffer::raw(dev, total)?);
+    if total == 0 {
+        return Ok((guard, offsets));
+    }
+    let mut staging = PinnedBuf::new(dev, total)?;
+    {
+        let dst = staging.as_mut_slice(total);
+        for (p, &o) in parts.iter().zip(&offsets) {
+            dst[o..o + p.len()].copy_from_slice(p);
+        }
+    }
+    let base = guard.allocation().map_or(0, |a| a.ptr());
+    bind(dev)?;
+    copy_after_compute(dev)?;
+    // SAFETY: the staging buffer holds `total` bytes and is kept alive until the copy completes.
+    unsafe { dma_htod(dev, base, staging.as_ptr(), total)? };
+    let done = Event::new()?;
+    done.record(&dev.copy_stream)?;
+    done.wait_on(&dev.stream)?;
+    dev.defer(done, Box::new(staging));
+    Ok((guard, offsets))
+}
