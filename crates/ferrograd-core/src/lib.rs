@@ -23,6 +23,7 @@ pub mod layout;
 mod nn_ops;
 pub mod op;
 mod ops;
+pub mod optim;
 pub mod rng;
 pub mod shape;
 pub mod storage;

@@ -27,9 +27,10 @@ module!(SOFTMAX, "softmax");
 module!(LAYERNORM, "layernorm");
 module!(INDEX, "index");
 module!(RNG, "rng");
+module!(OPTIM, "optim");
 
 /// Every module, for `ferrograd kernels --precompile` and the NVRTC compile test.
-pub const ALL: &[&Module] = &[&COPY, &UNARY, &BINARY, &REDUCE, &SOFTMAX, &LAYERNORM, &INDEX, &RNG];
+pub const ALL: &[&Module] = &[&COPY, &UNARY, &BINARY, &REDUCE, &SOFTMAX, &LAYERNORM, &INDEX, &RNG, &OPTIM];
 
 /// Compile every module for `arch` into the on-disk cache (`ferrograd kernels --precompile`).
 pub fn precompile(arch: super::kernels::Arch) -> crate::Result<super::kernels::PrecompileReport> {

@@ -1,0 +1,155 @@
+//! Fused, in-place optimizer steps over many tensors at once. On CUDA one kernel launch updates up
+//! to 40 tensors (their pointers travel in the launch parameters, so a step needs no host->device
+//! copy); on the CPU each tensor is one parallel loop. The formulas are PyTorch's, applied in f32
+//! in the same order on both backends (`kernels/optim.cu` is the device twin).
+
+use crate::storage::Storage;
+use crate::{DType, Error, Result, Tensor};
+use rayon::prelude::*;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamConfig {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// AdamW: decay the weights directly instead of adding `wd * p` to the gradient.
+    pub decoupled: bool,
+}
+
+impl Default for AdamConfig {
+    fn default() -> Self {
+        AdamConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, decoupled: false }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdConfig {
+    pub lr: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub nesterov: bool,
+    pub weight_decay: f64,
+}
+
+impl Default for SgdConfig {
+    fn default() -> Self {
+        SgdConfig { lr: 1e-2, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0 }
+    }
+}
+
+/// Every tensor must be a contiguous f32 buffer with the parameter's shape, on its device.
+fn check(op: &'static str, params: &[Tensor], groups: &[&[Tensor]]) -> Result<()> {
+    for g in groups {
+        if g.len() != params.len() {
+            return Err(Error::InvalidArgument(format!("{op}: {} parameters but {} state tensors", params.len(), g.len())));
+        }
+    }
+    for (i, p) in params.iter().enumerate() {
+        for t in std::iter::once(p).chain(groups.iter().map(|g| &g[i])) {
+            if t.dtype() != DType::F32 {
+                return Err(Error::UnsupportedDType { op, dtype: t.dtype() });
+            }
+            if t.dims() != p.dims() {
+                return Err(Error::ShapeMismatch { op, lhs: p.dims().to_vec(), rhs: t.dims().to_vec() });
+            }
+            if t.device() != p.device() {
+                return Err(Error::DeviceMismatch { op, lhs: p.device(), rhs: t.device() });
+            }
+            if !t.is_contiguous() {
+                return Err(crate::shape_err!(op, "tensor {i} is not contiguous"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Run `f` over the f32 slices of `p` (mutable), `g`, and up to two mutable state tensors.
+fn with_cpu(
+    p: &Tensor,
+    g: &Tensor,
+    s1: Option<&Tensor>,
+    s2: Option<&Tensor>,
+    f: impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync,
+) -> Result<()> {
+    let range = |t: &Tensor| t.layout().offset()..t.layout().offset() + t.elem_count();
+    let gv = g.to_vec::<f32>()?;
+    let mut pg = p.storage_mut();
+    let Storage::Cpu(crate::cpu::CpuStorage::F32(pv)) = &mut *pg else {
+        return Err(Error::UnsupportedDType { op: "optimizer", dtype: p.dtype() });
+    };
+    let take = |t: Option<&Tensor>| -> Result<Vec<f32>> { t.map_or(Ok(vec![0.0; gv.len()]), |t| t.to_vec::<f32>()) };
+    let (mut a, mut b) = (take(s1)?, take(s2)?);
+    f(&mut pv[range(p)], &gv, &mut a, &mut b);
+    drop(pg);
+    for (t, v) in [(s1, a), (s2, b)] {
+        if let Some(t) = t {
+            t.set(&Tensor::from_vec(v, t.shape().clone(), t.device())?)?;
+        }
+    }
+    Ok(())
+}
+
+/// One Adam/AdamW step (`step` counts from 1), updating `params`, `m` and `v` in place.
+pub fn adam_step(params: &[Tensor], grads: &[Tensor], m: &[Tensor], v: &[Tensor], c: &AdamConfig, step: u64)
+    -> Result<()> {
+    check("adam_step", params, &[grads, m, v])?;
+    if step == 0 {
+        return Err(Error::InvalidArgument("adam_step: step counts from 1".into()));
+    }
+    let bc1 = 1.0 - c.beta1.powi(step.min(i32::MAX as u64) as i32);
+    let bc2 = 1.0 - c.beta2.powi(step.min(i32::MAX as u64) as i32);
+    if let Some(crate::Device::Cuda(o)) = params.first().map(|p| p.device()) {
+        let dev = crate::cuda::CudaDevice::get(o)?;
+        return crate::cuda::optim::adam(&dev, params, grads, m, v, c, bc1 as f32, bc2 as f32);
+    }
+    let (lr, b1, b2, eps, wd) = (c.lr as f32, c.beta1 as f32, c.beta2 as f32, c.eps as f32, c.weight_decay as f32);
+    let (step_size, sbc2) = (lr / bc1 as f32, (bc2 as f32).sqrt());
+    for i in 0..params.len() {
+        with_cpu(&params[i], &grads[i], Some(&m[i]), Some(&v[i]), |p, g, m, v| {
+            p.par_iter_mut().zip(g).zip(m.par_iter_mut()).zip(v.par_iter_mut()).for_each(|(((p, &g), m), v)| {
+                let (mut pi, mut gi) = (*p, g);
+                if c.decoupled {
+                    pi *= 1.0 - lr * wd;
+                } else {
+                    gi += wd * pi;
+                }
+                *m = b1 * *m + (1.0 - b1) * gi;
+                *v = b2 * *v + (1.0 - b2) * (gi * gi);
+                *p = pi - step_size * (*m / ((*v).sqrt() / sbc2 + eps));
+            })
+        })?;
+    }
+    Ok(())
+}
+
+/// One SGD step; `bufs` are the momentum buffers (ignored when momentum is 0), initialised from
+/// the gradient on the `first` step.
+pub fn sgd_step(params: &[Tensor], grads: &[Tensor], bufs: &[Tensor], c: &SgdConfig, first: bool) -> Result<()> {
+    let groups: Vec<&[Tensor]> = if c.momentum != 0.0 { vec![grads, bufs] } else { vec![grads] };
+    check("sgd_step", params, &groups)?;
+    if c.nesterov && (c.momentum <= 0.0 || c.dampening != 0.0) {
+        return Err(Error::InvalidArgument("Nesterov momentum needs momentum > 0 and no dampening".into()));
+    }
+    if let Some(crate::Device::Cuda(o)) = params.first().map(|p| p.device()) {
+        let dev = crate::cuda::CudaDevice::get(o)?;
+        return crate::cuda::optim::sgd(&dev, params, grads, bufs, c, first);
+    }
+    let (lr, mu, damp, wd) = (c.lr as f32, c.momentum as f32, c.dampening as f32, c.weight_decay as f32);
+    for i in 0..params.len() {
+        let buf = (mu != 0.0).then(|| &bufs[i]);
+        with_cpu(&params[i], &grads[i], buf, None, |p, g, b, _| {
+            p.par_iter_mut().zip(g).zip(b.par_iter_mut()).for_each(|((p, &g), b)| {
+                let mut gi = g + wd * *p;
+                if mu != 0.0 {
+                    let bi = if first { gi } else { mu * *b + (1.0 - damp) * gi };
+                    *b = bi;
+                    gi = if c.nesterov { gi + mu * bi } else { bi };
+                }
+                *p -= lr * gi;
+            })
+        })?;
+    }
+    Ok(())
+}
