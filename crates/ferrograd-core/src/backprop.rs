@@ -223,6 +223,8 @@ fn input_grads(node: &Tensor, op: &Op, g: &Tensor) -> Result<Vec<(Tensor, Tensor
                 BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
                 // d(a/b)/db = -a/b^2 = -out/b
                 BinaryOp::Div => (g.div(b)?, g.mul(node)?.div(b)?.neg()?),
+                // a - b * floor(a / b): d/da = 1, d/db = -floor(a / b) = (out - a) / b
+                BinaryOp::Rem => (g.clone(), g.mul(&node.sub(a)?.div(b)?)?),
                 BinaryOp::Maximum | BinaryOp::Minimum => {
                     let pick_a = if *op == BinaryOp::Maximum { a.ge(b)? } else { a.le(b)? };
                     let m = mask_of(pick_a, g.dtype())?;

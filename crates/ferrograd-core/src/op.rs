@@ -178,6 +178,8 @@ pub enum BinaryOp {
     Div,
     Maximum,
     Minimum,
+    /// Floored remainder (sign of the divisor), as Python's `%` and `torch.remainder`.
+    Rem,
 }
 
 impl BinaryOp {
@@ -189,6 +191,7 @@ impl BinaryOp {
             BinaryOp::Div => "div",
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
+            BinaryOp::Rem => "rem",
         }
     }
 }

@@ -94,6 +94,12 @@ impl Tensor {
         maximum => BinaryOp::Maximum, minimum => BinaryOp::Minimum,
     }
 
+    /// Floored remainder with broadcasting (`torch.remainder`); its gradient is 1 for `self` and
+    /// `-floor(self / rhs)` for `rhs`.
+    pub fn remainder(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary_op(rhs, BinaryOp::Rem)
+    }
+
     pub(crate) fn cmp_op(&self, rhs: &Tensor, op: CmpOp) -> Result<Tensor> {
         self.check_same(rhs, "cmp")?;
         let (a, b) = self.broadcast_pair(rhs, "cmp")?;

@@ -39,15 +39,20 @@ impl Default for SgdConfig {
     }
 }
 
-/// Every tensor must be a contiguous f32 buffer with the parameter's shape, on its device.
+/// Every tensor must be an f32 buffer with the parameter's shape, on its device; all but the
+/// gradients (`groups[0]`, read through `contiguous_grads`) must be contiguous, being written in place.
 fn check(op: &'static str, params: &[Tensor], groups: &[&[Tensor]]) -> Result<()> {
     for g in groups {
         if g.len() != params.len() {
-            return Err(Error::InvalidArgument(format!("{op}: {} parameters but {} state tensors", params.len(), g.len())));
+            return Err(Error::InvalidArgument(format!(
+                "{op}: {} parameters but {} state tensors",
+                params.len(),
+                g.len()
+            )));
         }
     }
     for (i, p) in params.iter().enumerate() {
-        for t in std::iter::once(p).chain(groups.iter().map(|g| &g[i])) {
+        for (j, t) in std::iter::once(p).chain(groups.iter().map(|g| &g[i])).enumerate() {
             if t.dtype() != DType::F32 {
                 return Err(Error::UnsupportedDType { op, dtype: t.dtype() });
             }
@@ -57,12 +62,18 @@ fn check(op: &'static str, params: &[Tensor], groups: &[&[Tensor]]) -> Result<()
             if t.device() != p.device() {
                 return Err(Error::DeviceMismatch { op, lhs: p.device(), rhs: t.device() });
             }
-            if !t.is_contiguous() {
+            if j != 1 && !t.is_contiguous() {
                 return Err(crate::shape_err!(op, "tensor {i} is not contiguous"));
             }
         }
     }
     Ok(())
+}
+
+/// Gradients of transposed uses (a weight used as `w.t()`) arrive as transposed views; the fused
+/// kernels read flat buffers.
+fn contiguous_grads(grads: &[Tensor]) -> Result<Vec<Tensor>> {
+    grads.iter().map(|g| g.contiguous()).collect()
 }
 
 /// Run `f` over the f32 slices of `p` (mutable), `g`, and up to two mutable state tensors.
@@ -92,8 +103,14 @@ fn with_cpu(
 }
 
 /// One Adam/AdamW step (`step` counts from 1), updating `params`, `m` and `v` in place.
-pub fn adam_step(params: &[Tensor], grads: &[Tensor], m: &[Tensor], v: &[Tensor], c: &AdamConfig, step: u64)
-    -> Result<()> {
+pub fn adam_step(
+    params: &[Tensor],
+    grads: &[Tensor],
+    m: &[Tensor],
+    v: &[Tensor],
+    c: &AdamConfig,
+    step: u64,
+) -> Result<()> {
     check("adam_step", params, &[grads, m, v])?;
     if step == 0 {
         return Err(Error::InvalidArgument("adam_step: step counts from 1".into()));
@@ -102,7 +119,8 @@ pub fn adam_step(params: &[Tensor], grads: &[Tensor], m: &[Tensor], v: &[Tensor]
     let bc2 = 1.0 - c.beta2.powi(step.min(i32::MAX as u64) as i32);
     if let Some(crate::Device::Cuda(o)) = params.first().map(|p| p.device()) {
         let dev = crate::cuda::CudaDevice::get(o)?;
-        return crate::cuda::optim::adam(&dev, params, grads, m, v, c, bc1 as f32, bc2 as f32);
+        let grads = contiguous_grads(grads)?;
+        return crate::cuda::optim::adam(&dev, params, &grads, m, v, c, bc1 as f32, bc2 as f32);
     }
     let (lr, b1, b2, eps, wd) = (c.lr as f32, c.beta1 as f32, c.beta2 as f32, c.eps as f32, c.weight_decay as f32);
     let (step_size, sbc2) = (lr / bc1 as f32, (bc2 as f32).sqrt());
@@ -134,7 +152,8 @@ pub fn sgd_step(params: &[Tensor], grads: &[Tensor], bufs: &[Tensor], c: &SgdCon
     }
     if let Some(crate::Device::Cuda(o)) = params.first().map(|p| p.device()) {
         let dev = crate::cuda::CudaDevice::get(o)?;
-        return crate::cuda::optim::sgd(&dev, params, grads, bufs, c, first);
+        let grads = contiguous_grads(grads)?;
+        return crate::cuda::optim::sgd(&dev, params, &grads, bufs, c, first);
     }
     let (lr, mu, damp, wd) = (c.lr as f32, c.momentum as f32, c.dampening as f32, c.weight_decay as f32);
     for i in 0..params.len() {

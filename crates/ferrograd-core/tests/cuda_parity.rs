@@ -171,6 +171,7 @@ fn binary_and_compare_with_broadcast() -> Result<()> {
         ("div", |a, b| a.div(b)),
         ("maximum", |a, b| a.maximum(b)),
         ("minimum", |a, b| a.minimum(b)),
+        ("remainder", |a, b| a.remainder(b)),
         ("eq", |a, b| a.eq(b)),
         ("ne", |a, b| a.ne(b)),
         ("lt", |a, b| a.lt(b)),

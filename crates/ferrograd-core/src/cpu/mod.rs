@@ -163,6 +163,14 @@ fn bin_f64(op: BinaryOp, a: f64, b: f64) -> f64 {
                 b
             }
         }
+        BinaryOp::Rem => {
+            let r = a % b;
+            if r != 0.0 && ((r < 0.0) != (b < 0.0)) {
+                r + b
+            } else {
+                r
+            }
+        }
     }
 }
 
@@ -173,6 +181,14 @@ fn bin_f32(op: BinaryOp, a: f32, b: f32) -> f32 {
         BinaryOp::Sub => a - b,
         BinaryOp::Mul => a * b,
         BinaryOp::Div => a / b,
+        BinaryOp::Rem => {
+            let r = a % b;
+            if r != 0.0 && ((r < 0.0) != (b < 0.0)) {
+                r + b
+            } else {
+                r
+            }
+        }
         _ => bin_f64(op, a as f64, b as f64) as f32,
     }
 }

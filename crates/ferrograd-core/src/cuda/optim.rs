@@ -72,8 +72,14 @@ pub(crate) fn adam(
     })
 }
 
-pub(crate) fn sgd(dev: &CudaDevice, params: &[Tensor], grads: &[Tensor], bufs: &[Tensor], c: &SgdConfig, first: bool)
-    -> Result<()> {
+pub(crate) fn sgd(
+    dev: &CudaDevice,
+    params: &[Tensor],
+    grads: &[Tensor],
+    bufs: &[Tensor],
+    c: &SgdConfig,
+    first: bool,
+) -> Result<()> {
     let bufs = if c.momentum != 0.0 { bufs } else { &[] };
     batches([params, grads, bufs, &[]], |t, widest| {
         launch!(dev, modules::OPTIM, "sgd_f32", cfg_1d(widest);

@@ -1,0 +1,19 @@
+//! Monster Walk: fill a device with tensors derived from the order of the Monster group and train a
+//! small autoencoder over all of them (`shared/MONSTER_WALK.md` is the exact definition).
+//!
+//! - `walk`: exact big-integer walk and digit sums (CPU).
+//! - `data`: the four resident representations of a copy, built on the target device.
+//! - `plan`: how many copies fit, measured from the allocator.
+//! - `model`: the 71-47-23-11-5-11-23-47-71 autoencoder and its PyTorch-named weights.
+//! - `train`: the training run and its report.
+
+pub mod data;
+pub mod model;
+pub mod plan;
+pub mod train;
+pub mod walk;
+
+pub use data::CopyData;
+pub use model::Autoencoder;
+pub use plan::{MemoryPlan, PlanRequest};
+pub use train::{run, Report, TrainConfig};

@@ -1,0 +1,131 @@
+//! Monster Walk end to end: device-built data against the integer reference, training on the CPU,
+//! CPU/CUDA agreement, the memory plan under a 12 GB cap, and the report. CUDA tests print one
+//! line and pass where no GPU is usable.
+
+use ferrograd_core::cuda::CudaDevice;
+use ferrograd_core::{Device, Result};
+use ferrograd_models::monster_walk::plan::{measure_copy, plan, PlanRequest};
+use ferrograd_models::monster_walk::walk::residues_reference;
+use ferrograd_models::monster_walk::{run, Autoencoder, CopyData, Report, TrainConfig};
+
+fn gpu() -> Option<Device> {
+    match CudaDevice::get(0) {
+        Ok(_) => Some(Device::Cuda(0)),
+        Err(e) => {
+            println!("skipping CUDA test: {e}");
+            None
+        }
+    }
+}
+
+fn small(device: Device, copies: usize, epochs: usize) -> TrainConfig {
+    TrainConfig { plan: PlanRequest::Copies(copies), epochs, ..TrainConfig::spec_defaults(device) }
+}
+
+#[test]
+fn short_cpu_training_lowers_the_loss_and_reports_every_field() -> Result<()> {
+    let mut epochs_seen = 0;
+    let (r, p) = run(&small(Device::Cpu, 3, 8), |s| {
+        epochs_seen += 1;
+        assert!(s.loss.is_finite() && s.samples_per_s > 0.0);
+    })?;
+    assert_eq!(epochs_seen, 8);
+    assert_eq!((r.copies, r.steps, p.copies), (3, 24, 3));
+    assert!(r.final_loss < 0.8 * r.first_loss, "{} -> {}", r.first_loss, r.final_loss);
+    assert_eq!(r.total_entries, 3 * 357_911);
+    assert_eq!(r.memory_measured_bytes, r.memory_planned_bytes);
+    assert_eq!(r.parameters, 9_690);
+    let json = serde_json::to_value(&r).map_err(|e| ferrograd_core::Error::InvalidArgument(e.to_string()))?;
+    for key in [
+        "name",
+        "tensor_shape",
+        "copies",
+        "total_entries",
+        "memory_planned_bytes",
+        "memory_measured_bytes",
+        "device",
+        "training_time_s",
+        "samples_per_s",
+        "entries_per_s",
+        "first_loss",
+        "final_loss",
+        "seed",
+        "ferrograd_version",
+    ] {
+        assert!(json.get(key).is_some(), "report lacks {key}");
+    }
+    let back: Report =
+        serde_json::from_value(json).map_err(|e| ferrograd_core::Error::InvalidArgument(e.to_string()))?;
+    assert_eq!(back, r);
+    Ok(())
+}
+
+#[test]
+fn cuda_data_is_identical_to_cpu() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    for copy in [0, 94, 112] {
+        let (c, g) = (CopyData::build(copy, Device::Cpu)?, CopyData::build(copy, dev)?);
+        assert_eq!(g.residues.to_vec::<u8>()?, residues_reference(copy));
+        assert_eq!(g.values.to_vec::<f32>()?, c.values.to_vec::<f32>()?);
+        assert_eq!(g.ring_onehot.to_vec::<f32>()?, c.ring_onehot.to_vec::<f32>()?);
+        let (a, b) = (g.complex.to_vec::<f32>()?, c.complex.to_vec::<f32>()?);
+        assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-6));
+    }
+    Ok(())
+}
+
+#[test]
+fn cpu_and_cuda_losses_agree_after_20_steps() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let dir = std::env::temp_dir().join(format!("fg-mw-parity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let init = dir.join("init.safetensors");
+    Autoencoder::init(11, Device::Cpu)?.save(&init)?;
+    let cfg = |d| TrainConfig { init: Some(init.clone()), ..small(d, 2, 10) };
+    let (c, _) = run(&cfg(Device::Cpu), |_| {})?;
+    let (g, _) = run(&cfg(dev), |_| {})?;
+    assert_eq!(c.steps, 20);
+    let rel = (c.final_loss - g.final_loss).abs() / c.final_loss.abs();
+    println!("cpu {} cuda {} rel {rel:e}", c.final_loss, g.final_loss);
+    assert!(rel < 1e-4, "cpu {} vs cuda {}", c.final_loss, g.final_loss);
+    assert!((c.first_loss - g.first_loss).abs() / c.first_loss < 1e-5);
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+#[test]
+fn memory_fits_12gb() -> Result<()> {
+    let budget = 12_000_000_000usize;
+    let Some(dev) = gpu() else {
+        // On the CPU: the planner's arithmetic against the bytes the tensors really hold.
+        let (c, measured) = measure_copy(Device::Cpu)?;
+        let p = plan(PlanRequest::Budget(budget), measured, None)?;
+        assert_eq!(measured, c.bytes());
+        assert!(p.copies >= 1 && p.planned_bytes == p.copies * c.bytes());
+        assert!(p.planned_bytes + p.reserve_bytes <= budget);
+        return Ok(());
+    };
+    let cd = CudaDevice::get(0)?;
+    cd.synchronize()?;
+    cd.empty_cache()?;
+    let base = cd.memory_stats().allocated_bytes.current;
+    cd.set_memory_limit(Some(budget));
+    let result = (|| -> Result<(usize, usize, usize)> {
+        let (first, measured) = measure_copy(dev)?;
+        let p = plan(PlanRequest::Budget(budget), measured, None)?;
+        let mut held = vec![first];
+        for c in 1..p.copies {
+            held.push(CopyData::build(c, dev)?);
+        }
+        cd.synchronize()?;
+        let now = cd.memory_stats().allocated_bytes.current - base;
+        Ok((p.copies, p.planned_bytes, now))
+    })();
+    cd.set_memory_limit(None);
+    let (copies, planned, measured) = result?;
+    println!("12 GB plan: {copies} copies, planned {planned} B, measured {measured} B");
+    assert!(copies >= 100, "{copies}");
+    let err = (measured as f64 - planned as f64).abs() / planned as f64;
+    assert!(err < 0.01, "measured {measured} vs planned {planned}");
+    Ok(())
+}
