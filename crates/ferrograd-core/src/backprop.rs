@@ -189,7 +189,7 @@ fn input_grads(node: &Tensor, op: &Op, g: &Tensor) -> Result<Vec<(Tensor, Tensor
                 UnaryOp::Abs => g.mul(&x.sign()?)?,
                 UnaryOp::Sqr => g.mul(&x.mul_scalar(2.0)?)?,
                 UnaryOp::Sign => return Ok(vec![]),
-                UnaryOp::Relu => g.mul(&mask_of(x.gt(&x.scalar_like(0.0)?)?, x.dtype())?)?,
+                UnaryOp::Relu => g.binary_op(x, BinaryOp::MaskPositive)?,
                 UnaryOp::Exp => g.mul(node)?,
                 UnaryOp::Log => g.div(x)?,
                 // d sqrt(x) = 1 / (2 sqrt(x))
@@ -217,25 +217,55 @@ fn input_grads(node: &Tensor, op: &Op, g: &Tensor) -> Result<Vec<(Tensor, Tensor
             vec![(x.clone(), d)]
         }
         Op::Binary(a, b, op) => {
-            let (ga, gb) = match op {
-                BinaryOp::Add => (g.clone(), g.clone()),
-                BinaryOp::Sub => (g.clone(), g.neg()?),
-                BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
-                // d(a/b)/db = -a/b^2 = -out/b
-                BinaryOp::Div => (g.div(b)?, g.mul(node)?.div(b)?.neg()?),
-                // a - b * floor(a / b): d/da = 1, d/db = -floor(a / b) = (out - a) / b
-                BinaryOp::Rem => (g.clone(), g.mul(&node.sub(a)?.div(b)?)?),
-                BinaryOp::Maximum | BinaryOp::Minimum => {
-                    let pick_a = if *op == BinaryOp::Maximum { a.ge(b)? } else { a.le(b)? };
-                    let m = mask_of(pick_a, g.dtype())?;
-                    (g.mul(&m)?, g.mul(&m.affine(-1.0, 1.0)?)?)
-                }
+            // Only the operands that track gradients get one: a constant operand (a target, the
+            // input batch) costs no kernel.
+            let (na, nb) = (a.tracks_grad(), b.tracks_grad());
+            let mut out = vec![];
+            let pick_a = match op {
+                BinaryOp::Maximum => Some(mask_of(a.ge(b)?, g.dtype())?),
+                BinaryOp::Minimum => Some(mask_of(a.le(b)?, g.dtype())?),
+                _ => None,
             };
-            vec![(a.clone(), ga), (b.clone(), gb)]
+            if na {
+                let ga = match op {
+                    BinaryOp::Add | BinaryOp::Sub | BinaryOp::Rem => g.clone(),
+                    BinaryOp::Mul => g.mul(b)?,
+                    BinaryOp::Div => g.div(b)?,
+                    BinaryOp::Maximum | BinaryOp::Minimum => g.mul(pick_a.as_ref().unwrap_or(g))?,
+                    BinaryOp::MaskPositive => {
+                        return Err(Error::Backward("mask_positive is not differentiable".into()))
+                    }
+                };
+                out.push((a.clone(), ga));
+            }
+            if nb {
+                let gb = match op {
+                    BinaryOp::Add => g.clone(),
+                    BinaryOp::Sub => g.neg()?,
+                    BinaryOp::Mul => g.mul(a)?,
+                    // d(a/b)/db = -a/b^2 = -out/b
+                    BinaryOp::Div => g.mul(node)?.div(b)?.neg()?,
+                    // a - b * floor(a / b): d/db = -floor(a / b) = (out - a) / b
+                    BinaryOp::Rem => g.mul(&node.sub(a)?.div(b)?)?,
+                    BinaryOp::Maximum | BinaryOp::Minimum => g.mul(&pick_a.as_ref().unwrap_or(g).affine(-1.0, 1.0)?)?,
+                    BinaryOp::MaskPositive => {
+                        return Err(Error::Backward("mask_positive is not differentiable".into()))
+                    }
+                };
+                out.push((b.clone(), gb));
+            }
+            out
         }
         Op::WhereCond(c, t, f) => {
             let z = g.zeros_like()?;
-            vec![(t.clone(), c.where_cond(g, &z)?), (f.clone(), c.where_cond(&z, g)?)]
+            let mut out = vec![];
+            if t.tracks_grad() {
+                out.push((t.clone(), c.where_cond(g, &z)?));
+            }
+            if f.tracks_grad() {
+                out.push((f.clone(), c.where_cond(&z, g)?));
+            }
+            out
         }
         Op::Reduce(x, ReduceOp::Sum, _) => vec![(x.clone(), g.broadcast_as(x.shape().clone())?)],
         Op::Reduce(x, _, dims) => {
@@ -244,7 +274,16 @@ fn input_grads(node: &Tensor, op: &Op, g: &Tensor) -> Result<Vec<(Tensor, Tensor
             let count = hit.sum(dims.clone(), true)?;
             vec![(x.clone(), hit.mul(&g.div(&count)?)?)]
         }
-        Op::Matmul(a, b) => vec![(a.clone(), g.matmul(&b.t()?)?), (b.clone(), a.t()?.matmul(g)?)],
+        Op::Matmul(a, b) => {
+            let mut out = vec![];
+            if a.tracks_grad() {
+                out.push((a.clone(), g.matmul(&b.t()?)?));
+            }
+            if b.tracks_grad() {
+                out.push((b.clone(), a.t()?.matmul(g)?));
+            }
+            out
+        }
         Op::Reshape(x) => vec![(x.clone(), g.reshape(x.shape().clone())?)],
         Op::Permute(x, perm) => {
             let mut inv = vec![0; perm.len()];

@@ -180,6 +180,8 @@ pub enum BinaryOp {
     Minimum,
     /// Floored remainder (sign of the divisor), as Python's `%` and `torch.remainder`.
     Rem,
+    /// `a` where `b > 0`, else 0: ReLU's backward (`g`, `x`) in one pass. Not differentiated.
+    MaskPositive,
 }
 
 impl BinaryOp {
@@ -192,6 +194,7 @@ impl BinaryOp {
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
             BinaryOp::Rem => "rem",
+            BinaryOp::MaskPositive => "mask_positive",
         }
     }
 }

@@ -171,6 +171,13 @@ fn bin_f64(op: BinaryOp, a: f64, b: f64) -> f64 {
                 r
             }
         }
+        BinaryOp::MaskPositive => {
+            if b > 0.0 {
+                a
+            } else {
+                0.0
+            }
+        }
     }
 }
 
