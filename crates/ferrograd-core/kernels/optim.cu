@@ -20,8 +20,9 @@ struct OptTable {
 //   g += wd * p (Adam)  |  p *= 1 - lr * wd (AdamW)
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
-FG_KERNEL adam_f32(OptTable t, float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
-                   int decoupled) {
+// omb1 = 1 - b1 and omb2 = 1 - b2 come from the host, formed in f64 as PyTorch forms them.
+FG_KERNEL adam_f32(OptTable t, float lr, float b1, float b2, float omb1, float omb2, float eps, float wd, float bc1,
+                   float bc2, int decoupled) {
   const fg_u64 tid = fg_tid(), stride = fg_nthreads();
   const float step = lr / bc1, sbc2 = sqrtf(bc2);
   for (unsigned int k = 0; k < t.count; ++k) {
@@ -37,8 +38,8 @@ FG_KERNEL adam_f32(OptTable t, float lr, float b1, float b2, float eps, float wd
       } else {
         gi = gi + wd * pi;
       }
-      const float mi = b1 * m[i] + (1.0f - b1) * gi;
-      const float vi = b2 * v[i] + (1.0f - b2) * (gi * gi);
+      const float mi = b1 * m[i] + omb1 * gi;
+      const float vi = b2 * v[i] + omb2 * (gi * gi);
       m[i] = mi;
       v[i] = vi;
       p[i] = pi - step * (mi / (sqrtf(vi) / sbc2 + eps));

@@ -28,6 +28,7 @@ pub mod rng;
 pub mod shape;
 pub mod storage;
 mod tensor;
+mod transfer;
 mod views;
 
 pub use backprop::{is_grad_enabled, no_grad, with_no_grad, GradStore, NoGradGuard};
@@ -40,3 +41,4 @@ pub use layout::Layout;
 pub use rng::{manual_seed, Rng};
 pub use shape::{AllDims, Dim, Dims, Shape};
 pub use tensor::{Tensor, TensorId};
+pub use transfer::Prefetch;

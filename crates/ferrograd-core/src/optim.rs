@@ -123,6 +123,8 @@ pub fn adam_step(
         return crate::cuda::optim::adam(&dev, params, &grads, m, v, c, bc1 as f32, bc2 as f32);
     }
     let (lr, b1, b2, eps, wd) = (c.lr as f32, c.beta1 as f32, c.beta2 as f32, c.eps as f32, c.weight_decay as f32);
+    // 1 - beta in f64, as PyTorch forms it (0.999f32 would make 1 - b2 off by 1e-5 relative).
+    let (omb1, omb2) = ((1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32);
     let (step_size, sbc2) = (lr / bc1 as f32, (bc2 as f32).sqrt());
     for i in 0..params.len() {
         with_cpu(&params[i], &grads[i], Some(&m[i]), Some(&v[i]), |p, g, m, v| {
@@ -133,8 +135,8 @@ pub fn adam_step(
                 } else {
                     gi += wd * pi;
                 }
-                *m = b1 * *m + (1.0 - b1) * gi;
-                *v = b2 * *v + (1.0 - b2) * (gi * gi);
+                *m = b1 * *m + omb1 * gi;
+                *v = b2 * *v + omb2 * (gi * gi);
                 *p = pi - step_size * (*m / ((*v).sqrt() / sbc2 + eps));
             })
         })?;

@@ -15,23 +15,23 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub struct TensorId(usize);
 
 impl TensorId {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         static COUNTER: AtomicUsize = AtomicUsize::new(1);
         TensorId(COUNTER.fetch_add(1, Ordering::Relaxed))
     }
 }
 
 pub(crate) struct Inner {
-    id: TensorId,
+    pub(crate) id: TensorId,
     /// Page-lock registration of a pinned CPU tensor's buffer; declared before `storage` so that
     /// it is dropped (unregistered) before the memory it covers is freed.
-    pinned: Option<Arc<crate::cuda::pinned::HostPin>>,
-    storage: Arc<RwLock<Storage>>,
-    layout: Layout,
-    op: Option<Op>,
-    is_variable: bool,
-    dtype: DType,
-    device: Device,
+    pub(crate) pinned: Option<Arc<crate::cuda::pinned::HostPin>>,
+    pub(crate) storage: Arc<RwLock<Storage>>,
+    pub(crate) layout: Layout,
+    pub(crate) op: Option<Op>,
+    pub(crate) is_variable: bool,
+    pub(crate) dtype: DType,
+    pub(crate) device: Device,
 }
 
 #[derive(Clone)]
@@ -94,7 +94,7 @@ impl Tensor {
         }))
     }
 
-    fn cpu_to_device(s: CpuStorage, device: Device) -> Result<Storage> {
+    pub(crate) fn cpu_to_device(s: CpuStorage, device: Device) -> Result<Storage> {
         Storage::from_cpu(s, device)
     }
 
@@ -337,7 +337,7 @@ impl Tensor {
     // ---- reading values -----------------------------------------------------------------------
 
     /// The viewed elements on the host (the one place a CUDA tensor synchronises).
-    fn cpu_storage(&self) -> Result<CpuStorage> {
+    pub(crate) fn cpu_storage(&self) -> Result<CpuStorage> {
         self.storage().to_cpu(self.layout())
     }
 
@@ -380,78 +380,5 @@ impl Tensor {
             return Err(Error::NotAScalar { op: "item", shape: self.dims().to_vec() });
         }
         Ok(self.to_f64_vec()?[0])
-    }
-
-    /// This tensor on `device` (a copy, or `self` when already there). From a pinned CPU tensor
-    /// the copy is asynchronous: the host returns before the data has arrived.
-    pub fn to_device(&self, device: Device) -> Result<Tensor> {
-        if device == self.device() {
-            return Ok(self.clone());
-        }
-        if let (Device::Cuda(o), Some(pin)) = (device, &self.0.pinned) {
-            let dev = crate::cuda::CudaDevice::get(o)?;
-            let g = self.storage();
-            if let (Some(c), Some((start, end))) = (g.as_cpu(), self.layout().contiguous_range()) {
-                let esz = self.dtype().size_in_bytes();
-                let bytes = &c.as_bytes()[start * esz..end * esz];
-                if pin.contains(bytes.as_ptr(), bytes.len()) {
-                    let dst = crate::cuda::CudaStorage::uninit(&dev, end - start, self.dtype())?;
-                    let keep = Box::new((self.0.storage.clone(), pin.clone()));
-                    // SAFETY: `bytes` lies inside the registered range and `keep` owns it.
-                    unsafe {
-                        crate::cuda::transfer::htod_pinned_async(&dev, bytes.as_ptr(), bytes.len(), &dst.buf, keep)?
-                    };
-                    return Ok(Self::from_storage(Storage::Cuda(dst), self.shape().clone(), None));
-                }
-            }
-        }
-        let c = self.cpu_storage()?;
-        Ok(Self::from_storage(Self::cpu_to_device(c, device)?, self.shape().clone(), None))
-    }
-
-    /// A CPU copy of this tensor in page-locked memory, so that moving it to a GPU runs at full
-    /// DMA speed and asynchronously. Needs a CUDA driver.
-    pub fn pin_memory(&self) -> Result<Tensor> {
-        let dev = crate::cuda::CudaDevice::get(0)?;
-        let c = self.cpu_storage()?;
-        let pin = {
-            let b = c.as_bytes();
-            crate::cuda::pinned::HostPin::register(&dev, b.as_ptr(), b.len())?
-        };
-        let t = Self::from_storage(Storage::Cpu(c), self.shape().clone(), None);
-        let inner = Inner {
-            id: TensorId::new(),
-            pinned: Some(Arc::new(pin)),
-            storage: t.0.storage.clone(),
-            layout: t.0.layout.clone(),
-            op: None,
-            is_variable: false,
-            dtype: t.0.dtype,
-            device: t.0.device,
-        };
-        Ok(Tensor(Arc::new(inner)))
-    }
-
-    pub fn is_pinned(&self) -> bool {
-        self.0.pinned.is_some()
-    }
-
-    /// Move many tensors to `device` at once: to a GPU they travel in one coalesced copy.
-    pub fn to_device_many(tensors: &[Tensor], device: Device) -> Result<Vec<Tensor>> {
-        let Device::Cuda(o) = device else {
-            return tensors.iter().map(|t| t.to_device(device)).collect();
-        };
-        if tensors.iter().any(|t| t.device() != Device::Cpu) {
-            return tensors.iter().map(|t| t.to_device(device)).collect();
-        }
-        let dev = crate::cuda::CudaDevice::get(o)?;
-        let host = tensors.iter().map(|t| t.cpu_storage()).collect::<Result<Vec<_>>>()?;
-        let refs: Vec<&CpuStorage> = host.iter().collect();
-        let gpu = crate::cuda::CudaStorage::from_cpu_many(&dev, &refs)?;
-        Ok(gpu
-            .into_iter()
-            .zip(tensors)
-            .map(|(s, t)| Self::from_storage(Storage::Cuda(s), t.shape().clone(), None))
-            .collect())
     }
 }

@@ -43,6 +43,25 @@ fn pinned_tensors_copy_asynchronously_and_correctly() -> Result<()> {
 }
 
 #[test]
+fn small_pinned_tensors_and_prefetches() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let mut rng = Rng::new(5);
+    // Many small pinned tensors: each must get pages of its own (the driver refuses a page twice).
+    let xs: Vec<Tensor> = (0..64)
+        .map(|i| Tensor::randn_with(&mut rng, 0.0, 1.0, i + 1, DType::F32, Device::Cpu)?.pin_memory())
+        .collect::<Result<_>>()?;
+    // Prefetch all, queue compute in between, then wait: values must arrive intact.
+    let busy = Tensor::randn_with(&mut rng, 0.0, 1.0, (2048, 2048), DType::F32, dev)?;
+    let pending: Vec<_> = xs.iter().map(|x| x.to_device_async(dev)).collect::<Result<_>>()?;
+    let _ = busy.matmul(&busy)?;
+    for (x, p) in xs.iter().zip(pending) {
+        let g = p.wait()?;
+        assert_eq!(g.mul_scalar(3.0)?.to_vec::<f32>()?, x.mul_scalar(3.0)?.to_vec::<f32>()?);
+    }
+    Ok(())
+}
+
+#[test]
 fn many_small_tensors_move_in_one_copy() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let mut rng = Rng::new(3);

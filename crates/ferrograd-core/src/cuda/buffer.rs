@@ -63,6 +63,23 @@ impl CudaBuffer {
         Ok(b)
     }
 
+    /// Room for `len` elements from the copy stream's pool (for prefetches).
+    pub fn uninit_for_copy(dev: &Arc<CudaDevice>, len: usize, dtype: DType) -> Result<CudaBuffer> {
+        let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| {
+            crate::Error::InvalidArgument(format!("{len} elements of {dtype} overflow the address space"))
+        })?;
+        let guard = Arc::new(AllocGuard { dev: dev.clone(), alloc: Some(dev.alloc_bytes_for_copy(bytes)?) });
+        Ok(CudaBuffer { dev: dev.clone(), guard, byte_offset: 0, len, dtype })
+    }
+
+    /// See `CudaDevice::record_compute_use`.
+    pub(crate) fn record_use_on_compute(&self) -> Result<()> {
+        match self.guard.allocation() {
+            Some(a) => self.dev.record_compute_use(a),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn raw(dev: &Arc<CudaDevice>, bytes: usize) -> Result<AllocGuard> {
         Ok(AllocGuard { dev: dev.clone(), alloc: Some(dev.alloc_bytes(bytes)?) })
     }

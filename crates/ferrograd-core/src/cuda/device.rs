@@ -3,7 +3,7 @@
 //! the loaded kernels.
 
 use super::alloc::{AllocError, Allocation, CachingAllocator, MemoryStats};
-use super::driver::{DriverEvents, DriverMemory, COMPUTE};
+use super::driver::{DriverEvents, DriverMemory, COMPUTE, COPY};
 use super::kernels::{self, Arch, KernelError, KernelSource};
 use super::modules::Module;
 use super::probe::{self, CudaDeviceInfo};
@@ -125,6 +125,17 @@ impl CudaDevice {
     /// `bytes` of device memory for the compute stream.
     pub(crate) fn alloc_bytes(&self, bytes: usize) -> Result<Allocation> {
         Ok(self.allocator().allocate(bytes, COMPUTE)?)
+    }
+
+    /// `bytes` from the copy stream's pool (written by a prefetch before compute sees them).
+    pub(crate) fn alloc_bytes_for_copy(&self, bytes: usize) -> Result<Allocation> {
+        Ok(self.allocator().allocate(bytes, COPY)?)
+    }
+
+    /// Compute-stream work now uses `a` (allocated for the copy stream): its block must not be
+    /// reused before that work is done.
+    pub(crate) fn record_compute_use(&self, a: &Allocation) -> Result<()> {
+        Ok(self.allocator().record_stream(a, COMPUTE)?)
     }
 
     pub(crate) fn free(&self, a: Allocation) {

@@ -8,6 +8,8 @@ use std::sync::Arc;
 /// The compute stream every op is enqueued on (index 0 of `DriverEvents::streams`; index 1 is the
 /// copy stream that host<->device transfers run on).
 pub const COMPUTE: StreamId = StreamId(0);
+/// The copy stream, for blocks that a prefetch writes before compute first uses them.
+pub const COPY: StreamId = StreamId(1);
 
 pub struct DriverMemory {
     pub(crate) ctx: Arc<CudaContext>,

@@ -6,7 +6,7 @@ pub mod alloc;
 mod buffer;
 pub mod device;
 mod driver;
-pub(crate) mod event;
+pub mod event;
 pub mod kernels;
 mod matmul;
 pub mod memory;

@@ -66,7 +66,8 @@ pub(crate) fn adam(
 ) -> Result<()> {
     batches([params, grads, m, v], |t, widest| {
         launch!(dev, modules::OPTIM, "adam_f32", cfg_1d(widest);
-            t, c.lr as f32, c.beta1 as f32, c.beta2 as f32, c.eps as f32, c.weight_decay as f32, bc1, bc2,
+            t, c.lr as f32, c.beta1 as f32, c.beta2 as f32, (1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32,
+            c.eps as f32, c.weight_decay as f32, bc1, bc2,
             c.decoupled as i32);
         Ok(())
     })

@@ -178,6 +178,10 @@ impl CudaStorage {
         Ok(CudaStorage { buf: CudaBuffer::uninit(dev, len, dtype)? })
     }
 
+    pub(crate) fn uninit_for_copy(dev: &Arc<CudaDevice>, len: usize, dtype: DType) -> Result<CudaStorage> {
+        Ok(CudaStorage { buf: CudaBuffer::uninit_for_copy(dev, len, dtype)? })
+    }
+
     /// Upload a host storage (pageable memory; the driver stages it, and the call returns once the
     /// host buffer may be reused).
     pub fn from_cpu(dev: &Arc<CudaDevice>, cpu: &CpuStorage) -> Result<CudaStorage> {

@@ -100,30 +100,34 @@ pub fn htod(dev: &Arc<CudaDevice>, src: &[u8], dst: &CudaBuffer) -> Result<()> {
     Ok(())
 }
 
-/// Copy from pinned host memory without waiting: the compute stream is ordered after the copy and
-/// `keep` (the owner of `src`) lives until it completes.
+/// DMA from pinned host memory on the copy stream without blocking the host; returns the event
+/// that marks its completion. `keep` (the owner of `src`) lives until the copy is done. With
+/// `after_compute` the copy first waits for compute queued so far (the destination came from the
+/// compute stream's pool and may still be read by queued kernels).
 ///
 /// # Safety
 /// `src` must point to `n` readable bytes of page-locked memory owned by `keep`.
-pub unsafe fn htod_pinned_async(
+pub unsafe fn htod_pinned(
     dev: &Arc<CudaDevice>,
     src: *const u8,
     n: usize,
     dst: &CudaBuffer,
     keep: Box<dyn Send + Sync>,
-) -> Result<()> {
-    if n == 0 {
-        return Ok(());
-    }
+    after_compute: bool,
+) -> Result<Event> {
     bind(dev)?;
-    copy_after_compute(dev)?;
-    // SAFETY: `src` is page-locked and kept alive by `keep` until the event completes.
-    unsafe { dma_htod(dev, dst.ptr(), src, n)? };
-    let done = Event::new()?;
+    if after_compute {
+        copy_after_compute(dev)?;
+    }
+    if n > 0 {
+        // SAFETY: `src` is page-locked and kept alive by `keep` until `release` completes.
+        unsafe { dma_htod(dev, dst.ptr(), src, n)? };
+    }
+    let (done, release) = (Event::new()?, Event::new()?);
     done.record(&dev.copy_stream)?;
-    done.wait_on(&dev.stream)?;
-    dev.defer(done, keep);
-    Ok(())
+    release.record(&dev.copy_stream)?;
+    dev.defer(release, keep);
+    Ok(done)
 }
 
 /// Copy the start of `src` into `dst` and wait for it.
