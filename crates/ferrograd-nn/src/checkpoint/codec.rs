@@ -1,0 +1,106 @@
+//! Tensors to and from safetensors bytes (little-endian, row-major), and the dtype names of both
+//! libraries.
+
+use ferrograd_core::{bf16, f16, DType, Device, Result, Tensor};
+use safetensors::Dtype as StDtype;
+
+pub fn to_st(d: DType) -> StDtype {
+    match d {
+        DType::F32 => StDtype::F32,
+        DType::F64 => StDtype::F64,
+        DType::F16 => StDtype::F16,
+        DType::BF16 => StDtype::BF16,
+        DType::I32 => StDtype::I32,
+        DType::U32 => StDtype::U32,
+        DType::U8 => StDtype::U8,
+        DType::I8 => StDtype::I8,
+    }
+}
+
+pub fn from_st(d: StDtype) -> Option<DType> {
+    Some(match d {
+        StDtype::F32 => DType::F32,
+        StDtype::F64 => DType::F64,
+        StDtype::F16 => DType::F16,
+        StDtype::BF16 => DType::BF16,
+        StDtype::I32 => DType::I32,
+        StDtype::U32 => DType::U32,
+        StDtype::U8 => DType::U8,
+        StDtype::I8 => DType::I8,
+        _ => return None,
+    })
+}
+
+/// The tensor's elements as bytes (read to the host for device tensors).
+pub fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    fn raw<T: ferrograd_core::WithDType>(t: &Tensor) -> Result<Vec<u8>> {
+        Ok(bytemuck::cast_slice(&t.to_vec::<T>()?).to_vec())
+    }
+    match t.dtype() {
+        DType::F32 => raw::<f32>(t),
+        DType::F64 => raw::<f64>(t),
+        DType::F16 => raw::<f16>(t),
+        DType::BF16 => raw::<bf16>(t),
+        DType::I32 => raw::<i32>(t),
+        DType::U32 => raw::<u32>(t),
+        DType::U8 => raw::<u8>(t),
+        DType::I8 => raw::<i8>(t),
+    }
+}
+
+/// A tensor of `dtype` and `shape` on `device` from its bytes (any alignment: the bytes are
+/// copied into a typed buffer). The caller has checked that the length matches.
+pub fn tensor_from_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: Device) -> Result<Tensor> {
+    fn typed<T: ferrograd_core::WithDType>(b: &[u8], shape: &[usize], device: Device) -> Result<Tensor> {
+        let size = std::mem::size_of::<T>();
+        if !b.len().is_multiple_of(size) {
+            return Err(ferrograd_core::Error::ElementCount {
+                op: "checkpoint tensor",
+                expected: b.len() / size,
+                got: 0,
+            });
+        }
+        let mut v = vec![T::zeroed(); b.len() / size];
+        // Copy rather than cast in place: the file's bytes need not be aligned for `T`.
+        bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(b);
+        Tensor::from_vec(v, shape, device)
+    }
+    match dtype {
+        DType::F32 => typed::<f32>(bytes, shape, device),
+        DType::F64 => typed::<f64>(bytes, shape, device),
+        DType::F16 => typed::<f16>(bytes, shape, device),
+        DType::BF16 => typed::<bf16>(bytes, shape, device),
+        DType::I32 => typed::<i32>(bytes, shape, device),
+        DType::U32 => typed::<u32>(bytes, shape, device),
+        DType::U8 => typed::<u8>(bytes, shape, device),
+        DType::I8 => typed::<i8>(bytes, shape, device),
+    }
+}
+
+/// An owned tensor ready for `safetensors::serialize`.
+pub struct Blob {
+    pub dtype: StDtype,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+impl Blob {
+    pub fn of(t: &Tensor) -> Result<Blob> {
+        Ok(Blob { dtype: to_st(t.dtype()), shape: t.dims().to_vec(), data: tensor_bytes(t)? })
+    }
+}
+
+impl safetensors::View for &Blob {
+    fn dtype(&self) -> StDtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}

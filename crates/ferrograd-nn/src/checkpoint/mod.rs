@@ -1,0 +1,244 @@
+//! Checkpoints as safetensors files: the model's tensors under their `state_dict` names (so the
+//! file doubles as a plain weights file), the optimizer's state under `optim.state.<param>.<slot>`,
+//! and the step, generator states, optimizer scalars and user entries in the header metadata.
+//!
+//! Writes are atomic (`atomic.rs`). Loading checks every tensor's presence, dtype and shape and
+//! all metadata before it changes anything, and restores values bit for bit into the existing
+//! parameter and state buffers (their identity is kept), so a resumed run continues exactly as
+//! the original would have on the same device.
+
+mod atomic;
+mod codec;
+mod error;
+mod header;
+
+pub use atomic::write_atomic;
+pub use error::CheckpointError;
+
+use crate::optim::Optimizer;
+use crate::Module;
+use ferrograd_core::{Rng, Tensor};
+use safetensors::{SafeTensorError, SafeTensors};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+/// The `format` metadata value of files this module writes.
+pub const FORMAT: &str = "ferrograd-checkpoint-v1";
+/// Name prefix of optimizer state tensors.
+pub const OPTIM_PREFIX: &str = "optim.state.";
+
+/// Everything besides tensors that a run needs to resume.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrainState {
+    /// Optimizer steps taken (or whatever step counter the caller keeps).
+    pub step: u64,
+    /// Named generator states (dropout, data order, ...): seed and offset are a Philox stream's
+    /// entire state.
+    pub rngs: BTreeMap<String, Rng>,
+    /// Free-form entries (epoch, batch index, scaler state as JSON, ...).
+    pub extra: BTreeMap<String, String>,
+}
+
+type CResult<T> = std::result::Result<T, CheckpointError>;
+
+/// Write model, optimizer and training state to `path`, atomically.
+pub fn save(
+    path: impl AsRef<Path>,
+    model: &dyn Module,
+    optim: Option<&dyn Optimizer>,
+    state: &TrainState,
+) -> CResult<()> {
+    let path = path.as_ref();
+    let label = path.display().to_string();
+    let bytes = to_bytes(model, optim, state, &label)?;
+    write_atomic(path, &bytes).map_err(|source| CheckpointError::Io { path: label, source })
+}
+
+/// Restore model, optimizer and training state from `path`. With `optim: None` the optimizer
+/// entries of the file are ignored (loading weights only).
+pub fn load(path: impl AsRef<Path>, model: &dyn Module, optim: Option<&mut dyn Optimizer>) -> CResult<TrainState> {
+    let path = path.as_ref();
+    let label = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io { path: label.clone(), source })?;
+    from_bytes(&bytes, &label, model, optim)
+}
+
+fn metadata_err(path: &str, key: &str, msg: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Metadata { path: path.to_string(), key: key.to_string(), msg: msg.to_string() }
+}
+
+/// The checkpoint as bytes (`label` names it in errors).
+pub fn to_bytes(
+    model: &dyn Module,
+    optim: Option<&dyn Optimizer>,
+    state: &TrainState,
+    label: &str,
+) -> CResult<Vec<u8>> {
+    let mut tensors: BTreeMap<String, codec::Blob> = BTreeMap::new();
+    let mut add = |name: String, t: &Tensor| -> CResult<()> {
+        if tensors.contains_key(&name) {
+            return Err(metadata_err(label, &name, "two tensors share this name"));
+        }
+        tensors.insert(name, codec::Blob::of(t)?);
+        Ok(())
+    };
+    for (name, t) in model.named_parameters() {
+        add(name, &t)?;
+    }
+    let mut meta = HashMap::new();
+    meta.insert("format".to_string(), FORMAT.to_string());
+    meta.insert("step".to_string(), state.step.to_string());
+    let rngs: BTreeMap<&str, serde_json::Value> = state
+        .rngs
+        .iter()
+        .map(|(k, r)| (k.as_str(), serde_json::json!({ "seed": r.seed, "offset": r.offset })))
+        .collect();
+    meta.insert("rngs".to_string(), serde_json::json!(rngs).to_string());
+    if let Some(o) = optim {
+        for (name, t) in o.state_tensors() {
+            add(format!("{OPTIM_PREFIX}{name}"), &t)?;
+        }
+        let names: Vec<&str> = o.params().iter().map(|(n, _)| n.as_str()).collect();
+        let v = serde_json::json!({ "kind": o.kind(), "params": names, "state": o.state_meta() });
+        meta.insert("optim".to_string(), v.to_string());
+    }
+    for (k, v) in &state.extra {
+        meta.insert(format!("extra.{k}"), v.clone());
+    }
+    safetensors::serialize(tensors.iter().map(|(n, b)| (n.as_str(), b)), Some(meta))
+        .map_err(|e| CheckpointError::Corrupt { path: label.to_string(), msg: format!("serialising: {e}") })
+}
+
+/// Parse and validate the file's metadata into a `TrainState` and the optimizer entry (if any).
+fn read_meta(meta: &HashMap<String, String>, path: &str) -> CResult<(TrainState, Option<serde_json::Value>)> {
+    let mut state = TrainState::default();
+    if let Some(f) = meta.get("format") {
+        if f != FORMAT {
+            return Err(metadata_err(path, "format", format!("{f:?} is not {FORMAT:?}")));
+        }
+    }
+    if let Some(s) = meta.get("step") {
+        state.step = s.parse().map_err(|e| metadata_err(path, "step", format!("{s:?}: {e}")))?;
+    }
+    if let Some(s) = meta.get("rngs") {
+        let v: BTreeMap<String, serde_json::Value> =
+            serde_json::from_str(s).map_err(|e| metadata_err(path, "rngs", e))?;
+        for (name, r) in v {
+            let field = |k: &str| r.get(k).and_then(|x| x.as_u64());
+            let (Some(seed), Some(offset)) = (field("seed"), field("offset")) else {
+                return Err(metadata_err(path, &format!("rngs.{name}"), "needs integer seed and offset"));
+            };
+            state.rngs.insert(name, Rng { seed, offset });
+        }
+    }
+    for (k, v) in meta {
+        if let Some(k) = k.strip_prefix("extra.") {
+            state.extra.insert(k.to_string(), v.clone());
+        }
+    }
+    let optim = match meta.get("optim") {
+        Some(s) => Some(serde_json::from_str(s).map_err(|e| metadata_err(path, "optim", e))?),
+        None => None,
+    };
+    Ok((state, optim))
+}
+
+fn st_err(path: &str, e: SafeTensorError) -> CheckpointError {
+    match e {
+        SafeTensorError::InvalidOffset(name) => {
+            CheckpointError::Corrupt { path: path.to_string(), msg: format!("tensor {name} has invalid data offsets") }
+        }
+        e => CheckpointError::Corrupt { path: path.to_string(), msg: e.to_string() },
+    }
+}
+
+/// Restore from bytes already in memory (`label` names the source in errors).
+pub fn from_bytes(
+    bytes: &[u8],
+    label: &str,
+    model: &dyn Module,
+    mut optim: Option<&mut dyn Optimizer>,
+) -> CResult<TrainState> {
+    header::precheck(bytes, label)?;
+    let (_, metadata) = SafeTensors::read_metadata(bytes).map_err(|e| st_err(label, e))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| st_err(label, e))?;
+    let (state, optim_meta) = read_meta(metadata.metadata().as_ref().unwrap_or(&HashMap::new()), label)?;
+
+    // Every destination, by file name.
+    let mut targets: Vec<(String, Tensor)> = model.named_parameters();
+    if let Some(o) = optim.as_deref() {
+        let Some(om) = &optim_meta else {
+            return Err(metadata_err(label, "optim", "the file holds no optimizer state"));
+        };
+        let kind = om.get("kind").and_then(|k| k.as_str()).unwrap_or("?");
+        if kind != o.kind() {
+            return Err(metadata_err(label, "optim", format!("saved by {kind}, loading into {}", o.kind())));
+        }
+        let names: Vec<&str> = o.params().iter().map(|(n, _)| n.as_str()).collect();
+        let saved: Option<Vec<&str>> =
+            om.get("params").and_then(|p| p.as_array()).map(|a| a.iter().filter_map(|v| v.as_str()).collect());
+        if saved.as_deref() != Some(&names[..]) {
+            return Err(metadata_err(label, "optim", "parameter list differs from the optimizer's"));
+        }
+        targets.extend(o.state_tensors().into_iter().map(|(n, t)| (format!("{OPTIM_PREFIX}{n}"), t)));
+    }
+
+    // Check all tensors before writing any.
+    let mut sources = Vec::with_capacity(targets.len());
+    for (name, t) in &targets {
+        let view = st.tensor(name).map_err(|e| match e {
+            SafeTensorError::TensorNotFound(_) => {
+                CheckpointError::Missing { path: label.to_string(), name: name.clone() }
+            }
+            e => st_err(label, e),
+        })?;
+        if codec::from_st(view.dtype()) != Some(t.dtype()) {
+            return Err(CheckpointError::DType {
+                path: label.to_string(),
+                name: name.clone(),
+                expected: t.dtype(),
+                got: format!("{:?}", view.dtype()),
+            });
+        }
+        if view.shape() != t.dims() {
+            return Err(CheckpointError::Shape {
+                path: label.to_string(),
+                name: name.clone(),
+                expected: t.dims().to_vec(),
+                got: view.shape().to_vec(),
+            });
+        }
+        sources.push(view);
+    }
+    let known: HashSet<&str> = targets.iter().map(|(n, _)| n.as_str()).collect();
+    for name in st.names() {
+        let ignorable = optim.is_none() && name.starts_with(OPTIM_PREFIX);
+        if !known.contains(name) && !ignorable {
+            return Err(CheckpointError::Unexpected { path: label.to_string(), name: name.to_string() });
+        }
+    }
+
+    // Scalars first (they validate; on a later failure the old ones are put back), then tensors.
+    let mut previous = None;
+    if let (Some(o), Some(om)) = (optim.as_deref_mut(), &optim_meta) {
+        let saved = om.get("state").cloned().unwrap_or(serde_json::Value::Null);
+        let old = o.state_meta();
+        o.load_state_meta(&saved).map_err(|e| metadata_err(label, "optim.state", e))?;
+        previous = Some(old);
+    }
+    let written = (|| -> CResult<()> {
+        for ((_, t), view) in targets.iter().zip(&sources) {
+            let src = codec::tensor_from_bytes(view.data(), t.dtype(), t.dims(), t.device())?;
+            t.set(&src)?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = written {
+        if let (Some(o), Some(old)) = (optim, previous) {
+            // Restoring what was just read back from the optimizer cannot fail meaningfully.
+            let _ = o.load_state_meta(&old);
+        }
+        return Err(e);
+    }
+    Ok(state)
+}

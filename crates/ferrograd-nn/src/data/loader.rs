@@ -1,0 +1,253 @@
+//! The loader. A producer thread walks the epoch's order, gathers each batch on the CPU (pinning
+//! its large tensors when the target is a GPU, so their copies are DMAs that do not block the
+//! host) and queues it in a bounded channel. The consumer side moves batch k+1 to the device before handing batch k to
+//! the training step (double buffering): the copy is queued ahead of the step that follows.
+//!
+//! The copy of batch k+1 is a `Prefetch` on the device's copy stream: it runs beside step k, and
+//! only when batch k+1 is handed out is the compute stream ordered after it (`Prefetch::wait`).
+
+use super::shuffle::shuffled_order;
+use super::Dataset;
+use ferrograd_core::{Device, Error, Result, Tensor};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoaderConfig {
+    pub batch_size: usize,
+    /// Reshuffle every epoch (from `seed` and the epoch number); otherwise dataset order.
+    pub shuffle: bool,
+    pub seed: u64,
+    /// Drop a last batch smaller than `batch_size`.
+    pub drop_last: bool,
+    /// Batches the producer may prepare ahead of the consumer.
+    pub prefetch: usize,
+    /// Where batches are delivered.
+    pub device: Device,
+    /// For a GPU target, page-lock batch tensors of at least this many bytes. Below about a
+    /// megabyte the driver's own staged copy is as fast and pinning costs more than it saves
+    /// (core's transfer code uses the same threshold).
+    pub pin_min_bytes: usize,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        LoaderConfig {
+            batch_size: 32,
+            shuffle: true,
+            seed: 0,
+            drop_last: false,
+            prefetch: 2,
+            device: Device::Cpu,
+            pin_min_bytes: 1 << 20,
+        }
+    }
+}
+
+pub struct DataLoader {
+    dataset: Arc<dyn Dataset>,
+    pub config: LoaderConfig,
+}
+
+/// One batch: its position in the epoch and its fields on the target device.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub epoch: u64,
+    pub index: usize,
+    pub tensors: Vec<Tensor>,
+}
+
+impl Batch {
+    /// Number of samples (the leading dim of the first field).
+    pub fn len(&self) -> usize {
+        self.tensors.first().and_then(|t| t.dims().first().copied()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl DataLoader {
+    pub fn new(dataset: Arc<dyn Dataset>, config: LoaderConfig) -> Result<Self> {
+        if config.batch_size == 0 {
+            return Err(Error::InvalidArgument("DataLoader: batch_size must be positive".into()));
+        }
+        Ok(DataLoader { dataset, config })
+    }
+
+    pub fn dataset(&self) -> &Arc<dyn Dataset> {
+        &self.dataset
+    }
+
+    /// Batches per epoch.
+    pub fn len(&self) -> usize {
+        let (n, b) = (self.dataset.len(), self.config.batch_size);
+        if self.config.drop_last {
+            n / b
+        } else {
+            n.div_ceil(b)
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sample indices in the order epoch `epoch` visits them.
+    pub fn order(&self, epoch: u64) -> Vec<usize> {
+        let n = self.dataset.len();
+        if self.config.shuffle {
+            shuffled_order(n, self.config.seed, epoch)
+        } else {
+            (0..n).collect()
+        }
+    }
+
+    /// The index lists of epoch `epoch`'s batches.
+    pub fn batch_indices(&self, epoch: u64) -> Vec<Vec<usize>> {
+        let order = self.order(epoch);
+        order.chunks(self.config.batch_size).take(self.len()).map(|c| c.to_vec()).collect()
+    }
+
+    /// Iterate over epoch `epoch`.
+    pub fn epoch(&self, epoch: u64) -> Batches {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// Iterate over epoch `epoch` starting at batch `start` (resuming mid-epoch).
+    pub fn epoch_from(&self, epoch: u64, start: usize) -> Batches {
+        let batches: Vec<(usize, Vec<usize>)> = self.batch_indices(epoch).into_iter().enumerate().skip(start).collect();
+        let (tx, rx) = sync_channel(self.config.prefetch.max(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ds, device, flag) = (self.dataset.clone(), self.config.device, stop.clone());
+        let pin_min = self.config.pin_min_bytes;
+        let producer = std::thread::Builder::new().name("ferrograd-loader".into()).spawn(move || {
+            for (index, ids) in batches {
+                if flag.load(Ordering::Relaxed) {
+                    return;
+                }
+                let made = ds.get_batch(&ids).and_then(|ts| prepare_host(ts, device, pin_min)).map(|ts| (index, ts));
+                let failed = made.is_err();
+                // A closed channel means the consumer is gone: stop quietly.
+                if tx.send(made).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let (handle, spawn_err) = match producer {
+            Ok(h) => (Some(h), None),
+            Err(e) => (None, Some(Error::Io(e))),
+        };
+        Batches { epoch, rx: Some(rx), stop, handle, in_flight: None, deferred: spawn_err, device, started: false }
+    }
+}
+
+/// On the producer thread: detach the batch from any graph and, for a GPU target, page-lock the
+/// large tensors.
+fn prepare_host(tensors: Vec<Tensor>, device: Device, pin_min: usize) -> Result<Vec<Tensor>> {
+    tensors
+        .into_iter()
+        .map(|t| {
+            let t = t.detach();
+            if t.device() != Device::Cpu {
+                return Err(Error::DeviceMismatch { op: "Dataset::get_batch", lhs: Device::Cpu, rhs: t.device() });
+            }
+            if !device.is_cuda() || t.elem_count() * t.dtype().size_in_bytes() < pin_min {
+                return Ok(t);
+            }
+            t.pin_memory()
+        })
+        .collect()
+}
+
+/// A batch index and its tensors on the host, as the producer thread sends them.
+type HostBatch = (usize, Vec<Tensor>);
+
+/// A batch whose tensors are still travelling to the device.
+struct InFlight {
+    epoch: u64,
+    index: usize,
+    tensors: Vec<ferrograd_core::Prefetch>,
+}
+
+impl InFlight {
+    fn ready(self) -> Result<Batch> {
+        let tensors = self.tensors.into_iter().map(|p| p.wait()).collect::<Result<Vec<_>>>()?;
+        Ok(Batch { epoch: self.epoch, index: self.index, tensors })
+    }
+}
+
+/// An epoch in progress. Dropping it stops the producer thread.
+pub struct Batches {
+    epoch: u64,
+    rx: Option<Receiver<Result<HostBatch>>>,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+    /// The next batch, its transfer to the device already issued.
+    in_flight: Option<InFlight>,
+    /// An error met while prefetching, reported after the batch before it has been handed out.
+    deferred: Option<Error>,
+    device: Device,
+    started: bool,
+}
+
+impl Batches {
+    /// Receive the next host batch and start its transfer; `None` at the end of the epoch.
+    fn fetch(&mut self) -> Option<Result<InFlight>> {
+        let rx = self.rx.as_ref()?;
+        let (index, host) = match rx.recv() {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => return Some(Err(e)),
+            Err(_) => return None,
+        };
+        // From pinned memory each copy is queued on the copy stream and returns at once.
+        match host.iter().map(|t| t.to_device_async(self.device)).collect::<Result<Vec<_>>>() {
+            Ok(tensors) => Some(Ok(InFlight { epoch: self.epoch, index, tensors })),
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
+impl Iterator for Batches {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if !self.started {
+            self.started = true;
+            if let Some(e) = self.deferred.take() {
+                return Some(Err(e));
+            }
+            match self.fetch() {
+                Some(Ok(b)) => self.in_flight = Some(b),
+                Some(Err(e)) => return Some(Err(e)),
+                None => return None,
+            }
+        }
+        let ready = match self.in_flight.take() {
+            Some(b) => b.ready(),
+            None => return self.deferred.take().map(Err),
+        };
+        // Queue the following batch's copy before the caller's step on `ready`.
+        match self.fetch() {
+            Some(Ok(b)) => self.in_flight = Some(b),
+            Some(Err(e)) => self.deferred = Some(e),
+            None => {}
+        }
+        Some(ready)
+    }
+}
+
+impl Drop for Batches {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Closing the channel unblocks a producer waiting to send.
+        self.rx.take();
+        if let Some(h) = self.handle.take() {
+            // A panicking dataset has already reported through the channel closing; nothing to add.
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! `y = x W^T + b` with PyTorch's `nn.Linear` layout and initialisation. Under an autocast scope
+//! the matmul runs in the low dtype and the output comes back as f32.
+
+use crate::{amp, init, Module};
+use ferrograd_core::{DType, Device, Result, Rng, Tensor};
+
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// `[out_features, in_features]`
+    pub weight: Tensor,
+    /// `[out_features]`
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// Weight and bias uniform in `±1/sqrt(in_features)`: PyTorch's `kaiming_uniform_(a=sqrt(5))`
+    /// for the weight and its fan-in bound for the bias, drawn weight first, then bias.
+    pub fn new(in_features: usize, out_features: usize, bias: bool, rng: &mut Rng, device: Device) -> Result<Self> {
+        let weight = init::kaiming_uniform(rng, 5f64.sqrt(), in_features, (out_features, in_features), device)?;
+        let bias = if bias {
+            let bound = if in_features > 0 { 1.0 / (in_features as f64).sqrt() } else { 0.0 };
+            Some(init::uniform(rng, bound, out_features, device)?)
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    /// A layer around existing tensors (made leaf variables if they are not already).
+    pub fn from_tensors(weight: Tensor, bias: Option<Tensor>) -> Self {
+        let leaf = |t: Tensor| if t.is_variable() { t } else { t.requires_grad() };
+        Linear { weight: leaf(weight), bias: bias.map(leaf) }
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.weight.dims().get(1).copied().unwrap_or(0)
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.weight.dims().first().copied().unwrap_or(0)
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = match amp::autocast_dtype() {
+            // Matmul in the low dtype (tensor cores); the casts are differentiable, so the f32
+            // master weight receives an f32 gradient.
+            Some(low) if x.dtype().is_float() => {
+                x.to_dtype(low)?.matmul(&self.weight.to_dtype(low)?.t()?)?.to_dtype(DType::F32)?
+            }
+            _ => x.matmul(&self.weight.t()?)?,
+        };
+        match &self.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        f(crate::module::join_name(prefix, "weight"), &self.weight);
+        if let Some(b) = &self.bias {
+            f(crate::module::join_name(prefix, "bias"), b);
+        }
+    }
+}

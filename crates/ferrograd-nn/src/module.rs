@@ -1,0 +1,65 @@
+//! The `Module` trait: a forward function plus named parameters. Names are the ones PyTorch's
+//! `state_dict()` gives the same structure (`encoder.0.weight`), so checkpoints line up with
+//! PyTorch's by name.
+
+use ferrograd_core::{Result, Tensor};
+
+/// `prefix.name`, or `name` at the root.
+pub fn join_name(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+pub trait Module {
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Call `f(full_name, parameter)` for each parameter, in definition order, with names under
+    /// `prefix` (empty at the root). Containers call their children with `join_name(prefix, child)`.
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor));
+
+    /// Switch training-time behaviour (dropout) on or off; containers forward it to children.
+    /// Layers that behave the same in both modes keep this default.
+    fn set_training(&mut self, _training: bool) {}
+
+    /// Every parameter with its hierarchical name: the handles themselves (leaf variables), so
+    /// in-place updates through them change the module.
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        self.visit_parameters("", &mut |n, t| out.push((n, t.clone())));
+        out
+    }
+
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters().into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// Total number of scalar parameters.
+    fn num_parameters(&self) -> usize {
+        let mut n = 0;
+        self.visit_parameters("", &mut |_, t| n += t.elem_count());
+        n
+    }
+
+    fn train(&mut self) {
+        self.set_training(true)
+    }
+
+    fn eval(&mut self) {
+        self.set_training(false)
+    }
+}
+
+impl<M: Module + ?Sized> Module for Box<M> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        (**self).forward(x)
+    }
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        (**self).visit_parameters(prefix, f)
+    }
+    fn set_training(&mut self, training: bool) {
+        (**self).set_training(training)
+    }
+}

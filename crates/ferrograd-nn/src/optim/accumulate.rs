@@ -1,0 +1,52 @@
+//! Gradient accumulation over micro-batches: several backward passes add into one store, the
+//! optimizer steps on the sum, and `zero_grad` empties the store for the next step. The store
+//! keeps its table capacity and the optimizer its parameter list, so resetting allocates nothing.
+
+use ferrograd_core::{GradStore, Result, Tensor};
+
+#[derive(Debug, Default)]
+pub struct GradAccumulator {
+    store: GradStore,
+    micro_steps: usize,
+}
+
+impl GradAccumulator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add the gradients of `loss` to the running sums.
+    pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        loss.backward_into(&mut self.store)?;
+        self.micro_steps += 1;
+        Ok(())
+    }
+
+    /// Add the gradients of `scale * loss` (for `k` micro-batches, `1/k` turns the sum into the
+    /// gradient of the mean loss over the full batch).
+    pub fn backward_scaled(&mut self, loss: &Tensor, scale: f64) -> Result<()> {
+        if scale == 1.0 {
+            return self.backward(loss);
+        }
+        self.backward(&loss.mul_scalar(scale)?)
+    }
+
+    pub fn grads(&self) -> &GradStore {
+        &self.store
+    }
+
+    pub fn grads_mut(&mut self) -> &mut GradStore {
+        &mut self.store
+    }
+
+    /// Backward passes since the last `zero_grad`.
+    pub fn micro_steps(&self) -> usize {
+        self.micro_steps
+    }
+
+    /// Drop the accumulated gradients (PyTorch's `zero_grad(set_to_none=True)`).
+    pub fn zero_grad(&mut self) {
+        self.store.clear();
+        self.micro_steps = 0;
+    }
+}

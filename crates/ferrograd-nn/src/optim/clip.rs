@@ -1,0 +1,39 @@
+//! Clipping by global norm, entirely on the device: the norm is a 0-d tensor and the clip factor
+//! `min(1, max_norm / (norm + 1e-6))` is multiplied in as a device scalar, so clipping never waits
+//! for the GPU. (PyTorch's `clip_grad_norm_` formula and epsilon.)
+
+use ferrograd_core::{no_grad, DType, Device, GradStore, Result, Tensor};
+
+/// The L2 norm over all gradients of `params` (those present in `grads`) as a 0-d f32 tensor on
+/// the parameters' device; zero when none has a gradient.
+pub fn grad_norm(grads: &GradStore, params: &[Tensor]) -> Result<Tensor> {
+    let _g = no_grad();
+    let sums = params
+        .iter()
+        .filter_map(|p| grads.get(p))
+        .map(|g| g.to_dtype(DType::F32)?.sqr()?.sum_all())
+        .collect::<Result<Vec<_>>>()?;
+    if sums.is_empty() {
+        let device = params.first().map_or(Device::Cpu, |p| p.device());
+        return Tensor::zeros((), DType::F32, device);
+    }
+    Tensor::stack(&sums, 0)?.sum_all()?.sqrt()
+}
+
+/// Scale the gradients of `params` in `grads` so their global norm is at most `max_norm`;
+/// returns the norm before clipping (a device scalar: read it only when you log it).
+pub fn clip_grad_norm(grads: &mut GradStore, params: &[Tensor], max_norm: f64) -> Result<Tensor> {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        return Err(ferrograd_core::Error::InvalidArgument(format!("clip_grad_norm: max_norm {max_norm} < 0")));
+    }
+    let norm = grad_norm(grads, params)?;
+    let _g = no_grad();
+    let scale = norm.add_scalar(1e-6)?.recip()?.mul_scalar(max_norm)?.clamp(f64::NEG_INFINITY, 1.0)?;
+    for p in params {
+        if let Some(g) = grads.get(p) {
+            let scaled = g.mul(&scale.to_dtype(g.dtype())?)?;
+            grads.insert(p, scaled);
+        }
+    }
+    Ok(norm)
+}

@@ -1,0 +1,54 @@
+//! Learning-rate schedules as pure functions of the step index (counting from 0 for the first
+//! optimizer step), so resuming from a checkpoint needs only the step.
+
+use super::Optimizer;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum LrSchedule {
+    Constant {
+        lr: f64,
+    },
+    /// `peak * (step + 1) / warmup` during warmup, then linear from `peak` (at `warmup`) to `end`
+    /// (at `total`), then `end`.
+    WarmupLinear {
+        peak: f64,
+        warmup: u64,
+        total: u64,
+        end: f64,
+    },
+    /// The same warmup, then half a cosine from `peak` down to `min` at `total`, then `min`.
+    WarmupCosine {
+        peak: f64,
+        warmup: u64,
+        total: u64,
+        min: f64,
+    },
+}
+
+impl LrSchedule {
+    pub fn lr_at(&self, step: u64) -> f64 {
+        let warm = |peak: f64, warmup: u64| (step < warmup).then(|| peak * (step + 1) as f64 / warmup as f64);
+        let progress = |warmup: u64, total: u64| {
+            if total <= warmup {
+                1.0
+            } else {
+                ((step.saturating_sub(warmup)) as f64 / (total - warmup) as f64).clamp(0.0, 1.0)
+            }
+        };
+        match *self {
+            LrSchedule::Constant { lr } => lr,
+            LrSchedule::WarmupLinear { peak, warmup, total, end } => {
+                warm(peak, warmup).unwrap_or_else(|| peak + (end - peak) * progress(warmup, total))
+            }
+            LrSchedule::WarmupCosine { peak, warmup, total, min } => warm(peak, warmup).unwrap_or_else(|| {
+                min + 0.5 * (peak - min) * (1.0 + (std::f64::consts::PI * progress(warmup, total)).cos())
+            }),
+        }
+    }
+
+    /// Set the optimizer's learning rate for step `step`.
+    pub fn apply(&self, opt: &mut dyn Optimizer, step: u64) {
+        opt.set_lr(self.lr_at(step));
+    }
+}

@@ -1,0 +1,12 @@
+//! ferrograd-nn's tests, one binary (one link) with a module per area. CUDA tests live beside the
+//! CPU ones and skip with one printed line when no GPU is usable.
+
+mod amp;
+mod checkpoint;
+mod common;
+mod cuda;
+mod data;
+mod learn;
+mod modules;
+mod optim;
+mod trainer;
