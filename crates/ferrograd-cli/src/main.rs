@@ -7,10 +7,13 @@
 
 mod bench;
 mod info;
+mod kernels;
+mod monster;
 mod timing;
 
 use clap::{Args, Parser, Subcommand};
-use ferrograd_core::Device;
+use ferrograd_core::cuda::kernels::Arch;
+use ferrograd_core::{DType, Device};
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,25 +33,35 @@ struct Cli {
 enum Command {
     /// Version, the device ferrograd would use and why, CUDA devices and CPU threads.
     Info,
-    /// Micro-benchmarks; each prints a table and can write JSON.
+    /// Micro-benchmarks; each prints a table and can write JSON (schema ferrograd-bench/1, shared
+    /// with the PyTorch twins in bench/).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// The embedded CUDA kernels and their on-disk cache; --precompile fills the cache.
+    Kernels(KernelsArgs),
+    /// Monster Walk: fill the device with copies of the Monster-group tensor and train the
+    /// autoencoder on them (shared/MONSTER_WALK.md); `monster-walk export` writes the data.
+    MonsterWalk(monster::MonsterArgs),
 }
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
-    /// Square f32 matmul: a naive triple loop against ferrograd's `Tensor::matmul`.
+    /// Square matmul. CPU: f32, a naive triple loop against Tensor::matmul. CUDA: f32/bf16/f16
+    /// TFLOP/s with CUDA events, checked against a float64 reference first.
     Matmul(MatmulArgs),
+    /// Host<->device GB/s (pageable and pinned) and many small copies against one coalesced copy.
+    Transfer(TransferArgs),
+    /// Allocate+free of device memory: the caching allocator against raw driver calls.
+    Alloc(AllocArgs),
+    /// Memory-bound ops (copy, add, mul, relu, sigmoid, softmax, layer_norm): GB/s and % of copy.
+    Elementwise(ElementwiseArgs),
+    /// Per-op host overhead: a chain of small adds.
+    Launch(LaunchArgs),
 }
 
+/// Flags every bench shares.
 #[derive(Args, Debug)]
-struct MatmulArgs {
-    /// Device to run on: cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: Device,
-    /// Matrix sizes (n for n x n times n x n), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "128,256,512,1024")]
-    sizes: Vec<usize>,
+struct Common {
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -57,13 +70,159 @@ struct MatmulArgs {
     seed: u64,
 }
 
+#[derive(Args, Debug)]
+struct MatmulArgs {
+    /// Device to run on: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
+    /// Element types, comma-separated: f32, bf16, f16 (CUDA; the CPU runs f32 only).
+    /// Default: f32 on the CPU; f32 and bf16 on CUDA.
+    #[arg(long, value_delimiter = ',', value_parser = parse_matmul_dtype)]
+    dtype: Option<Vec<DType>>,
+    /// Matrix sizes (n for n x n times n x n), comma-separated. Default: 128,256,512,1024 on the
+    /// CPU; on CUDA 128,...,4096 for f32 and 8192 for bf16/f16.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Option<Vec<usize>>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
+struct TransferArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Size of the large host<->device copies, MiB.
+    #[arg(long, default_value_t = 256)]
+    mib: usize,
+    /// Many-small case: this many tensors ...
+    #[arg(long, default_value_t = 100)]
+    count: usize,
+    /// ... of this many KiB each.
+    #[arg(long, default_value_t = 4)]
+    kib: usize,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
+struct AllocArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Size of the block, MiB.
+    #[arg(long, default_value_t = 64)]
+    mib: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ElementwiseArgs {
+    /// Device to run on: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// f32 tensor shapes ROWSxCOLS, comma-separated; every op at the first, the row-wise ops
+    /// (softmax, layer_norm) at all.
+    #[arg(long, value_delimiter = ',', value_parser = bench::parse_shape, default_value = "8192x8192,65536x1024")]
+    shapes: Vec<(usize, usize)>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
+struct LaunchArgs {
+    /// Device to run on: cpu, or cuda / cuda:N (which also reports the CPU).
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Adds per chain.
+    #[arg(long, default_value_t = 10_000)]
+    ops: usize,
+    /// Elements of the tensors added.
+    #[arg(long, default_value_t = 1024)]
+    elems: usize,
+    /// Timed chains (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
+struct KernelsArgs {
+    /// Compile every kernel module into the disk cache ($FERROGRAD_CACHE_DIR) and report the time
+    /// the next start saves.
+    #[arg(long)]
+    precompile: bool,
+    /// Architecture to compile for (sm_80, sm_90, 9.0, ...) instead of the GPU's; needs no GPU.
+    #[arg(long, requires = "precompile")]
+    arch: Option<Arch>,
+    /// GPU whose architecture to compile for: cuda or cuda:N.
+    #[arg(long, default_value = "cuda", conflicts_with = "arch")]
+    device: Device,
+}
+
+fn parse_matmul_dtype(s: &str) -> Result<DType, String> {
+    match s.trim() {
+        "f32" => Ok(DType::F32),
+        "bf16" => Ok(DType::BF16),
+        "f16" => Ok(DType::F16),
+        other => Err(format!("`{other}`: expected f32, bf16 or f16")),
+    }
+}
+
 fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
+    use bench::*;
     match cli.command {
         Command::Info => info::run(out),
-        Command::Bench(BenchCommand::Matmul(a)) => bench::matmul::run(
-            &bench::matmul::Config { device: a.device, sizes: a.sizes, json: a.json, seed: a.seed },
+        Command::MonsterWalk(a) => monster::run(a, out),
+        Command::Bench(BenchCommand::Matmul(a)) => matmul::run(
+            &matmul::Config {
+                device: a.device,
+                dtypes: a.dtype,
+                sizes: a.sizes,
+                json: a.common.json,
+                seed: a.common.seed,
+            },
             out,
         ),
+        Command::Bench(BenchCommand::Transfer(a)) => transfer::run(
+            &transfer::Config {
+                device: a.device,
+                mib: a.mib,
+                count: a.count,
+                kib: a.kib,
+                json: a.common.json,
+                seed: a.common.seed,
+            },
+            out,
+        ),
+        Command::Bench(BenchCommand::Alloc(a)) => {
+            alloc::run(&alloc::Config { device: a.device, mib: a.mib, json: a.json }, out)
+        }
+        Command::Bench(BenchCommand::Elementwise(a)) => elementwise::run(
+            &elementwise::Config { device: a.device, shapes: a.shapes, json: a.common.json, seed: a.common.seed },
+            out,
+        ),
+        Command::Bench(BenchCommand::Launch(a)) => launch::run(
+            &launch::Config {
+                device: a.device,
+                ops: a.ops,
+                elems: a.elems,
+                repeats: a.repeats,
+                json: a.common.json,
+                seed: a.common.seed,
+            },
+            out,
+        ),
+        Command::Kernels(a) => {
+            let ordinal = match a.device {
+                Device::Cuda(n) => n,
+                Device::Cpu => return Err("kernels --device: expected cuda or cuda:N".into()),
+            };
+            kernels::run(&kernels::Config { precompile: a.precompile, arch: a.arch, ordinal }, out)
+        }
     }
 }
 
@@ -103,7 +262,27 @@ mod tests {
             Cli::try_parse_from(["ferrograd", "bench", "matmul", "--device", "cuda:1", "--sizes", "8,16"]).unwrap();
         let Command::Bench(BenchCommand::Matmul(a)) = cli.command else { panic!("wrong subcommand") };
         assert_eq!(a.device, Device::Cuda(1));
-        assert_eq!(a.sizes, vec![8, 16]);
+        assert_eq!(a.sizes, Some(vec![8, 16]));
+        assert_eq!(a.dtype, None);
         assert!(Cli::try_parse_from(["ferrograd", "bench", "matmul", "--device", "tpu"]).is_err());
+    }
+
+    #[test]
+    fn dtypes_shapes_and_arch_parse() {
+        let cli = Cli::try_parse_from(["ferrograd", "bench", "matmul", "--dtype", "bf16,f16"]).unwrap();
+        let Command::Bench(BenchCommand::Matmul(a)) = cli.command else { panic!("wrong subcommand") };
+        assert_eq!(a.dtype, Some(vec![DType::BF16, DType::F16]));
+        assert!(Cli::try_parse_from(["ferrograd", "bench", "matmul", "--dtype", "i32"]).is_err());
+
+        let cli = Cli::try_parse_from(["ferrograd", "bench", "elementwise", "--shapes", "4x8,16x2"]).unwrap();
+        let Command::Bench(BenchCommand::Elementwise(a)) = cli.command else { panic!("wrong subcommand") };
+        assert_eq!(a.shapes, vec![(4, 8), (16, 2)]);
+        assert_eq!(a.device, Device::Cuda(0));
+
+        let cli = Cli::try_parse_from(["ferrograd", "kernels", "--precompile", "--arch", "sm_90"]).unwrap();
+        let Command::Kernels(a) = cli.command else { panic!("wrong subcommand") };
+        assert_eq!(a.arch, Some(Arch::SM90));
+        assert!(Cli::try_parse_from(["ferrograd", "kernels", "--arch", "sm_90"]).is_err());
+        assert!(Cli::try_parse_from(["ferrograd", "kernels", "--precompile", "--arch", "banana"]).is_err());
     }
 }

@@ -1,26 +1,44 @@
-//! `ferrograd bench matmul`: square f32 matmul, a naive triple loop against ferrograd's
-//! `Tensor::matmul`, GFLOPS for both and the ratio.
+//! `ferrograd bench matmul`: square matmul.
 //!
-//! The baseline is honestly naive: one thread, the i-k-j loop order (so the inner loop streams
-//! rows of B and C; the compiler may vectorise it, as it would any plain loop), no blocking, no
-//! packing, no intrinsics. Both sides allocate their output on every run, as `Tensor::matmul` does.
-//! Inputs are normal samples from a seeded Philox stream, never zeros, and every size checks that
-//! the two results agree before its figures are reported.
+//! **CPU** (f32): a naive triple loop against ferrograd's `Tensor::matmul`, GFLOPS for both and
+//! the ratio. The baseline is honestly naive: one thread, the i-k-j loop order (so the inner loop
+//! streams rows of B and C; the compiler may vectorise it, as it would any plain loop), no
+//! blocking, no packing, no intrinsics. Both sides allocate their output on every run, as
+//! `Tensor::matmul` does. Every size checks that the two results agree before its figures are
+//! reported.
+//!
+//! **CUDA** (f32, bf16, f16): `Tensor::matmul` (cuBLAS) timed with CUDA events after warm-up,
+//! median over batches (`timing::measure_device`), TFLOP/s = 2n³ / median. f32 is exact (TF32
+//! off), as PyTorch's default. Before timing, the product is checked against a float64 CPU
+//! computation: every row up to n = 512, else the first, the last and six random rows; the
+//! output buffer is poisoned first and must be finite everywhere. Twin: `bench/torch_matmul.py`.
+//!
+//! Inputs are normal samples from a seeded Philox stream, never zeros.
 
-use super::{write_json, Environment};
-use crate::timing::{measure, Plan, Timing};
+use super::check::{self, rel_err, require};
+use super::{finish_json, open_json, Environment, Report, Row};
+use crate::timing::{measure, measure_device, Clock, DevicePlan, Plan, Timing};
 use crate::CliResult;
+use ferrograd_core::cuda::{set_matmul_precision, MatmulPrecision};
 use ferrograd_core::{DType, Device, Rng, Tensor};
+use rayon::prelude::*;
 use serde::Serialize;
-use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Largest size accepted: the naive loop at 4096 already takes about a minute per run.
+/// Largest CPU size accepted: the naive loop at 4096 already takes about a minute per run.
 const MAX_SIZE: usize = 4096;
-/// Largest relative difference (to the largest |C| entry) tolerated between the two results.
+/// Largest CUDA size accepted (three 16384² f32 matrices are 3 GiB).
+const MAX_CUDA_SIZE: usize = 16384;
+/// Largest relative difference (to the largest |C| entry) tolerated between the two CPU results.
 const TOLERANCE: f64 = 1e-4;
+
+/// CPU sizes when `--sizes` is not given.
+pub const CPU_SIZES: &[usize] = &[128, 256, 512, 1024];
+/// CUDA sizes per dtype when `--sizes` is not given (the issue's targets: f32 128..4096, bf16 8192³).
+pub const CUDA_F32_SIZES: &[usize] = &[128, 256, 512, 1024, 2048, 4096];
+pub const CUDA_HALF_SIZES: &[usize] = &[8192];
 
 const NAIVE_PLAN: Plan = Plan { warmup: 1, min_reps: 3, max_reps: 50, budget: Duration::from_millis(1000) };
 const FERROGRAD_PLAN: Plan = Plan { warmup: 3, min_reps: 5, max_reps: 200, budget: Duration::from_millis(500) };
@@ -28,19 +46,46 @@ const FERROGRAD_PLAN: Plan = Plan { warmup: 3, min_reps: 5, max_reps: 200, budge
 #[derive(Debug, Clone)]
 pub struct Config {
     pub device: Device,
-    pub sizes: Vec<usize>,
+    /// None: f32 on the CPU; f32 and bf16 (each at its default sizes) on CUDA.
+    pub dtypes: Option<Vec<DType>>,
+    /// None: the defaults above.
+    pub sizes: Option<Vec<usize>>,
     pub json: Option<PathBuf>,
     pub seed: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    pub bench: &'static str,
-    pub dtype: &'static str,
-    pub device: String,
-    pub seed: u64,
-    pub environment: Environment,
-    pub results: Vec<SizeResult>,
+impl Config {
+    /// (dtype, sizes) in the order they run.
+    pub fn plan(&self) -> CliResult<Vec<(DType, Vec<usize>)>> {
+        let dtypes = match (&self.dtypes, self.device, &self.sizes) {
+            (Some(d), _, _) => d.clone(),
+            (None, Device::Cuda(_), None) => vec![DType::F32, DType::BF16],
+            (None, _, _) => vec![DType::F32],
+        };
+        if dtypes.is_empty() {
+            return Err("--dtype needs at least one dtype".into());
+        }
+        let mut plan = Vec::new();
+        for dt in dtypes {
+            if !matches!(dt, DType::F32 | DType::BF16 | DType::F16) {
+                return Err(format!("--dtype {dt}: the matmul bench runs f32, bf16 or f16").into());
+            }
+            if self.device.is_cpu() && dt != DType::F32 {
+                return Err(
+                    format!("--dtype {dt}: the CPU matmul bench is f32 only (its naive baseline is f32)").into()
+                );
+            }
+            let sizes = match (&self.sizes, self.device, dt) {
+                (Some(s), _, _) => s.clone(),
+                (None, Device::Cpu, _) => CPU_SIZES.to_vec(),
+                (None, Device::Cuda(_), DType::F32) => CUDA_F32_SIZES.to_vec(),
+                (None, Device::Cuda(_), _) => CUDA_HALF_SIZES.to_vec(),
+            };
+            check_sizes(&sizes, if self.device.is_cpu() { MAX_SIZE } else { MAX_CUDA_SIZE })?;
+            plan.push((dt, sizes));
+        }
+        Ok(plan)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -87,21 +132,21 @@ pub fn naive_matmul(a: &[f32], b: &[f32], n: usize) -> Vec<f32> {
 }
 
 pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
-    if cfg.device.is_cuda() {
-        return Err(format!(
-            "CUDA matmul benchmark not available in this build (device {}): ferrograd-core has no CUDA \
-             tensors yet; use --device cpu",
-            cfg.device
-        )
-        .into());
+    let plan = cfg.plan()?;
+    super::open_device("matmul", cfg.device)?;
+    let json = open_json(&cfg.json)?;
+    match cfg.device {
+        Device::Cpu => run_cpu(cfg, &plan[0].1, json, out),
+        Device::Cuda(_) => run_cuda(cfg, &plan, json, out),
     }
-    check_sizes(&cfg.sizes)?;
-    // Open the JSON file first, so a bad path fails before minutes of benchmarking.
-    let mut json_file = match &cfg.json {
-        Some(p) => Some((p, File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?)),
-        None => None,
-    };
+}
 
+fn run_cpu(
+    cfg: &Config,
+    sizes: &[usize],
+    json: Option<(PathBuf, std::fs::File)>,
+    out: &mut dyn Write,
+) -> CliResult<()> {
     let env = Environment::detect();
     writeln!(
         out,
@@ -118,8 +163,8 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     writeln!(out, "{}", "-".repeat(6 + 3 + 25 + 3 + 27 + 3 + 8))?;
 
     let mut rng = Rng::new(cfg.seed);
-    let mut results = Vec::with_capacity(cfg.sizes.len());
-    for &n in &cfg.sizes {
+    let mut results = Vec::with_capacity(sizes.len());
+    for &n in sizes {
         let r = bench_size(n, cfg.device, &mut rng)?;
         writeln!(
             out,
@@ -137,28 +182,165 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         results.push(r);
     }
 
-    let report = Report {
-        bench: "matmul",
-        dtype: "f32",
-        device: cfg.device.to_string(),
-        seed: cfg.seed,
-        environment: env,
-        results,
-    };
-    if let Some((path, file)) = json_file.take() {
-        drop(file);
-        write_json(path, &report)?;
-        writeln!(out, "\nwrote {}", path.display())?;
-    }
-    Ok(())
+    let mut report =
+        Report::new("matmul", cfg.device, env, "host clock, median of timed runs after warm-up (timing::measure)");
+    report.rows = results
+        .iter()
+        .map(|r| {
+            Row::new(format!("f32 n={}", r.n), r.ferrograd.gflops, "GFLOP/s", true)
+                .with("median_s", r.ferrograd.median_s)
+                .with("reps", r.ferrograd.reps)
+                .with("naive_gflops", r.naive.gflops)
+                .with("speedup_over_naive", r.speedup)
+        })
+        .collect();
+    report.extra.insert("dtype".into(), "f32".into());
+    report.extra.insert("seed".into(), cfg.seed.into());
+    report.extra.insert("results".into(), serde_json::to_value(&results)?);
+    finish_json(json, &report, out)
 }
 
-fn check_sizes(sizes: &[usize]) -> CliResult<()> {
+fn run_cuda(
+    cfg: &Config,
+    plan: &[(DType, Vec<usize>)],
+    json: Option<(PathBuf, std::fs::File)>,
+    out: &mut dyn Write,
+) -> CliResult<()> {
+    // Exact f32, as PyTorch's default (torch.backends.cuda.matmul.allow_tf32 = False).
+    set_matmul_precision(MatmulPrecision::Highest);
+    let env = Environment::for_device(cfg.device);
+    let clock = Clock::new(cfg.device)?;
+    writeln!(out, "square matmul C = A B on {} ({})", cfg.device, env.gpu.as_deref().unwrap_or("?"))?;
+    writeln!(
+        out,
+        "Tensor::matmul (cuBLAS), f32 exact (no TF32); CUDA events, median over batches after warm-up; \
+         TFLOP/s = 2n^3 / median"
+    )?;
+    writeln!(out, "checked first against a float64 CPU reference (all rows up to n=512, else 8 sampled rows)")?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:>5} | {:>6} | {:>10} | {:>8} | {:>12} | {:>9} {:>5}",
+        "dtype", "n", "median ms", "TFLOP/s", "reps x inner", "rel err", "rows"
+    )?;
+    writeln!(out, "{}", "-".repeat(5 + 3 + 6 + 3 + 10 + 3 + 8 + 3 + 12 + 3 + 15))?;
+
+    let mut rng = Rng::new(cfg.seed);
+    let mut report = Report::new(
+        "matmul",
+        cfg.device,
+        env,
+        "CUDA events on the compute stream; warm-up, batches of calls, median per call",
+    );
+    for (dtype, sizes) in plan {
+        for &n in sizes {
+            let r = bench_cuda_size(&clock, *dtype, n, cfg.device, &mut rng)?;
+            writeln!(
+                out,
+                "{:>5} | {:>6} | {:>10.4} | {:>8.2} | {:>5} x {:>4} | {:>9.2e} {:>5}",
+                dtype.as_str(),
+                n,
+                r.median_s * 1e3,
+                r.tflops,
+                r.reps,
+                r.inner,
+                r.rel_err,
+                r.rows_checked
+            )?;
+            out.flush()?;
+            report.rows.push(
+                Row::new(format!("{} n={n}", dtype.as_str()), r.tflops, "TFLOP/s", true)
+                    .with("median_s", r.median_s)
+                    .with("min_s", r.min_s)
+                    .with("reps", r.reps)
+                    .with("inner", r.inner)
+                    .with("rel_err", r.rel_err)
+                    .with("rows_checked", r.rows_checked),
+            );
+        }
+    }
+    report.notes.push(format!("seed {}; inputs N(0,1) from Philox, drawn on the device", cfg.seed));
+    finish_json(json, &report, out)
+}
+
+struct CudaResult {
+    median_s: f64,
+    min_s: f64,
+    tflops: f64,
+    reps: usize,
+    inner: usize,
+    rel_err: f64,
+    rows_checked: usize,
+}
+
+/// Relative error allowed against the float64 reference: f32 is exact arithmetic (far under
+/// 1e-3; TF32 would land near 3e-4 and fail, on purpose); half types round the output.
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-4,
+        DType::F16 => 5e-3,
+        _ => 1e-2,
+    }
+}
+
+fn bench_cuda_size(clock: &Clock, dtype: DType, n: usize, device: Device, rng: &mut Rng) -> CliResult<CudaResult> {
+    let a = Tensor::randn_with(rng, 0.0, 1.0, (n, n), dtype, device)?;
+    let b = Tensor::randn_with(rng, 0.0, 1.0, (n, n), dtype, device)?;
+
+    // Correctness first, on a poisoned output.
+    let c = check::poisoned(|| Ok(a.matmul(&b)?))?;
+    if !check::all_finite(&c)? {
+        return Err(format!("{dtype} n={n}: the product has non-finite elements (unwritten output?)").into());
+    }
+    let rows = check::sample_rows(n, 512, 6, rng);
+    let a_rows = check::rows_f64(&a, &rows)?;
+    let c_rows = check::rows_f64(&c, &rows)?;
+    drop(c);
+    // B as f32 is exact for every dtype here and half the host memory of f64.
+    let bv = b.to_dtype(DType::F32)?.to_vec::<f32>()?;
+    let (got, want): (Vec<f64>, Vec<f64>) = a_rows
+        .par_iter()
+        .zip(c_rows.par_iter())
+        .map(|(ar, cr)| {
+            let mut acc = vec![0.0f64; n];
+            for (k, &aik) in ar.iter().enumerate() {
+                for (o, &bkj) in acc.iter_mut().zip(&bv[k * n..(k + 1) * n]) {
+                    *o += aik * bkj as f64;
+                }
+            }
+            (cr.clone(), acc)
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .fold((Vec::new(), Vec::new()), |(mut g, mut w), (c, r)| {
+            g.extend(c);
+            w.extend(r);
+            (g, w)
+        });
+    drop(bv);
+    let rel_err = rel_err(&got, &want);
+    require(&format!("{dtype} matmul n={n}"), rel_err, tolerance(dtype))?;
+
+    let t = measure_device(clock, DevicePlan::GPU, || a.matmul(&b))?;
+    let flops = 2.0 * (n as f64).powi(3);
+    let median_s = t.median_s();
+    Ok(CudaResult {
+        median_s,
+        min_s: t.min_s(),
+        tflops: flops / median_s / 1e12,
+        reps: t.reps(),
+        inner: t.inner,
+        rel_err,
+        rows_checked: rows.len(),
+    })
+}
+
+fn check_sizes(sizes: &[usize], max: usize) -> CliResult<()> {
     if sizes.is_empty() {
         return Err("--sizes needs at least one size".into());
     }
-    if let Some(&n) = sizes.iter().find(|&&n| n == 0 || n > MAX_SIZE) {
-        return Err(format!("matrix size {n} out of range: sizes must be between 1 and {MAX_SIZE}").into());
+    if let Some(&n) = sizes.iter().find(|&&n| n == 0 || n > max) {
+        return Err(format!("matrix size {n} out of range: sizes must be between 1 and {max} on this device").into());
     }
     Ok(())
 }
@@ -248,13 +430,32 @@ mod tests {
     }
 
     #[test]
-    fn rejects_bad_sizes_and_cuda() {
-        assert!(check_sizes(&[]).is_err());
-        assert!(check_sizes(&[64, 0]).is_err());
-        assert!(check_sizes(&[MAX_SIZE + 1]).is_err());
-        assert!(check_sizes(&[1, MAX_SIZE]).is_ok());
-        let cfg = Config { device: Device::Cuda(0), sizes: vec![8], json: None, seed: 1 };
-        let e = run(&cfg, &mut Vec::new()).unwrap_err().to_string();
-        assert!(e.contains("CUDA matmul benchmark not available in this build"), "{e}");
+    fn rejects_bad_sizes() {
+        assert!(check_sizes(&[], MAX_SIZE).is_err());
+        assert!(check_sizes(&[64, 0], MAX_SIZE).is_err());
+        assert!(check_sizes(&[MAX_SIZE + 1], MAX_SIZE).is_err());
+        assert!(check_sizes(&[1, MAX_SIZE], MAX_SIZE).is_ok());
+    }
+
+    #[test]
+    fn default_plans_per_device() {
+        let cfg = |device, dtypes: Option<Vec<DType>>, sizes: Option<Vec<usize>>| Config {
+            device,
+            dtypes,
+            sizes,
+            json: None,
+            seed: 1,
+        };
+        assert_eq!(cfg(Device::Cpu, None, None).plan().unwrap(), vec![(DType::F32, CPU_SIZES.to_vec())]);
+        assert_eq!(
+            cfg(Device::Cuda(0), None, None).plan().unwrap(),
+            vec![(DType::F32, CUDA_F32_SIZES.to_vec()), (DType::BF16, vec![8192])]
+        );
+        assert_eq!(cfg(Device::Cuda(0), None, Some(vec![64])).plan().unwrap(), vec![(DType::F32, vec![64])]);
+        assert_eq!(cfg(Device::Cuda(0), Some(vec![DType::F16]), None).plan().unwrap(), vec![(DType::F16, vec![8192])]);
+        assert!(cfg(Device::Cpu, Some(vec![DType::BF16]), None).plan().is_err());
+        assert!(cfg(Device::Cuda(0), Some(vec![DType::I32]), None).plan().is_err());
+        assert!(cfg(Device::Cpu, None, Some(vec![MAX_SIZE + 1])).plan().is_err());
+        assert!(cfg(Device::Cuda(0), None, Some(vec![MAX_SIZE + 1])).plan().is_ok());
     }
 }

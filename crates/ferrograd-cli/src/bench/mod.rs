@@ -1,12 +1,26 @@
 //! `ferrograd bench ...`: micro-benchmarks. Each module takes a plain `Config` (no clap types),
-//! prints a table, and can write its results as JSON. Planned next to `matmul`: transfer, alloc,
-//! elementwise and launch, each with a PyTorch twin under `bench/` once CUDA tensors exist.
+//! prints a table, and can write its results as JSON in one schema shared with the PyTorch twins
+//! under `bench/` (see [`Report`]), so `bench/compare.py` can put ours and PyTorch's side by side.
 
+pub mod alloc;
+pub mod check;
+pub mod elementwise;
+pub mod launch;
 pub mod matmul;
+pub mod transfer;
 
 use crate::CliResult;
+use ferrograd_core::cuda::CudaDevice;
+use ferrograd_core::Device;
 use serde::Serialize;
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The `schema` field of every JSON result; `bench/benchlib.py` writes the same string.
+pub const SCHEMA: &str = "ferrograd-bench/1";
 
 /// Facts about the machine and build that every JSON result carries.
 #[derive(Debug, Clone, Serialize)]
@@ -16,6 +30,9 @@ pub struct Environment {
     pub rayon_threads: usize,
     pub os: &'static str,
     pub arch: &'static str,
+    /// `NVIDIA H200, 139.7 GiB, sm_90, 132 SMs` when the bench ran on a GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
 }
 
 impl Environment {
@@ -26,6 +43,104 @@ impl Environment {
             rayon_threads: rayon::current_num_threads(),
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
+            gpu: None,
+        }
+    }
+
+    /// As [`detect`](Self::detect), naming the GPU when `device` is one.
+    pub fn for_device(device: Device) -> Self {
+        let mut e = Self::detect();
+        if let Device::Cuda(n) = device {
+            e.gpu = CudaDevice::get(n).ok().map(|d| gpu_line(&d));
+        }
+        e
+    }
+
+    /// What `device_name` says: the GPU's name, or the CPU model.
+    pub fn device_name(&self) -> String {
+        match &self.gpu {
+            Some(g) => g.split(',').next().unwrap_or(g).to_string(),
+            None => self.cpu.clone(),
+        }
+    }
+}
+
+fn gpu_line(d: &CudaDevice) -> String {
+    let (ma, mi) = d.info.compute_capability;
+    format!(
+        "{}, {:.1} GiB, sm_{ma}{mi}, {} SMs",
+        d.info.name,
+        d.info.total_memory as f64 / (1u64 << 30) as f64,
+        d.info.multiprocessors
+    )
+}
+
+/// One measured figure. `name` is the key that pairs our row with the PyTorch twin's row.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub name: String,
+    pub value: f64,
+    pub unit: &'static str,
+    pub higher_is_better: bool,
+    /// Optional facts about the row (`median_s`, `reps`, `pct_of_copy`, `check`, ...).
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl Row {
+    pub fn new(name: impl Into<String>, value: f64, unit: &'static str, higher_is_better: bool) -> Row {
+        Row { name: name.into(), value, unit, higher_is_better, extra: BTreeMap::new() }
+    }
+
+    pub fn with(mut self, key: &str, v: impl Into<serde_json::Value>) -> Row {
+        self.extra.insert(key.to_string(), v.into());
+        self
+    }
+}
+
+/// The JSON every bench writes (schema `ferrograd-bench/1`):
+///
+/// ```json
+/// {"schema": "ferrograd-bench/1", "bench": "transfer", "impl": "ferrograd", "device": "cuda:0",
+///  "device_name": "NVIDIA H200", "version": "0.1.0", "timing": "...", "environment": {...},
+///  "rows": [{"name": "h2d pinned 256 MiB", "value": 52.1, "unit": "GB/s",
+///            "higher_is_better": true, "median_s": 0.0051, "reps": 10}],
+///  "notes": ["..."]}
+/// ```
+///
+/// Bench-specific extras (the CPU matmul's per-size `results`) sit beside these keys.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub schema: &'static str,
+    pub bench: &'static str,
+    #[serde(rename = "impl")]
+    pub implementation: &'static str,
+    pub device: String,
+    pub device_name: String,
+    pub version: &'static str,
+    /// How the figures were timed, in one sentence.
+    pub timing: String,
+    pub environment: Environment,
+    pub rows: Vec<Row>,
+    pub notes: Vec<String>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl Report {
+    pub fn new(bench: &'static str, device: Device, env: Environment, timing: impl Into<String>) -> Report {
+        Report {
+            schema: SCHEMA,
+            bench,
+            implementation: "ferrograd",
+            device: device.to_string(),
+            device_name: env.device_name(),
+            version: env!("CARGO_PKG_VERSION"),
+            timing: timing.into(),
+            environment: env,
+            rows: Vec::new(),
+            notes: Vec::new(),
+            extra: BTreeMap::new(),
         }
     }
 }
@@ -35,4 +150,142 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> CliResult<()> {
     let text = serde_json::to_string_pretty(value)?;
     std::fs::write(path, text + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(())
+}
+
+/// Create the JSON file up front, so a bad path fails before minutes of benchmarking.
+pub fn open_json(path: &Option<PathBuf>) -> CliResult<Option<(PathBuf, File)>> {
+    match path {
+        Some(p) => {
+            let f = File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?;
+            Ok(Some((p.clone(), f)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Write the report to the file opened by [`open_json`] and say so.
+pub fn finish_json(json: Option<(PathBuf, File)>, report: &Report, out: &mut dyn Write) -> CliResult<()> {
+    if let Some((path, file)) = json {
+        drop(file);
+        write_json(&path, report)?;
+        writeln!(out, "\nwrote {}", path.display())?;
+    }
+    Ok(())
+}
+
+/// The CUDA device a GPU-only bench runs on, or one line saying why there is none.
+pub fn cuda_device(bench: &str, device: Device) -> CliResult<Arc<CudaDevice>> {
+    match device {
+        Device::Cpu => Err(format!("bench {bench} measures a CUDA device; --device cpu is not meaningful here").into()),
+        Device::Cuda(n) => {
+            CudaDevice::get(n).map_err(|e| format!("bench {bench} needs a CUDA device ({device}): {e}").into())
+        }
+    }
+}
+
+/// Open the device a bench that also runs on the CPU was asked for, with a hint on failure.
+pub fn open_device(bench: &str, device: Device) -> CliResult<()> {
+    if let Device::Cuda(_) = device {
+        cuda_device(bench, device).map_err(|e| format!("{e}; use --device cpu to run it on the CPU"))?;
+    }
+    Ok(())
+}
+
+/// A number with about four significant digits, for tables.
+pub fn fmt_value(v: f64) -> String {
+    let a = v.abs();
+    if !v.is_finite() {
+        format!("{v}")
+    } else if a >= 1e5 {
+        format!("{v:.0}")
+    } else if a >= 100.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+/// A duration in seconds as µs or ms, for tables.
+pub fn fmt_secs(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.2} µs", s * 1e6)
+    } else {
+        format!("{:.3} ms", s * 1e3)
+    }
+}
+
+/// The common table: name, value and unit, then the median time and repetition count where the
+/// row has them, then `extra` (a key of the row's extras, printed as a percentage when it starts
+/// with `pct`).
+pub fn print_rows(out: &mut dyn Write, rows: &[Row], extra: Option<(&str, &str)>) -> CliResult<()> {
+    let w = rows.iter().map(|r| r.name.chars().count()).max().unwrap_or(4).max(4);
+    let mut head = format!("{:w$} | {:>12} {:<8} | {:>11} | {:>5}", "what", "value", "unit", "median", "reps");
+    if let Some((title, _)) = extra {
+        head += &format!(" | {title:>10}");
+    }
+    writeln!(out, "{head}")?;
+    writeln!(out, "{}", "-".repeat(head.chars().count()))?;
+    for r in rows {
+        let median = r.extra.get("median_s").and_then(|v| v.as_f64()).map_or_else(|| "-".into(), fmt_secs);
+        let reps = r.extra.get("reps").and_then(|v| v.as_u64()).map_or_else(|| "-".into(), |n| n.to_string());
+        let mut line = format!("{:w$} | {:>12} {:<8} | {median:>11} | {reps:>5}", r.name, fmt_value(r.value), r.unit);
+        if let Some((_, key)) = extra {
+            let v = match r.extra.get(key).and_then(|v| v.as_f64()) {
+                Some(x) if key.starts_with("pct") => format!("{x:.1}%"),
+                Some(x) => fmt_value(x),
+                None => "-".into(),
+            };
+            line += &format!(" | {v:>10}");
+        }
+        writeln!(out, "{line}")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Parse `ROWSxCOLS` (e.g. `8192x8192`).
+pub fn parse_shape(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("`{s}` is not a shape: expected ROWSxCOLS, e.g. 8192x8192");
+    let (r, c) = s.trim().split_once(['x', 'X']).ok_or_else(bad)?;
+    let (r, c) = (r.trim().parse::<usize>().map_err(|_| bad())?, c.trim().parse::<usize>().map_err(|_| bad())?);
+    if r == 0 || c == 0 {
+        return Err(format!("`{s}`: both dimensions must be at least 1"));
+    }
+    Ok((r, c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse() {
+        assert_eq!(parse_shape("8192x1024"), Ok((8192, 1024)));
+        assert_eq!(parse_shape(" 3X4 "), Ok((3, 4)));
+        assert!(parse_shape("8192").is_err());
+        assert!(parse_shape("0x4").is_err());
+        assert!(parse_shape("ax4").is_err());
+    }
+
+    #[test]
+    fn report_serialises_in_the_shared_schema() {
+        let mut r = Report::new("launch", Device::Cpu, Environment::detect(), "host clock");
+        r.rows.push(Row::new("cpu: time per add", 1.5, "us/op", false).with("reps", 5));
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["schema"], SCHEMA);
+        assert_eq!(v["impl"], "ferrograd");
+        assert_eq!(v["device"], "cpu");
+        assert_eq!(v["rows"][0]["name"], "cpu: time per add");
+        assert_eq!(v["rows"][0]["higher_is_better"], false);
+        assert_eq!(v["rows"][0]["reps"], 5);
+        assert!(v["device_name"].as_str().is_some_and(|s| !s.is_empty()));
+    }
+
+    #[test]
+    fn cpu_is_refused_for_gpu_only_benches() {
+        let e = cuda_device("transfer", Device::Cpu).unwrap_err().to_string();
+        assert!(e.contains("bench transfer measures a CUDA device"), "{e}");
+    }
 }

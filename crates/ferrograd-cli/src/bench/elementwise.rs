@@ -1,0 +1,260 @@
+//! `ferrograd bench elementwise`: memory-bound ops in f32, GB/s and the percentage of the
+//! device's measured copy bandwidth. Twin: `bench/torch_elementwise.py`.
+//!
+//! Bytes counted are the fewest the op must move: every input read once, the output written
+//! once (copy, mul_scalar, relu, sigmoid, softmax, layer_norm: 2 x 4 B per element; add, mul:
+//! 3 x 4 B). The reference, **copy**, is a plain device-to-device copy into an existing tensor
+//! (`dst.set(&x)`: `cuMemcpyDtoDAsync`; PyTorch: `dst.copy_(x)`); **mul_scalar** (`x * 2`) is
+//! the copy-like elementwise kernel. softmax is over the last dim; layer_norm normalises the
+//! last dim with a weight and a bias (eps 1e-5). Every op is first checked against a float64
+//! CPU computation on sampled rows, with poisoned outputs on CUDA; timing is CUDA events (host
+//! clock on the CPU), median over batches after warm-up. Inputs are N(0, 1), never zeros.
+
+use super::check::{self, rel_err, require};
+use super::{finish_json, open_json, print_rows, Environment, Report, Row};
+use crate::timing::{measure_device, Clock, DevicePlan};
+use crate::CliResult;
+use ferrograd_core::{DType, Device, Rng, Tensor};
+use std::io::Write;
+use std::path::PathBuf;
+
+const EPS: f64 = 1e-5;
+/// f32 kernels against a float64 reference: rounding only.
+const TOL: f64 = 1e-5;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub device: Device,
+    pub shapes: Vec<(usize, usize)>,
+    pub json: Option<PathBuf>,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Op {
+    Copy,
+    MulScalar,
+    Add,
+    Mul,
+    Relu,
+    Sigmoid,
+    Softmax,
+    LayerNorm,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Copy => "copy",
+            Op::MulScalar => "mul_scalar",
+            Op::Add => "add",
+            Op::Mul => "mul",
+            Op::Relu => "relu",
+            Op::Sigmoid => "sigmoid",
+            Op::Softmax => "softmax",
+            Op::LayerNorm => "layer_norm",
+        }
+    }
+
+    /// Elements moved per element of the output (reads plus the write).
+    fn passes(self) -> usize {
+        match self {
+            Op::Add | Op::Mul => 3,
+            _ => 2,
+        }
+    }
+}
+
+/// The inputs of one shape.
+struct Inputs {
+    x: Tensor,
+    y: Tensor,
+    w: Tensor,
+    b: Tensor,
+    dst: Tensor,
+}
+
+impl Inputs {
+    fn apply(&self, op: Op) -> ferrograd_core::Result<Option<Tensor>> {
+        let Inputs { x, y, w, b, dst } = self;
+        Ok(Some(match op {
+            Op::Copy => {
+                dst.set(x)?;
+                return Ok(None);
+            }
+            Op::MulScalar => x.mul_scalar(2.0)?,
+            Op::Add => x.add(y)?,
+            Op::Mul => x.mul(y)?,
+            Op::Relu => x.relu()?,
+            Op::Sigmoid => x.sigmoid()?,
+            Op::Softmax => x.softmax(-1isize)?,
+            Op::LayerNorm => x.layer_norm(Some(w), Some(b), EPS)?,
+        }))
+    }
+}
+
+/// Which ops run at a shape: all of them at the first, the row-wise ones (and copy, their
+/// reference) at the others, where only the row length changes.
+fn ops_for(first: bool) -> Vec<Op> {
+    if first {
+        vec![Op::Copy, Op::MulScalar, Op::Add, Op::Mul, Op::Relu, Op::Sigmoid, Op::Softmax, Op::LayerNorm]
+    } else {
+        vec![Op::Copy, Op::Softmax, Op::LayerNorm]
+    }
+}
+
+pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+    if cfg.shapes.is_empty() {
+        return Err("--shapes needs at least one ROWSxCOLS".into());
+    }
+    super::open_device("elementwise", cfg.device)?;
+    let json = open_json(&cfg.json)?;
+    let env = Environment::for_device(cfg.device);
+    let clock = Clock::new(cfg.device)?;
+    let what = env.gpu.clone().unwrap_or_else(|| env.cpu.clone());
+    writeln!(out, "memory-bound f32 ops on {} ({what})", cfg.device)?;
+    writeln!(out, "GB/s = (elements read + written) x 4 B / median; % of copy = GB/s over this shape's device copy")?;
+    writeln!(out)?;
+    out.flush()?;
+
+    let mut rng = Rng::new(cfg.seed);
+    let mut rows = Vec::new();
+    for (i, &(r, c)) in cfg.shapes.iter().enumerate() {
+        let inputs = Inputs {
+            x: Tensor::randn_with(&mut rng, 0.0, 1.0, (r, c), DType::F32, cfg.device)?,
+            y: Tensor::randn_with(&mut rng, 0.0, 1.0, (r, c), DType::F32, cfg.device)?,
+            w: Tensor::rand_with(&mut rng, 0.5, 1.5, c, DType::F32, cfg.device)?,
+            b: Tensor::randn_with(&mut rng, 0.0, 1.0, c, DType::F32, cfg.device)?,
+            dst: Tensor::randn_with(&mut rng, 0.0, 1.0, (r, c), DType::F32, cfg.device)?,
+        };
+        let check_rows = check::sample_rows(r, 4, 4, &mut rng);
+        let mut copy_gbps = None;
+        for op in ops_for(i == 0) {
+            verify(&inputs, op, &check_rows, cfg.device)?;
+            let t = measure_device(&clock, DevicePlan::GPU, || inputs.apply(op))?;
+            let m = t.median_s();
+            let gbps = (op.passes() * r * c * 4) as f64 / m / 1e9;
+            if op == Op::Copy {
+                copy_gbps = Some(gbps);
+            }
+            let pct = copy_gbps.map_or(f64::NAN, |cg| 100.0 * gbps / cg);
+            rows.push(
+                Row::new(format!("{} {r}x{c}", op.name()), gbps, "GB/s", true)
+                    .with("median_s", m)
+                    .with("reps", t.reps())
+                    .with("inner", t.inner)
+                    .with("pct_of_copy", pct),
+            );
+        }
+    }
+    print_rows(out, &rows, Some(("% of copy", "pct_of_copy")))?;
+
+    let mut report = Report::new(
+        "elementwise",
+        cfg.device,
+        env,
+        if cfg.device.is_cuda() {
+            "CUDA events on the compute stream; warm-up, batches of calls, median per call"
+        } else {
+            "host clock; warm-up, batches of calls, median per call"
+        },
+    );
+    report.rows = rows;
+    report.notes.push(
+        "copy = dst.set(&x) (cuMemcpyDtoDAsync into an existing tensor); mul_scalar = x * 2.0 \
+         (one read, one write: the copy-like elementwise kernel)"
+            .into(),
+    );
+    report
+        .notes
+        .push(format!("seed {}; x, y ~ N(0,1); layer_norm weight ~ U[0.5,1.5), bias ~ N(0,1), eps 1e-5", cfg.seed));
+    finish_json(json, &report, out)
+}
+
+/// Run `op` once (poisoned outputs on CUDA) and compare the sampled rows with a float64 reference.
+fn verify(inp: &Inputs, op: Op, rows: &[usize], device: Device) -> CliResult<()> {
+    let run = || -> CliResult<Tensor> {
+        Ok(match inp.apply(op)? {
+            Some(t) => t,
+            None => inp.dst.clone(),
+        })
+    };
+    let outt = if device.is_cuda() { check::poisoned(run)? } else { run()? };
+    let what = format!("{} {:?}", op.name(), inp.x.dims());
+    if !check::all_finite(&outt)? {
+        return Err(format!("{what}: output has non-finite elements (unwritten output?)").into());
+    }
+    let got = check::rows_f64(&outt, rows)?;
+    let xs = check::rows_f64(&inp.x, rows)?;
+    let ys = check::rows_f64(&inp.y, rows)?;
+    let w = inp.w.to_f64_vec()?;
+    let b = inp.b.to_f64_vec()?;
+    let (mut g, mut want) = (Vec::new(), Vec::new());
+    for ((gr, xr), yr) in got.iter().zip(&xs).zip(&ys) {
+        g.extend_from_slice(gr);
+        want.extend(reference(op, xr, yr, &w, &b));
+    }
+    require(&what, rel_err(&g, &want), TOL)
+}
+
+/// The op on one row, in f64.
+fn reference(op: Op, x: &[f64], y: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
+    match op {
+        Op::Copy => x.to_vec(),
+        Op::MulScalar => x.iter().map(|v| v * 2.0).collect(),
+        Op::Add => x.iter().zip(y).map(|(a, b)| a + b).collect(),
+        Op::Mul => x.iter().zip(y).map(|(a, b)| a * b).collect(),
+        Op::Relu => x.iter().map(|v| v.max(0.0)).collect(),
+        Op::Sigmoid => x.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
+        Op::Softmax => {
+            let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.iter().map(|v| v / s).collect()
+        }
+        Op::LayerNorm => {
+            let n = x.len() as f64;
+            let mean = x.iter().sum::<f64>() / n;
+            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+            let rstd = 1.0 / (var + EPS).sqrt();
+            x.iter().zip(w).zip(b).map(|((v, w), b)| (v - mean) * rstd * w + b).collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_are_right_on_a_small_row() {
+        let x = [1.0, -2.0, 3.0];
+        let y = [0.5, 0.5, 0.5];
+        let (w, b) = ([1.0; 3], [0.0; 3]);
+        assert_eq!(reference(Op::Relu, &x, &y, &w, &b), vec![1.0, 0.0, 3.0]);
+        assert_eq!(reference(Op::Add, &x, &y, &w, &b), vec![1.5, -1.5, 3.5]);
+        let s = reference(Op::Softmax, &x, &y, &w, &b);
+        assert!((s.iter().sum::<f64>() - 1.0).abs() < 1e-12 && s[2] > s[0] && s[0] > s[1]);
+        let ln = reference(Op::LayerNorm, &x, &y, &w, &b);
+        assert!(ln.iter().sum::<f64>().abs() < 1e-12);
+        assert_eq!(Op::Add.passes(), 3);
+        assert_eq!(Op::Softmax.passes(), 2);
+    }
+
+    #[test]
+    fn every_op_passes_its_check_on_the_cpu() {
+        let mut rng = Rng::new(7);
+        let (r, c) = (9, 33);
+        let inp = Inputs {
+            x: Tensor::randn_with(&mut rng, 0.0, 1.0, (r, c), DType::F32, Device::Cpu).unwrap(),
+            y: Tensor::randn_with(&mut rng, 0.0, 1.0, (r, c), DType::F32, Device::Cpu).unwrap(),
+            w: Tensor::rand_with(&mut rng, 0.5, 1.5, c, DType::F32, Device::Cpu).unwrap(),
+            b: Tensor::randn_with(&mut rng, 0.0, 1.0, c, DType::F32, Device::Cpu).unwrap(),
+            dst: Tensor::zeros((r, c), DType::F32, Device::Cpu).unwrap(),
+        };
+        let rows = check::sample_rows(r, 4, 3, &mut rng);
+        for op in ops_for(true) {
+            verify(&inp, op, &rows, Device::Cpu).unwrap_or_else(|e| panic!("{}: {e}", op.name()));
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! `ferrograd bench transfer`: host <-> device copies. Twin: `bench/torch_transfer.py`.
+//!
+//! - **h2d pageable**: `Tensor::to_device` of a plain CPU tensor (a `Vec`); ferrograd stages it
+//!   through pinned chunks, double-buffered. PyTorch: `x.to("cuda")`.
+//! - **h2d pinned**: the same from `x.pin_memory()`: one asynchronous DMA. PyTorch:
+//!   `x.pin_memory().to("cuda", non_blocking=True)`.
+//! - **d2h pageable**: `Tensor::to_device(Device::Cpu)` of a CUDA tensor, into a new `Vec`.
+//!   PyTorch: `x.to("cpu")`. (There is no ferrograd API to copy into a pinned host tensor, so the
+//!   twin's "d2h pinned" row has no partner here.)
+//! - **many small**: 100 tensors of 4 KiB each, moved with 100 `to_device` calls, against one
+//!   `Tensor::to_device_many` (one packed copy). PyTorch: 100 `.to("cuda")` against
+//!   `torch.cat` + one `.to("cuda")` + `split`.
+//!
+//! Every figure is host wall-clock time around the call and the `Device::synchronize()` after it
+//! (the destination's allocation is inside, as it is for PyTorch; freeing it is not), median
+//! over repetitions after warm-up. GB/s are decimal (1e9 bytes/s). Each path is checked once for
+//! a bit-exact round trip before it is timed. Inputs are uniform random, never zeros.
+
+use super::{cuda_device, finish_json, open_json, print_rows, Environment, Report, Row};
+use crate::timing::{measure_self_timed, Plan};
+use crate::CliResult;
+use ferrograd_core::{DType, Device, Rng, Tensor};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const BIG_PLAN: Plan = Plan { warmup: 2, min_reps: 10, max_reps: 30, budget: Duration::from_millis(1500) };
+const SMALL_PLAN: Plan = Plan { warmup: 5, min_reps: 20, max_reps: 500, budget: Duration::from_millis(400) };
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub device: Device,
+    /// Size of the large transfer, MiB.
+    pub mib: usize,
+    /// The many-small case: `count` tensors of `kib` KiB each.
+    pub count: usize,
+    pub kib: usize,
+    pub json: Option<PathBuf>,
+    pub seed: u64,
+}
+
+pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+    if cfg.mib == 0 || cfg.count == 0 || cfg.kib == 0 {
+        return Err("--mib, --count and --kib must be at least 1".into());
+    }
+    let dev = cuda_device("transfer", cfg.device)?;
+    let json = open_json(&cfg.json)?;
+    let env = Environment::for_device(cfg.device);
+    let device = cfg.device;
+    let mut rng = Rng::new(cfg.seed);
+
+    writeln!(out, "host <-> device copies on {device} ({})", env.gpu.as_deref().unwrap_or("?"))?;
+    writeln!(out, "host clock around the copy and Device::synchronize(); median after warm-up; GB/s = 1e9 B/s")?;
+    writeln!(out)?;
+    out.flush()?;
+
+    let n = cfg.mib * (1 << 20) / 4;
+    let bytes = (n * 4) as f64;
+    let x = Tensor::rand_with(&mut rng, -1.0, 1.0, n, DType::F32, Device::Cpu)?;
+    let want = x.to_vec::<f32>()?;
+    let sync = || dev.synchronize();
+
+    let mut rows = Vec::new();
+    let gbps = |name: String, t: &crate::timing::Timing| {
+        let m = t.median().as_secs_f64();
+        Row::new(name, bytes / m / 1e9, "GB/s", true).with("median_s", m).with("reps", t.reps())
+    };
+
+    // h2d pageable.
+    let d = x.to_device(device)?;
+    same("h2d pageable", &d.to_vec::<f32>()?, &want)?;
+    drop(d);
+    let t = measure_self_timed(BIG_PLAN, || {
+        let t0 = Instant::now();
+        let d = x.to_device(device)?;
+        sync()?;
+        let el = t0.elapsed();
+        drop(d);
+        Ok(el)
+    })?;
+    rows.push(gbps(format!("h2d pageable {} MiB", cfg.mib), &t));
+
+    // h2d pinned.
+    let xp = x.pin_memory()?;
+    let d = xp.to_device(device)?;
+    same("h2d pinned", &d.to_vec::<f32>()?, &want)?;
+    drop(d);
+    let t = measure_self_timed(BIG_PLAN, || {
+        let t0 = Instant::now();
+        let d = xp.to_device(device)?;
+        sync()?;
+        let el = t0.elapsed();
+        drop(d);
+        Ok(el)
+    })?;
+    rows.push(gbps(format!("h2d pinned {} MiB", cfg.mib), &t));
+    drop(xp);
+
+    // d2h pageable.
+    let xd = x.to_device(device)?;
+    sync()?;
+    same("d2h pageable", &xd.to_device(Device::Cpu)?.to_vec::<f32>()?, &want)?;
+    let t = measure_self_timed(BIG_PLAN, || {
+        let t0 = Instant::now();
+        let h = xd.to_device(Device::Cpu)?;
+        sync()?;
+        let el = t0.elapsed();
+        drop(h);
+        Ok(el)
+    })?;
+    rows.push(gbps(format!("d2h pageable {} MiB", cfg.mib), &t));
+    drop(xd);
+    drop(want);
+    drop(x);
+
+    // Many small tensors: one call each against one coalesced copy.
+    let elems = cfg.kib * 1024 / 4;
+    let smalls = (0..cfg.count)
+        .map(|_| Tensor::rand_with(&mut rng, -1.0, 1.0, elems, DType::F32, Device::Cpu))
+        .collect::<ferrograd_core::Result<Vec<_>>>()?;
+    let wants = smalls.iter().map(|t| t.to_vec::<f32>()).collect::<ferrograd_core::Result<Vec<_>>>()?;
+    let sep = smalls.iter().map(|t| t.to_device(device)).collect::<ferrograd_core::Result<Vec<_>>>()?;
+    let one = Tensor::to_device_many(&smalls, device)?;
+    for ((s, o), w) in sep.iter().zip(&one).zip(&wants) {
+        same("separate small copies", &s.to_vec::<f32>()?, w)?;
+        same("coalesced copy", &o.to_vec::<f32>()?, w)?;
+    }
+    drop((sep, one));
+    let label = format!("{} x {} KiB h2d", cfg.count, cfg.kib);
+    let t = measure_self_timed(SMALL_PLAN, || {
+        let t0 = Instant::now();
+        let v = smalls.iter().map(|t| t.to_device(device)).collect::<ferrograd_core::Result<Vec<_>>>()?;
+        sync()?;
+        let el = t0.elapsed();
+        drop(v);
+        Ok(el)
+    })?;
+    let m = t.median().as_secs_f64();
+    rows.push(
+        Row::new(format!("{label}: separate copies"), m * 1e6, "µs", false).with("median_s", m).with("reps", t.reps()),
+    );
+    let t = measure_self_timed(SMALL_PLAN, || {
+        let t0 = Instant::now();
+        let v = Tensor::to_device_many(&smalls, device)?;
+        sync()?;
+        let el = t0.elapsed();
+        drop(v);
+        Ok(el)
+    })?;
+    let m = t.median().as_secs_f64();
+    rows.push(
+        Row::new(format!("{label}: one coalesced copy"), m * 1e6, "µs", false)
+            .with("median_s", m)
+            .with("reps", t.reps()),
+    );
+
+    print_rows(out, &rows, None)?;
+    let mut report = Report::new(
+        "transfer",
+        device,
+        env,
+        "host clock around the copy plus Device::synchronize(); median of repetitions after warm-up",
+    );
+    report.rows = rows;
+    report.notes.push(
+        "d2h pinned: not measured; ferrograd has no API to copy a CUDA tensor into pinned host memory \
+         (to_device(Cpu) always returns a new pageable buffer)"
+            .into(),
+    );
+    report.notes.push(format!("seed {}; f32 uniform in [-1, 1); every path checked bit-exact once", cfg.seed));
+    finish_json(json, &report, out)
+}
+
+fn same(what: &str, got: &[f32], want: &[f32]) -> CliResult<()> {
+    let bad = got.len() != want.len() || got.iter().zip(want).any(|(a, b)| a.to_bits() != b.to_bits());
+    if bad {
+        return Err(
+            format!("{what}: the data that arrived differs from what was sent; not timing a broken copy").into()
+        );
+    }
+    Ok(())
+}
