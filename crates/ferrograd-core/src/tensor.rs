@@ -334,6 +334,18 @@ impl Tensor {
         s.copy_strided_into(src.layout(), &mut self.storage_mut(), self.layout().offset())
     }
 
+    /// The device address of the first element of a contiguous CUDA tensor, for a model's own
+    /// kernels (`CudaDevice::launch_raw`). The address is valid while this tensor lives.
+    pub fn cuda_ptr(&self) -> Result<u64> {
+        if !self.is_contiguous() {
+            return Err(shape_err!("cuda_ptr", "tensor of shape {:?} is not contiguous", self.dims()));
+        }
+        match &*self.storage() {
+            Storage::Cuda(c) => Ok(c.buf.ptr_at(self.layout().offset())),
+            Storage::Cpu(_) => Err(Error::DeviceMismatch { op: "cuda_ptr", lhs: Device::Cuda(0), rhs: Device::Cpu }),
+        }
+    }
+
     // ---- reading values -----------------------------------------------------------------------
 
     /// The viewed elements on the host (the one place a CUDA tensor synchronises).

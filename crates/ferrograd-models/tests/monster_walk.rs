@@ -94,6 +94,23 @@ fn cpu_and_cuda_losses_agree_after_20_steps() -> Result<()> {
 }
 
 #[test]
+fn fused_step_matches_the_autograd_path_on_cuda() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let run_kind = |fused| -> Result<Report> {
+        let cfg = TrainConfig { fused, seed: 5, ..small(dev, 3, 7) };
+        Ok(run(&cfg, |_| {})?.0)
+    };
+    let (f, a) = (run_kind(true)?, run_kind(false)?);
+    assert_eq!((f.step_kind.as_str(), a.step_kind.as_str()), ("fused", "autograd"));
+    assert_eq!(f.steps, 21);
+    assert!((f.first_loss - a.first_loss).abs() / a.first_loss < 1e-5, "{} vs {}", f.first_loss, a.first_loss);
+    let rel = (f.final_loss - a.final_loss).abs() / a.final_loss;
+    println!("fused {} autograd {} rel {rel:e}", f.final_loss, a.final_loss);
+    assert!(rel < 1e-4, "fused {} vs autograd {}", f.final_loss, a.final_loss);
+    Ok(())
+}
+
+#[test]
 fn memory_fits_12gb() -> Result<()> {
     let budget = 12_000_000_000usize;
     let Some(dev) = gpu() else {

@@ -217,6 +217,51 @@ impl CudaDevice {
         Ok(f)
     }
 
+    /// Launch `name` from an embedded `module` (a model's own fused kernels) on the compute stream.
+    ///
+    /// # Safety
+    /// `args` must point to values whose types and count match the kernel's parameters, and every
+    /// device pointer among them must address live memory of the sizes the kernel touches.
+    pub unsafe fn launch_raw(
+        &self,
+        module: &Module,
+        name: &str,
+        grid: u32,
+        block: u32,
+        shared_mem_bytes: u32,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        let f = self.func(module, name)?;
+        if shared_mem_bytes > 48 * 1024 {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_mem_bytes as i32,
+            )
+            .map_err(|e| driver_err(&format!("cuFuncSetAttribute({name})"), e))?;
+        }
+        self.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+        // SAFETY: the caller vouches for the arguments (see above).
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                (grid, 1, 1),
+                (block, 1, 1),
+                shared_mem_bytes,
+                self.stream.cu_stream(),
+                args,
+            )
+        }
+        .map_err(|e| driver_err(&format!("launch {name}"), e))
+    }
+
+    /// Shared memory one block may use once it opts in (227 KiB on Hopper, 163 KiB on A100).
+    pub fn max_shared_memory_per_block(&self) -> Result<usize> {
+        self.ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map(|v| v.max(0) as usize)
+            .map_err(|e| driver_err("cuDeviceGetAttribute", e))
+    }
+
     /// Compile (or fetch from the disk cache) and load `module` into this context, once.
     pub fn load_module(&self, module: &Module) -> Result<Arc<CudaModule>> {
         if let Some(m) = lock(&self.modules).get(module.name) {

@@ -5,9 +5,11 @@
 //! - `data`: the four resident representations of a copy, built on the target device.
 //! - `plan`: how many copies fit, measured from the allocator.
 //! - `model`: the 71-47-23-11-5-11-23-47-71 autoencoder and its PyTorch-named weights.
+//! - `fused`: the CUDA training step in two kernel launches.
 //! - `train`: the training run and its report.
 
 pub mod data;
+pub mod fused;
 pub mod model;
 pub mod plan;
 pub mod train;

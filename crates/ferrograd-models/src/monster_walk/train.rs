@@ -22,6 +22,9 @@ pub struct TrainConfig {
     pub device: Device,
     pub init: Option<PathBuf>,
     pub save: Option<PathBuf>,
+    /// On CUDA, train with the fused two-kernel step (the default) instead of the generic
+    /// autograd path (kept for comparison and as the reference).
+    pub fused: bool,
 }
 
 impl TrainConfig {
@@ -36,6 +39,7 @@ impl TrainConfig {
             device,
             init: None,
             save: None,
+            fused: true,
         }
     }
 }
@@ -74,6 +78,8 @@ pub struct Report {
     pub lr: f64,
     pub parameters: usize,
     pub data_build_time_s: f64,
+    /// "fused" (two kernels a step) or "autograd" (the generic op-by-op path).
+    pub step_kind: String,
 }
 
 fn memory_used(device: Device) -> Option<usize> {
@@ -138,37 +144,31 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
         .into_iter()
         .flatten()
         .collect();
-    let params = model.parameters();
-    let m: Vec<Tensor> = params.iter().map(|p| p.zeros_like()).collect::<Result<_>>()?;
-    let v: Vec<Tensor> = params.iter().map(|p| p.zeros_like()).collect::<Result<_>>()?;
     let adam = AdamConfig { lr: cfg.lr, ..AdamConfig::default() };
+    let fused = cfg.fused && cfg.device.is_cuda();
+    let mut stepper: Box<dyn Stepper> = if fused {
+        Box::new(super::fused::FusedTrainer::new(&model, cfg.device, cfg.batch.min(SAMPLES), adam)?)
+    } else {
+        Box::new(Autograd::new(&model, adam)?)
+    };
 
     let start = Instant::now();
     let mut step = 0u64;
     let mut first_loss = f64::NAN;
-    let mut last = None;
     for epoch in 0..cfg.epochs {
         for x in &batches {
-            let loss = model.loss(x)?;
-            let grads = loss.backward()?;
-            let g: Vec<Tensor> = params
-                .iter()
-                .map(|p| grads.get(p).cloned().ok_or_else(|| Error::Backward("a weight got no gradient".into())))
-                .collect::<Result<_>>()?;
+            stepper.step(x)?;
             step += 1;
-            adam_step(&params, &g, &m, &v, &adam, step)?;
             if step == 1 {
-                first_loss = loss.item_f64()?;
+                first_loss = stepper.loss()?.item_f64()?;
             }
-            last = Some(loss.detach());
         }
         // One host read per epoch: the GPU keeps a full epoch of work queued between reads.
-        let loss = last.as_ref().map(|l| l.item_f64()).transpose()?.unwrap_or(f64::NAN);
-        let done = (epoch + 1) * batches.len();
+        let loss = stepper.loss()?.item_f64()?;
         on_epoch(&EpochStats {
             epoch: epoch + 1,
             epochs: cfg.epochs,
-            steps: done,
+            steps: (epoch + 1) * batches.len(),
             loss,
             samples_per_s: ((epoch + 1) * copies.len() * SAMPLES) as f64 / start.elapsed().as_secs_f64().max(1e-9),
             device_memory_used: memory_used(cfg.device),
@@ -176,7 +176,8 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
     }
     cfg.device.synchronize()?;
     let training_time_s = start.elapsed().as_secs_f64();
-    let final_loss = last.map(|l| l.item_f64()).transpose()?.unwrap_or(f64::NAN);
+    let final_loss = stepper.loss()?.item_f64()?;
+    stepper.finish(&model)?;
     if let Some(p) = &cfg.save {
         model.save(p)?;
     }
@@ -202,8 +203,71 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
         lr: cfg.lr,
         parameters: model.parameter_count(),
         data_build_time_s,
+        step_kind: if fused { "fused" } else { "autograd" }.into(),
     };
     Ok((report, mp))
+}
+
+/// One optimizer step over a batch, and the loss it saw.
+trait Stepper {
+    fn step(&mut self, x: &Tensor) -> Result<()>;
+    fn loss(&self) -> Result<Tensor>;
+    /// Leave the trained weights in the model's tensors.
+    fn finish(&self, model: &Autoencoder) -> Result<()>;
+}
+
+impl Stepper for super::fused::FusedTrainer {
+    fn step(&mut self, x: &Tensor) -> Result<()> {
+        super::fused::FusedTrainer::step(self, x)
+    }
+    fn loss(&self) -> Result<Tensor> {
+        Ok(super::fused::FusedTrainer::loss(self).clone())
+    }
+    fn finish(&self, model: &Autoencoder) -> Result<()> {
+        self.write_back(model)
+    }
+}
+
+/// The generic path: autograd over the model's ops, then the fused multi-tensor Adam.
+struct Autograd {
+    model: Autoencoder,
+    params: Vec<Tensor>,
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+    adam: AdamConfig,
+    step: u64,
+    last: Option<Tensor>,
+}
+
+impl Autograd {
+    fn new(model: &Autoencoder, adam: AdamConfig) -> Result<Autograd> {
+        let params = model.parameters();
+        let m = params.iter().map(|p| p.zeros_like()).collect::<Result<_>>()?;
+        let v = params.iter().map(|p| p.zeros_like()).collect::<Result<_>>()?;
+        Ok(Autograd { model: model.clone(), params, m, v, adam, step: 0, last: None })
+    }
+}
+
+impl Stepper for Autograd {
+    fn step(&mut self, x: &Tensor) -> Result<()> {
+        let loss = self.model.loss(x)?;
+        let grads = loss.backward()?;
+        let g: Vec<Tensor> = self
+            .params
+            .iter()
+            .map(|p| grads.get(p).cloned().ok_or_else(|| Error::Backward("a weight got no gradient".into())))
+            .collect::<Result<_>>()?;
+        self.step += 1;
+        adam_step(&self.params, &g, &self.m, &self.v, &self.adam, self.step)?;
+        self.last = Some(loss.detach());
+        Ok(())
+    }
+    fn loss(&self) -> Result<Tensor> {
+        self.last.clone().ok_or_else(|| Error::InvalidArgument("no step taken yet".into()))
+    }
+    fn finish(&self, _model: &Autoencoder) -> Result<()> {
+        Ok(())
+    }
 }
 
 pub fn describe(d: Device) -> String {
