@@ -79,8 +79,9 @@ impl Tensor {
         } else {
             CudaStorage::uninit(dev, end - start, self.dtype())?
         };
-        let pin = self.0.pinned.clone();
-        let keep: Box<dyn Send + Sync> = Box::new((self.0.storage.clone(), pin));
+        // The pin comes first: a tuple drops in order, and the pages must be unregistered before
+        // the buffer they cover is freed (or malloc's next buffer there cannot be pinned).
+        let keep: Box<dyn Send + Sync> = Box::new((self.0.pinned.clone(), self.0.storage.clone()));
         // SAFETY: `bytes` lies inside this tensor's registered (page-locked) range and `keep` owns it.
         let done = unsafe {
             crate::cuda::transfer::htod_pinned(dev, bytes.as_ptr(), bytes.len(), &dst.buf, keep, !own_stream)?
