@@ -98,7 +98,8 @@ pub(crate) fn op_inputs(op: &Op) -> Vec<&Tensor> {
         | Op::IndexSelect(x, _, _)
         | Op::Gather(x, _, _)
         | Op::Softmax(x)
-        | Op::LogSoftmax(x) => vec![x],
+        | Op::LogSoftmax(x)
+        | Op::CrossEntropy { logits: x, .. } => vec![x],
         Op::Binary(a, b, _) | Op::Matmul(a, b) => vec![a, b],
         Op::WhereCond(_, t, f) => vec![t, f],
         Op::Cat(xs, _) => xs.iter().collect(),
@@ -333,6 +334,20 @@ fn input_grads(node: &Tensor, op: &Op, g: &Tensor) -> Result<Vec<(Tensor, Tensor
             // dx = g - softmax(x) * sum(g)
             let s = g.sum(-1, true)?;
             vec![(x.clone(), g.sub(&node.exp()?.mul(&s)?)?)]
+        }
+        Op::CrossEntropy { logits, targets, lse, count } => {
+            // dlogits = g / count * (softmax(x) - onehot(target)) on kept rows, 0 on ignored ones.
+            let scale = g.to_dtype(count.dtype())?.div(count)?;
+            let dx = logits.storage().cross_entropy_bwd(
+                logits.layout(),
+                &targets.storage(),
+                targets.layout(),
+                &lse.storage(),
+                lse.layout(),
+                &scale.storage(),
+                scale.layout(),
+            )?;
+            vec![(logits.clone(), Tensor::from_storage(dx, logits.shape().clone(), None))]
         }
         Op::LayerNorm { x, weight, bias, mean, rstd } => {
             use crate::backend::BackendStorage;

@@ -111,17 +111,24 @@ impl Tensor {
         if targets.dtype().is_float() {
             return Err(Error::UnsupportedDType { op: "cross_entropy targets", dtype: targets.dtype() });
         }
-        let t = targets.to_dtype(DType::I32)?;
-        let keep = match ignore_index {
-            Some(ix) => t.ne(&t.scalar_like(ix as f64)?)?,
-            None => Tensor::ones(t.shape().clone(), DType::U8, t.device())?,
-        };
-        let safe_t = keep.where_cond(&t, &t.scalar_like(0.0)?)?;
-        let picked =
-            self.log_softmax(1)?.gather(1, &safe_t.unsqueeze(1)?).map_err(|e| renamed(e, "cross_entropy target"))?;
-        let picked = picked.squeeze(1)?;
-        let keep = keep.to_dtype(self.dtype())?;
-        picked.mul(&keep)?.sum_all()?.neg()?.div(&keep.sum_all()?)
+        if !self.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op: "cross_entropy", dtype: self.dtype() });
+        }
+        if targets.device() != self.device() {
+            return Err(Error::DeviceMismatch { op: "cross_entropy", lhs: self.device(), rhs: targets.device() });
+        }
+        let (n, c) = (self.dims()[0], self.dims()[1]);
+        // Checked and encoded once (u32 ids, u32::MAX for an ignored row); the backward reuses them.
+        let tids = targets.storage().cross_entropy_targets(targets.layout(), c, ignore_index)?;
+        let tids = Tensor::from_storage(tids, n, None);
+        // One fused pass: per-row loss, log-sum-exp and kept flag, in the accumulation dtype.
+        let (loss_rows, lse, kept) = self.storage().cross_entropy_fwd(self.layout(), &tids.storage(), tids.layout())?;
+        let (loss_rows, lse) = (Tensor::from_storage(loss_rows, n, None), Tensor::from_storage(lse, n, None));
+        let count = Tensor::from_storage(kept, n, None).sum_all()?;
+        // Mean over kept rows; no kept row gives 0 / 0 = NaN, as PyTorch does.
+        let mean = loss_rows.sum_all()?.div(&count)?.to_dtype(self.dtype())?;
+        let rec = track(&[self]).then(|| Op::CrossEntropy { logits: self.clone(), targets: tids, lse, count });
+        Ok(mean.view(mean.layout().clone(), rec))
     }
 
     /// Inverted dropout: zero each element with probability `p`, scale the rest by `1/(1-p)`.

@@ -253,4 +253,13 @@ pub enum Op {
         mean: Tensor,
         rstd: Tensor,
     },
+    /// Fused cross entropy (mean over kept rows). `targets` are the encoded class ids (u32 `[N]`,
+    /// `u32::MAX` for an ignored row; they get no gradient), `lse` the saved per-row log-sum-exp and
+    /// `count` the number of kept rows (a scalar), both in the accumulation dtype.
+    CrossEntropy {
+        logits: Tensor,
+        targets: Tensor,
+        lse: Tensor,
+        count: Tensor,
+    },
 }

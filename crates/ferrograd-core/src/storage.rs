@@ -250,3 +250,71 @@ impl BackendStorage for Storage {
         )
     }
 }
+
+/// Fused cross entropy (`src/cpu/cross_entropy.rs`, `src/cuda/cross_entropy.rs`): inherent methods,
+/// not `BackendStorage` ones. Targets are encoded once by `cross_entropy_targets` (u32 class ids,
+/// `u32::MAX` for an ignored row) and passed to the forward and the backward in that form.
+impl Storage {
+    /// Integer targets checked against `classes` and encoded (CUDA reads them back to check them).
+    pub(crate) fn cross_entropy_targets(
+        &self,
+        l: &Layout,
+        classes: usize,
+        ignore_index: Option<i64>,
+    ) -> Result<Storage> {
+        match self {
+            Storage::Cpu(s) => {
+                if s.dtype().is_float() {
+                    return Err(Error::UnsupportedDType { op: "cross_entropy targets", dtype: s.dtype() });
+                }
+                let ids = crate::cpu::cross_entropy::encode_targets(&s.to_f64_vec(l), classes, ignore_index)?;
+                Ok(Storage::Cpu(CpuStorage::U32(ids)))
+            }
+            Storage::Cuda(s) => Ok(Storage::Cuda(s.cross_entropy_targets(l, classes, ignore_index)?)),
+        }
+    }
+
+    /// Forward over `[N, C]` logits: `(loss_rows, lse, kept)`, each `[N]` in the accumulation dtype.
+    pub(crate) fn cross_entropy_fwd(
+        &self,
+        l: &Layout,
+        t: &Storage,
+        tl: &Layout,
+    ) -> Result<(Storage, Storage, Storage)> {
+        match (self, t) {
+            (Storage::Cpu(x), Storage::Cpu(t)) => {
+                let (a, b, c) = crate::cpu::cross_entropy::cross_entropy_fwd(x, l, t, tl)?;
+                Ok((Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(c)))
+            }
+            (Storage::Cuda(x), Storage::Cuda(t)) => {
+                let (a, b, c) = x.cross_entropy_fwd(l, t, tl)?;
+                Ok((Storage::Cuda(a), Storage::Cuda(b), Storage::Cuda(c)))
+            }
+            _ => Err(mismatch("cross_entropy", &[self, t])),
+        }
+    }
+
+    /// Backward: the logits' gradient, contiguous `[N, C]` in their dtype; `scale` is one element
+    /// (upstream gradient / kept count) in the accumulation dtype.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn cross_entropy_bwd(
+        &self,
+        l: &Layout,
+        t: &Storage,
+        tl: &Layout,
+        lse: &Storage,
+        lsel: &Layout,
+        scale: &Storage,
+        scalel: &Layout,
+    ) -> Result<Storage> {
+        match (self, t, lse, scale) {
+            (Storage::Cpu(x), Storage::Cpu(t), Storage::Cpu(m), Storage::Cpu(s)) => {
+                Ok(Storage::Cpu(crate::cpu::cross_entropy::cross_entropy_bwd(x, l, t, tl, m, lsel, s, scalel)?))
+            }
+            (Storage::Cuda(x), Storage::Cuda(t), Storage::Cuda(m), Storage::Cuda(s)) => {
+                Ok(Storage::Cuda(x.cross_entropy_bwd(l, t, tl, m, lsel, s, scalel)?))
+            }
+            _ => Err(mismatch("cross_entropy_backward", &[self, t, lse, scale])),
+        }
+    }
+}

@@ -333,6 +333,81 @@ fn indexing_and_structure() -> Result<()> {
     Ok(())
 }
 
+/// The gradient of `f(x)` with respect to `x` (a fresh leaf per call).
+fn grad_of(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    let v = x.requires_grad();
+    let g = f(&v)?.backward()?;
+    g.get(&v).cloned().ok_or_else(|| Error::Backward("missing grad".into()))
+}
+
+#[test]
+fn cross_entropy_fused() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let mut rng = Rng::new(11);
+    // Warp-per-row (cols <= 1024) and block-per-row shapes, ragged and aligned columns.
+    for &(n, c) in &[(7usize, 5usize), (33, 40), (5, 1024), (9, 1500), (3, 5000)] {
+        let raw: Vec<i32> = (0..n as i32).map(|i| if i % 4 == 2 { -100 } else { (i * 7 + 3) % c as i32 }).collect();
+        let ti = Tensor::from_vec(raw.clone(), n, Device::Cpu)?;
+        let tu = Tensor::from_vec(
+            raw.iter().map(|&v| v.rem_euclid(c as i32) as u8 as u32).collect::<Vec<_>>(),
+            n,
+            Device::Cpu,
+        )?;
+        let tb = Tensor::from_vec(
+            raw.iter().map(|&v| v.rem_euclid(c.min(200) as i32) as u8).collect::<Vec<_>>(),
+            n,
+            Device::Cpu,
+        )?;
+        for d in FLOATS {
+            let x = randn(&mut rng, &[n, c], d).mul_scalar(2.0)?;
+            let xt = randn(&mut rng, &[c, n], d).mul_scalar(2.0)?;
+            let what = |s: &str| format!("cross_entropy {s} [{n}, {c}]");
+            check(&what("i32 ignore"), dev, &[x.clone(), ti.clone()], 2.0, |t| t[0].cross_entropy(&t[1], Some(-100)));
+            check(&what("u32"), dev, &[x.clone(), tu.clone()], 2.0, |t| t[0].cross_entropy(&t[1], None));
+            check(&what("u8 ignore a class"), dev, &[x.clone(), tb.clone()], 2.0, |t| {
+                t[0].cross_entropy(&t[1], Some(1))
+            });
+            check(&what("transposed"), dev, &[xt.clone(), ti.clone()], 2.0, |t| {
+                t[0].t()?.cross_entropy(&t[1], Some(-100))
+            });
+            check(&what("backward ignore"), dev, &[x.clone(), ti.clone()], 4.0, |t| {
+                grad_of(&t[0], |v| v.cross_entropy(&t[1], Some(-100))?.mul_scalar(3.0))
+            });
+            check(&what("backward transposed"), dev, &[xt.clone(), tu.clone()], 4.0, |t| {
+                grad_of(&t[0], |v| v.t()?.cross_entropy(&t[1], None))
+            });
+        }
+    }
+    // An ignored row of all -inf: no NaN; every row ignored: NaN loss, zero gradient.
+    let ninf = f32::NEG_INFINITY;
+    for d in FLOATS {
+        let x = Tensor::from_vec(vec![1.0f32, 2.0, 0.5, ninf, ninf, ninf], (2, 3), Device::Cpu)?.to_dtype(d)?;
+        let t = Tensor::from_vec(vec![1i32, -100], 2, Device::Cpu)?;
+        check("cross_entropy -inf ignored row", dev, &[x.clone(), t.clone()], 1.0, |t| {
+            t[0].cross_entropy(&t[1], Some(-100))
+        });
+        check("cross_entropy -inf ignored row backward", dev, &[x.clone(), t.clone()], 1.0, |t| {
+            grad_of(&t[0], |v| v.cross_entropy(&t[1], Some(-100)))
+        });
+        let all = Tensor::from_vec(vec![-100i32, -100], 2, Device::Cpu)?;
+        check("cross_entropy all ignored", dev, &[x.clone(), all.clone()], 1.0, |t| {
+            t[0].cross_entropy(&t[1], Some(-100))
+        });
+        check("cross_entropy all ignored backward", dev, &[x.clone(), all], 1.0, |t| {
+            grad_of(&t[0], |v| v.cross_entropy(&t[1], Some(-100)))
+        });
+    }
+    // Out-of-range targets are typed errors on the device too.
+    let x = on(&Tensor::zeros((2, 4), DType::F32, Device::Cpu)?, dev);
+    let bad = on(&Tensor::from_vec(vec![1u32, 7], 2, Device::Cpu)?, dev);
+    assert!(matches!(x.cross_entropy(&bad, None), Err(Error::IndexOutOfRange { index: 7, size: 4, .. })));
+    let neg = on(&Tensor::from_vec(vec![-5i32, 1], 2, Device::Cpu)?, dev);
+    assert!(matches!(x.cross_entropy(&neg, Some(-100)), Err(Error::IndexOutOfRange { index: -5, size: 4, .. })));
+    let cpu_t = Tensor::from_vec(vec![1u32, 2], 2, Device::Cpu)?;
+    assert!(matches!(x.cross_entropy(&cpu_t, None), Err(Error::DeviceMismatch { .. })));
+    Ok(())
+}
+
 #[test]
 fn backward_matches_cpu() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };

@@ -596,7 +596,102 @@ fn losses() {
     let tu = Tensor::from_vec(vec![2u8, 2, 1, 0, 2], 5, CPU).unwrap();
     gradcheck("cross_entropy ignore a real class", |v| v[0].cross_entropy(&tu, Some(2)), std::slice::from_ref(&logits));
     let lt = randn(&mut rng, (4, 5)).t().unwrap();
-    gradcheck("cross_entropy of transposed logits", |v| v[0].cross_entropy(&t, None), &[lt]);
+    gradcheck("cross_entropy of transposed logits", |v| v[0].cross_entropy(&t, None), std::slice::from_ref(&lt));
+    gradcheck("cross_entropy transposed, ignore_index", |v| v[0].cross_entropy(&ti, Some(-100)), &[lt]);
+    let ln = randn(&mut rng, (5, 7)).narrow(1, 2, 4).unwrap(); // [5, 4], strided rows
+    gradcheck("cross_entropy narrowed, ignore a real class", |v| v[0].cross_entropy(&tu, Some(2)), &[ln]);
+    // Inside a larger expression, the logits used twice.
+    gradcheck(
+        "cross_entropy in an expression",
+        |v| v[0].tanh()?.mul_scalar(3.0)?.cross_entropy(&t, Some(1))?.mul(&v[0].sqr()?.mean_all()?),
+        std::slice::from_ref(&logits),
+    );
+}
+
+/// The definition the fused op replaced: log_softmax, gather, mask, mean over kept rows.
+fn composed_cross_entropy(x: &Tensor, t: &Tensor, ignore_index: Option<i64>) -> Result<Tensor> {
+    let t = t.to_dtype(DType::I32)?;
+    let keep = match ignore_index {
+        Some(ix) => t.ne(&t.scalar_like(ix as f64)?)?,
+        None => Tensor::ones(t.shape().clone(), DType::U8, t.device())?,
+    };
+    let safe_t = keep.where_cond(&t, &t.scalar_like(0.0)?)?;
+    let picked = x.log_softmax(1)?.gather(1, &safe_t.unsqueeze(1)?)?.squeeze(1)?;
+    let keep = keep.to_dtype(x.dtype())?;
+    picked.mul(&keep)?.sum_all()?.neg()?.div(&keep.sum_all()?)
+}
+
+#[test]
+fn fused_cross_entropy_equals_the_composed_definition() -> Result<()> {
+    let mut rng = Rng::new(21);
+    let close = |what: &str, a: &[f64], b: &[f64]| {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-12 * (1.0 + x.abs()), "{what} [{i}]: fused {x} vs composed {y}");
+        }
+    };
+    let raw: Vec<i64> = vec![0, 6, -100, 3, 3, 1, -100, 5, 2, 0, 4];
+    let cases: Vec<(&str, Tensor, Option<i64>)> = vec![
+        ("i32", Tensor::from_vec(raw.iter().map(|&v| v as i32).collect::<Vec<_>>(), 11, CPU)?, Some(-100)),
+        ("i8", Tensor::from_vec(raw.iter().map(|&v| v as i8).collect::<Vec<_>>(), 11, CPU)?, Some(-100)),
+        ("u32", ids(raw.iter().map(|&v| v.rem_euclid(7) as u32).collect(), 11), None),
+        (
+            "u8 ignore 3",
+            Tensor::from_vec(raw.iter().map(|&v| v.rem_euclid(7) as u8).collect::<Vec<_>>(), 11, CPU)?,
+            Some(3),
+        ),
+    ];
+    let contiguous = randn(&mut rng, (11, 7)).mul_scalar(3.0)?;
+    let transposed = randn(&mut rng, (7, 11)).mul_scalar(3.0)?.t()?;
+    let narrowed = randn(&mut rng, (11, 10)).mul_scalar(3.0)?.narrow(1, 2, 7)?;
+    for (layout, x) in [("contiguous", contiguous), ("transposed", transposed), ("narrowed", narrowed)] {
+        for (name, t, ig) in &cases {
+            let what = format!("{layout} {name}");
+            let xv = x.requires_grad();
+            let fused = xv.cross_entropy(t, *ig)?;
+            let gf = fused.backward()?.get(&xv).cloned().expect("fused grad");
+            let xc = x.requires_grad();
+            let comp = composed_cross_entropy(&xc, t, *ig)?;
+            let gc = comp.backward()?.get(&xc).cloned().expect("composed grad");
+            assert_eq!(fused.dims(), comp.dims(), "{what}: loss shape");
+            assert_eq!(fused.dtype(), DType::F64, "{what}: loss dtype");
+            close(&format!("{what} loss"), &fused.to_f64_vec()?, &comp.to_f64_vec()?);
+            close(&format!("{what} grad"), &gf.to_f64_vec()?, &gc.to_f64_vec()?);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn cross_entropy_edge_rows() -> Result<()> {
+    // An ignored row of all -inf adds nothing and no NaN, to the loss or the gradient.
+    let ninf = f64::NEG_INFINITY;
+    let x = Tensor::from_vec(vec![1.0, 2.0, 0.5, ninf, ninf, ninf], (2, 3), CPU)?.requires_grad();
+    let t = Tensor::from_vec(vec![1i32, -100], 2, CPU)?;
+    let l = x.cross_entropy(&t, Some(-100))?;
+    let lse = [1.0f64, 2.0, 0.5].iter().map(|v| v.exp()).sum::<f64>().ln();
+    assert!((l.item::<f64>()? - (lse - 2.0)).abs() < 1e-12);
+    let g = l.backward()?.get(&x).cloned().expect("grad").to_f64_vec()?;
+    assert!(g.iter().all(|v| v.is_finite()), "{g:?}");
+    assert_eq!(&g[3..], &[0.0, 0.0, 0.0]);
+    // Every row ignored: 0 / 0, NaN as in PyTorch; the gradient is zero.
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], (2, 2), CPU)?.requires_grad();
+    let t = Tensor::from_vec(vec![-1i32, -1], 2, CPU)?;
+    let l = x.cross_entropy(&t, Some(-1))?;
+    assert_eq!(l.dtype(), DType::F32);
+    assert!(l.item::<f32>()?.is_nan());
+    let g = l.backward()?.get(&x).cloned().expect("grad").to_f64_vec()?;
+    assert_eq!(g, vec![0.0; 4]);
+    // Half-precision logits give a loss of their dtype, computed in f32.
+    let x = Tensor::from_vec(vec![1.0f64, 2.0, 0.5, -1.0, 0.0, 3.0], (2, 3), CPU)?;
+    let t = ids(vec![1, 2], 2);
+    let want = x.cross_entropy(&t, None)?.item::<f64>()?;
+    for d in [DType::F16, DType::BF16] {
+        let l = x.to_dtype(d)?.cross_entropy(&t, None)?;
+        assert_eq!(l.dtype(), d);
+        assert!((l.item_f64()? - want).abs() < 2e-2, "{d}: {} vs {want}", l.item_f64()?);
+    }
+    Ok(())
 }
 
 #[test]

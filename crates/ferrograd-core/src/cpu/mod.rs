@@ -1,5 +1,6 @@
 //! The CPU backend: one `Vec` per dtype, rayon for parallel loops, the `gemm` crate for matmul.
 
+pub(crate) mod cross_entropy;
 mod index;
 mod matmul;
 mod norm;

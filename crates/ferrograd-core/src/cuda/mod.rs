@@ -4,6 +4,7 @@
 
 pub mod alloc;
 mod buffer;
+mod cross_entropy;
 pub mod device;
 mod driver;
 pub mod event;

@@ -287,10 +287,18 @@ impl BackendStorage for CudaStorage {
         let (x, _keep) = self.contiguous_ptr(l)?;
         let out = CudaStorage::uninit(self.dev(), n, self.dtype())?;
         if rows > 0 {
-            let smem = cols * acc_dtype(self.dtype()).size_in_bytes();
-            let smem = if smem <= MAX_ROW_SMEM { smem as u32 } else { 0 };
-            launch!(self.dev(), modules::SOFTMAX, format!("softmax_{}", self.dtype()), cfg_rows(rows, cols, smem);
-                x, out.buf.ptr(), rows as u64, cols as u64, log as i32);
+            let (es, acc) = (self.dtype().size_in_bytes(), acc_dtype(self.dtype()).size_in_bytes());
+            let aligned = x % 16 == 0 && out.buf.ptr() % 16 == 0;
+            // The row in registers, moved 16 bytes at a time, where it fits; else one block per row.
+            let (name, cfg) = match super::storage::cfg_norm_rows(rows, cols, es, acc, aligned) {
+                Some(cfg) => (format!("softmax_rows_{}", self.dtype()), cfg),
+                None => {
+                    let smem = cols * acc;
+                    let smem = if smem <= MAX_ROW_SMEM { smem as u32 } else { 0 };
+                    (format!("softmax_{}", self.dtype()), cfg_rows(rows, cols, smem))
+                }
+            };
+            launch!(self.dev(), modules::SOFTMAX, name, cfg; x, out.buf.ptr(), rows as u64, cols as u64, log as i32);
         }
         Ok(out)
     }
@@ -322,9 +330,18 @@ impl BackendStorage for CudaStorage {
         let mean = CudaStorage::uninit(self.dev(), rows, acc)?;
         let rstd = CudaStorage::uninit(self.dev(), rows, acc)?;
         if rows > 0 {
-            let smem = cols * acc.size_in_bytes();
-            let smem = if smem <= MAX_ROW_SMEM { smem as u32 } else { 0 };
-            launch!(self.dev(), modules::LAYERNORM, format!("layernorm_fwd_{}", self.dtype()), cfg_rows(rows, cols, smem);
+            let aligned = [x, y.buf.ptr(), w, b].iter().all(|p| p % 16 == 0); // w, b: 0 when absent
+            let (es, accs) = (self.dtype().size_in_bytes(), acc.size_in_bytes());
+            // The row in registers, moved 16 bytes at a time, where it fits; else one block per row.
+            let (name, cfg) = match super::storage::cfg_norm_rows(rows, cols, es, accs, aligned) {
+                Some(cfg) => (format!("layernorm_fwd_rows_{}", self.dtype()), cfg),
+                None => {
+                    let smem = cols * accs;
+                    let smem = if smem <= MAX_ROW_SMEM { smem as u32 } else { 0 };
+                    (format!("layernorm_fwd_{}", self.dtype()), cfg_rows(rows, cols, smem))
+                }
+            };
+            launch!(self.dev(), modules::LAYERNORM, name, cfg;
                 x, w, b, y.buf.ptr(), mean.buf.ptr(), rstd.buf.ptr(), rows as u64, cols as u64, eps,
                 weight.is_some() as i32, bias.is_some() as i32);
         }

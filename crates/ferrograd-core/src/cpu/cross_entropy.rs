@@ -1,0 +1,122 @@
+//! Fused cross entropy over the rows of `[N, C]` logits (the CPU twin of kernels/cross_entropy.cu).
+//! Each row is computed in f64; the per-row outputs are stored in ACC (f32 for f32 / f16 / bf16
+//! logits, f64 for f64), as the CUDA kernels store them.
+//!
+//! Targets are first encoded (`encode_targets`) as u32 class ids, with `IGNORED` marking the rows
+//! whose target is the ignore index; both backends take them in that form.
+
+use super::CpuStorage;
+use crate::backend::BackendStorage;
+use crate::{shape_err, DType, Error, Layout, Result};
+use rayon::prelude::*;
+
+/// The encoded target of a row that `ignore_index` removes from the loss.
+pub(crate) const IGNORED: u32 = u32::MAX;
+
+/// The dtype per-row results and the saved log-sum-exp are kept in.
+pub(crate) fn acc_dtype(x: DType) -> DType {
+    if x == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// Check integer targets (as f64, exact for every index dtype) against `c` classes and encode them:
+/// the ignore index becomes `IGNORED`, anything else outside `[0, c)` is `IndexOutOfRange`.
+pub(crate) fn encode_targets(t: &[f64], c: usize, ignore_index: Option<i64>) -> Result<Vec<u32>> {
+    t.iter()
+        .map(|&x| {
+            if ignore_index.is_some_and(|ix| x == ix as f64) {
+                Ok(IGNORED)
+            } else if x < 0.0 || x >= c as f64 || x >= IGNORED as f64 {
+                Err(Error::IndexOutOfRange { op: "cross_entropy target", index: x as i64, size: c })
+            } else {
+                Ok(x as u32)
+            }
+        })
+        .collect()
+}
+
+fn rows_of(l: &Layout, op: &'static str) -> Result<(usize, usize)> {
+    match l.dims() {
+        [n, c] => Ok((*n, *c)),
+        d => Err(shape_err!(op, "logits must be [N, C], got {d:?}")),
+    }
+}
+
+fn encoded(t: &CpuStorage, tl: &Layout, rows: usize, op: &'static str) -> Result<Vec<u32>> {
+    let v = t.as_slice::<u32>().map_err(|_| Error::UnsupportedDType { op, dtype: t.dtype() })?;
+    if tl.elem_count() != rows {
+        return Err(shape_err!(op, "{} encoded targets for {rows} rows", tl.elem_count()));
+    }
+    Ok(super::strided::map(v, tl, |x| x))
+}
+
+/// Forward: `(loss_rows, lse, kept)`, each `[N]` in ACC. `lse = max + ln(sum(exp(x - max)))` (an
+/// infinite or all -inf row subtracts 0 instead of its max, as softmax does, so an all -inf ignored
+/// row gives no NaN), `loss_row = ln(sum) - (x[t] - max)` (exactly how `-log_softmax(x)[t]` rounds)
+/// or 0 for an ignored row, `kept` 1 or 0.
+pub fn cross_entropy_fwd(
+    s: &CpuStorage,
+    l: &Layout,
+    t: &CpuStorage,
+    tl: &Layout,
+) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    let (rows, c) = rows_of(l, "cross_entropy")?;
+    let tids = encoded(t, tl, rows, "cross_entropy")?;
+    let x = s.to_f64_vec(l);
+    let mut out = vec![(0f64, 0f64, 0f64); rows];
+    out.par_iter_mut().enumerate().for_each(|(r, o)| {
+        let row = &x[r * c..(r + 1) * c];
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let max = if max.is_finite() { max } else { 0.0 };
+        let ln_sum = row.iter().map(|&v| (v - max).exp()).sum::<f64>().ln();
+        let lse = max + ln_sum;
+        *o = match tids[r] {
+            IGNORED => (0.0, lse, 0.0),
+            k => (ln_sum - (row[k as usize] - max), lse, 1.0),
+        };
+    });
+    let acc = acc_dtype(s.dtype());
+    Ok((
+        CpuStorage::from_f64_iter(out.iter().map(|o| o.0), acc),
+        CpuStorage::from_f64_iter(out.iter().map(|o| o.1), acc),
+        CpuStorage::from_f64_iter(out.iter().map(|o| o.2), acc),
+    ))
+}
+
+/// Backward: `dx[r][j] = scale * (exp(x[r][j] - lse[r]) - [j == t[r]])`, 0 on ignored rows, in the
+/// logits' dtype. `scale` is one element (the upstream gradient over the kept count).
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_bwd(
+    s: &CpuStorage,
+    l: &Layout,
+    t: &CpuStorage,
+    tl: &Layout,
+    lse: &CpuStorage,
+    lsel: &Layout,
+    scale: &CpuStorage,
+    scalel: &Layout,
+) -> Result<CpuStorage> {
+    let (rows, c) = rows_of(l, "cross_entropy_backward")?;
+    let tids = encoded(t, tl, rows, "cross_entropy_backward")?;
+    if lsel.elem_count() != rows || scalel.elem_count() != 1 {
+        return Err(shape_err!("cross_entropy_backward", "saved lse / scale do not match {rows} rows"));
+    }
+    let lse = lse.to_f64_vec(lsel);
+    let scale = scale.to_f64_vec(scalel)[0];
+    let mut dx = s.to_f64_vec(l);
+    if c > 0 {
+        dx.par_chunks_mut(c).enumerate().for_each(|(r, row)| match tids[r] {
+            IGNORED => row.iter_mut().for_each(|v| *v = 0.0),
+            k => {
+                for (j, v) in row.iter_mut().enumerate() {
+                    let p = (*v - lse[r]).exp();
+                    *v = scale * if j == k as usize { p - 1.0 } else { p };
+                }
+            }
+        });
+    }
+    Ok(CpuStorage::from_f64_iter(dx.into_iter(), s.dtype()))
+}
