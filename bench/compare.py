@@ -38,7 +38,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-BENCHES = ["matmul", "transfer", "alloc", "elementwise", "launch"]
+BENCHES = ["matmul", "transfer", "alloc", "elementwise", "launch", "optim"]
 STEP_TIMEOUT_S = 300
 
 # --quick: the same benches at sizes that finish in seconds (a smoke test, not for BENCHMARKS.md).
@@ -48,6 +48,7 @@ QUICK = {
     "alloc": [],
     "elementwise": ["--shapes", "2048x2048"],
     "launch": ["--ops", "2000"],
+    "optim": ["--tensors", "20"],
 }
 
 

@@ -28,8 +28,9 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     );
     if !cfg.precompile {
         writeln!(out, "kernel modules ({}), compiled by NVRTC on first use:", modules::ALL.len())?;
+        let w = modules::ALL.iter().map(|m| m.name.len()).max().unwrap_or(0);
         for m in modules::ALL {
-            writeln!(out, "  {:10} {:>7} bytes of CUDA C", m.name, m.src.len())?;
+            writeln!(out, "  {:w$} {:>7} bytes of CUDA C", m.name, m.src.len())?;
         }
         writeln!(out, "cache: {dir}")?;
         match k::nvrtc_info() {

@@ -3,20 +3,28 @@
 //! pipe (`ferrograd info | head -1`) ends the program quietly instead of panicking in `println!`.
 //!
 //! Errors: every failure reaches `main` as a [`CliError`] and is printed as one line,
-//! `error: ...`, with exit status 1. Bad flags are clap's own `error: ...` with status 2.
+//! `error: ...`, with exit status 1. Bad flags are clap's own `error: ...` with status 2. An
+//! out-of-memory error (a `ferrograd_core::Error::OutOfMemory` anywhere in the error's chain) is
+//! followed by the devices' memory figures and the next thing to try for the command that failed
+//! (`memory::oom_report`).
 
 mod bench;
+mod demo;
 mod info;
 mod kernels;
+mod memory;
 mod monster;
+mod plot;
 mod timing;
 
 use clap::{Args, Parser, Subcommand};
 use ferrograd_core::cuda::kernels::Arch;
 use ferrograd_core::{DType, Device};
+use std::io::IsTerminal;
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// The error every subcommand returns: a message meant for the user, printed as is.
 pub type CliError = Box<dyn std::error::Error + Send + Sync>;
@@ -33,6 +41,11 @@ struct Cli {
 enum Command {
     /// Version, the device ferrograd would use and why, CUDA devices and CPU threads.
     Info,
+    /// The first thing to run: finds CUDA (or says why not), moves memory, checks a 2x2 matmul and
+    /// times a 1024x1024 f32 matmul on the GPU against the CPU backend and a naive loop.
+    Demo(DemoArgs),
+    /// GPU memory per device: the driver's used/total and ferrograd's allocator statistics.
+    Memory(MemoryArgs),
     /// Micro-benchmarks; each prints a table and can write JSON (schema ferrograd-bench/1, shared
     /// with the PyTorch twins in bench/).
     #[command(subcommand)]
@@ -57,6 +70,61 @@ enum BenchCommand {
     Elementwise(ElementwiseArgs),
     /// Per-op host overhead: a chain of small adds.
     Launch(LaunchArgs),
+    /// One fused Adam step over 100 parameter tensors (twin: torch.optim.Adam(fused=True)).
+    Optim(OptimArgs),
+    /// How much of a batch copy the data loader's prefetch hides behind compute.
+    Overlap(OverlapArgs),
+}
+
+#[derive(Args, Debug)]
+struct OptimArgs {
+    /// CUDA device (or cpu).
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Parameter tensors in the step.
+    #[arg(long, default_value_t = 100)]
+    tensors: usize,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
+struct OverlapArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Bytes of the batch copied per step, MiB.
+    #[arg(long, default_value_t = 64)]
+    mib: usize,
+    /// Side of the four f32 matmuls of the synthetic step.
+    #[arg(long, default_value_t = 2048)]
+    matmul: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    /// Device to run on: cpu, cuda or cuda:N (default: the best one; FERROGRAD_DEVICE overrides).
+    #[arg(long)]
+    device: Option<Device>,
+    /// n of the timed n x n matmul.
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+    /// Seed of the Philox generator that fills the inputs.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+#[derive(Args, Debug)]
+struct MemoryArgs {
+    /// Refresh every second until interrupted (Ctrl-C).
+    #[arg(long)]
+    watch: bool,
+    /// Stop --watch after this many refreshes (for tests and scripts).
+    #[arg(long, hide = true, requires = "watch")]
+    iterations: Option<usize>,
 }
 
 /// Flags every bench shares.
@@ -65,6 +133,9 @@ struct Common {
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Also draw the results as a PNG figure in this file.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
     /// Seed of the Philox generator that fills the inputs.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -116,6 +187,9 @@ struct AllocArgs {
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Also draw the results as a PNG figure in this file.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -176,6 +250,16 @@ fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
     use bench::*;
     match cli.command {
         Command::Info => info::run(out),
+        Command::Demo(a) => demo::run(&demo::Config { device: a.device, size: a.size, seed: a.seed }, out),
+        Command::Memory(a) => memory::run(
+            &memory::Config {
+                watch: a.watch,
+                iterations: a.iterations,
+                interval: Duration::from_secs(1),
+                clear: io::stdout().is_terminal(),
+            },
+            out,
+        ),
         Command::MonsterWalk(a) => monster::run(a, out),
         Command::Bench(BenchCommand::Matmul(a)) => matmul::run(
             &matmul::Config {
@@ -183,6 +267,7 @@ fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
                 dtypes: a.dtype,
                 sizes: a.sizes,
                 json: a.common.json,
+                plot: a.common.plot,
                 seed: a.common.seed,
             },
             out,
@@ -194,15 +279,22 @@ fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
                 count: a.count,
                 kib: a.kib,
                 json: a.common.json,
+                plot: a.common.plot,
                 seed: a.common.seed,
             },
             out,
         ),
         Command::Bench(BenchCommand::Alloc(a)) => {
-            alloc::run(&alloc::Config { device: a.device, mib: a.mib, json: a.json }, out)
+            alloc::run(&alloc::Config { device: a.device, mib: a.mib, json: a.json, plot: a.plot }, out)
         }
         Command::Bench(BenchCommand::Elementwise(a)) => elementwise::run(
-            &elementwise::Config { device: a.device, shapes: a.shapes, json: a.common.json, seed: a.common.seed },
+            &elementwise::Config {
+                device: a.device,
+                shapes: a.shapes,
+                json: a.common.json,
+                plot: a.common.plot,
+                seed: a.common.seed,
+            },
             out,
         ),
         Command::Bench(BenchCommand::Launch(a)) => launch::run(
@@ -212,10 +304,24 @@ fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
                 elems: a.elems,
                 repeats: a.repeats,
                 json: a.common.json,
+                plot: a.common.plot,
                 seed: a.common.seed,
             },
             out,
         ),
+        Command::Bench(BenchCommand::Optim(a)) => optim::run(
+            &optim::Config {
+                device: a.device,
+                tensors: a.tensors,
+                json: a.common.json,
+                plot: a.common.plot,
+                seed: a.common.seed,
+            },
+            out,
+        ),
+        Command::Bench(BenchCommand::Overlap(a)) => {
+            overlap::run(&overlap::Config { device: a.device, mib: a.mib, matmul: a.matmul, json: a.json }, out)
+        }
         Command::Kernels(a) => {
             let ordinal = match a.device {
                 Device::Cuda(n) => n,
@@ -226,8 +332,27 @@ fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
     }
 }
 
+/// What to try after an out-of-memory error in this command: its own flags that need less memory.
+fn oom_hint(c: &Command) -> &'static str {
+    match c {
+        Command::MonsterWalk(_) => {
+            "try a smaller batch (--batch), fewer copies (--copies N), or plan for less memory (--budget 8GiB or \
+             --fill 0.5)"
+        }
+        Command::Demo(_) => "try a smaller matmul (--size 512)",
+        Command::Bench(BenchCommand::Matmul(_)) => "try smaller matrices (--sizes) or a smaller dtype (--dtype bf16)",
+        Command::Bench(BenchCommand::Elementwise(_)) => "try smaller tensors (--shapes 4096x4096)",
+        Command::Bench(BenchCommand::Transfer(_) | BenchCommand::Alloc(_)) => "try a smaller block (--mib 64)",
+        Command::Bench(BenchCommand::Launch(_)) => "try smaller tensors (--elems)",
+        Command::Bench(BenchCommand::Optim(_)) => "try fewer tensors (--tensors)",
+        Command::Bench(BenchCommand::Overlap(_)) => "try a smaller batch (--mib) or matmul (--matmul)",
+        _ => "free memory held by other processes (nvidia-smi lists them)",
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let hint = oom_hint(&cli.command);
     let stdout = io::stdout();
     let mut out = stdout.lock();
     let res = run(cli, &mut out).and_then(|()| out.flush().map_err(CliError::from));
@@ -237,6 +362,9 @@ fn main() -> ExitCode {
         Err(e) => {
             let _ = out.flush();
             eprintln!("error: {e}");
+            if let Some(report) = memory::oom_report(&*e, memory::status_after_error, hint) {
+                eprint!("{report}");
+            }
             ExitCode::FAILURE
         }
     }

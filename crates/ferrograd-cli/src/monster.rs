@@ -53,6 +53,9 @@ pub struct MonsterArgs {
     /// Write the JSON report here.
     #[arg(long)]
     pub report: Option<PathBuf>,
+    /// On CUDA, train through the generic autograd path instead of the fused two-kernel step.
+    #[arg(long)]
+    pub unfused: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -99,6 +102,7 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
     cfg.seed = a.seed;
     cfg.init = a.init;
     cfg.save = a.save;
+    cfg.fused = !a.unfused;
     if let Some(p) = &cfg.init {
         if !p.exists() {
             return Err(format!("--init {}: no such file", p.display()).into());
@@ -163,6 +167,7 @@ fn progress(epochs: usize) -> Option<ProgressBar> {
 fn table(r: &Report, out: &mut dyn Write) -> CliResult<()> {
     let rows = [
         ("device", r.device.clone()),
+        ("training step", r.step_kind.clone()),
         ("copies x epochs", format!("{} x {} = {} steps", r.copies, r.epochs, r.steps)),
         ("entries resident", format!("{}", r.total_entries)),
         ("training time", format!("{:.3} s", r.training_time_s)),

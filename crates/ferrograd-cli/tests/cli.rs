@@ -1,7 +1,8 @@
 //! Runs the `ferrograd` binary as a user would: exit status, what it prints, the JSON it writes.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The binary under test: cargo's build path, or (when the test binary was carried to a GPU
 /// machine by ../shared/gpu/bundle) the bundled copy in .gpu/bin, or $FERROGRAD_BIN.
@@ -41,14 +42,15 @@ fn info_prints_version_device_and_cuda_line() {
 
 #[test]
 fn bench_matmul_cpu_writes_positive_figures() {
-    let json = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("matmul-{}.json", std::process::id()));
+    let json = std::env::temp_dir().join(format!("matmul-{}.json", std::process::id()));
     let _ = std::fs::remove_file(&json);
     let o = ferrograd(&["bench", "matmul", "--device", "cpu", "--sizes", "64,128", "--json", json.to_str().unwrap()]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "status {:?}\nstdout:\n{out}\nstderr:\n{err}", o.status);
     assert!(out.contains("GFLOPS") && out.contains("speedup"), "{out}");
-    for n in ["64", "128"] {
-        assert!(out.lines().any(|l| l.trim_start().starts_with(&format!("{n} |"))), "no row for {n}:\n{out}");
+    // Each row of the table starts with the row's name in the JSON.
+    for n in ["f32 n=64", "f32 n=128"] {
+        assert!(out.lines().any(|l| l.starts_with(&format!("{n} "))), "no row for {n}:\n{out}");
     }
 
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -97,7 +99,7 @@ fn has_gpu() -> bool {
 }
 
 fn json_path(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}.json", std::process::id()));
+    let p = std::env::temp_dir().join(format!("{name}-{}.json", std::process::id()));
     let _ = std::fs::remove_file(&p);
     p
 }
@@ -210,6 +212,23 @@ fn bench_transfer_and_alloc_need_a_gpu() {
 }
 
 #[test]
+fn bench_optim_and_overlap() {
+    let (_, v) = bench_json(&["bench", "optim", "--device", "cpu", "--tensors", "5"], "optim");
+    assert_eq!(row_names(&v), vec!["adam step, 5 tensors", "adam bandwidth, 5 tensors"]);
+    if has_gpu() {
+        let (_, v) = bench_json(&["bench", "optim", "--tensors", "100"], "optim-gpu");
+        assert_eq!(row_names(&v)[0], "adam step, 100 tensors");
+        let (_, v) = bench_json(&["bench", "overlap", "--mib", "16", "--matmul", "1024"], "overlap");
+        assert!(row_names(&v).contains(&"overlap efficiency".to_string()));
+    } else {
+        let o = ferrograd(&["bench", "overlap"]);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.starts_with("error: ") && err.lines().count() == 1 && !err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
 fn cuda_matmul_elementwise_and_launch_run_or_refuse() {
     if has_gpu() {
         let (_, v) = bench_json(
@@ -248,7 +267,7 @@ fn kernels_lists_modules_and_precompile_needs_a_gpu_or_arch() {
 
 #[test]
 fn kernels_precompile_for_an_explicit_arch() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("kcache-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("kcache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let run = || {
         Command::new(bin())
@@ -274,4 +293,229 @@ fn kernels_precompile_for_an_explicit_arch() {
     let (out2, _) = text(&run());
     assert!(out2.contains(" 0 compiled, 0 failed"), "{out2}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// demo, --plot, memory
+// ---------------------------------------------------------------------------------------------
+
+/// Run the binary, killing it if it is still running after `secs` (a hung --watch fails the test
+/// instead of hanging it).
+fn ferrograd_within(args: &[&str], envs: &[(&str, &str)], secs: u64) -> Output {
+    let mut cmd = Command::new(bin());
+    cmd.args(args).env_remove("FERROGRAD_DEVICE").stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("failed to start the ferrograd binary");
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            let o = child.wait_with_output().unwrap();
+            panic!("{args:?} still running after {secs} s:\n{}", text(&o).0);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The number just before `unit` on `line` (`... 12.34 GFLOPS ...` -> 12.34).
+fn number_before(line: &str, unit: &str) -> f64 {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let i = words.iter().position(|w| *w == unit).unwrap_or_else(|| panic!("no {unit} in {line:?}"));
+    assert!(i > 0, "{line:?}");
+    words[i - 1].parse().unwrap_or_else(|_| panic!("not a number before {unit} in {line:?}"))
+}
+
+/// The demo's timed lines (`  <who>  <ms> ms  <GFLOPS> GFLOPS  <how>`), each checked positive.
+fn demo_timings(out: &str) -> Vec<(String, f64)> {
+    out.lines()
+        .filter(|l| l.contains(" GFLOPS "))
+        .map(|l| {
+            let (ms, gflops) = (number_before(l, "ms"), number_before(l, "GFLOPS"));
+            assert!(ms > 0.0 && ms.is_finite() && gflops > 0.0 && gflops.is_finite(), "{l}");
+            (l.trim_start().to_string(), gflops)
+        })
+        .collect()
+}
+
+/// The lines every demo prints, whatever the device.
+fn check_demo_common(out: &str, device: &str) {
+    assert!(out.starts_with(&format!("ferrograd {} demo\n", env!("CARGO_PKG_VERSION"))), "{out}");
+    let cuda: Vec<&str> = out.lines().filter(|l| l.starts_with("cuda: ")).collect();
+    assert_eq!(cuda.len(), 1, "{out}");
+    assert!(cuda[0].starts_with("cuda: found ") || cuda[0].starts_with("cuda: not found ("), "{out}");
+    assert!(out.lines().any(|l| l.starts_with(&format!("device: {device}"))), "{out}");
+    let zeros = format!("memory: zeros 1000x1000 f32 on {device} (3.81 MiB); sum read back: 0 (ok)");
+    assert!(out.lines().any(|l| l == zeros), "no `{zeros}` in\n{out}");
+    let mm = format!(
+        "matmul 2x2 on {device}: [[1, 2], [3, 4]] x [[5, 6], [7, 8]] = [[19, 22], [43, 50]], expected [[19, 22], \
+         [43, 50]] (ok)"
+    );
+    assert!(out.lines().any(|l| l == mm), "no `{mm}` in\n{out}");
+    assert!(out.trim_end().ends_with("demo: all checks passed"), "{out}");
+}
+
+#[test]
+fn demo_on_the_cpu_prints_checked_and_measured_figures() {
+    let o = ferrograd_within(&["demo", "--device", "cpu", "--size", "192"], &[], 120);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "status {:?}\nstdout:\n{out}\nstderr:\n{err}", o.status);
+    check_demo_common(&out, "cpu");
+    assert!(out.contains("matmul 192x192 f32"), "{out}");
+    let t = demo_timings(&out);
+    assert_eq!(t.len(), 2, "CPU backend and naive loop: {t:?}");
+    assert!(t[0].0.starts_with("CPU backend") && t[1].0.starts_with("naive loop"), "{t:?}");
+    // The speedup printed is the ratio of the two measured figures, not a constant.
+    let line = out.lines().find(|l| l.starts_with("speedup: the CPU backend is ")).expect(&out);
+    let x: f64 = line.trim_start_matches("speedup: the CPU backend is ").split('x').next().unwrap().parse().unwrap();
+    let want = t[0].1 / t[1].1;
+    assert!(x > 0.0 && (x - want).abs() <= 0.051 * want.max(1.0), "{x} vs {want}: {line}");
+    assert!(out.contains("no GPU speedup to show"), "{out}");
+}
+
+#[test]
+fn demo_on_the_best_device_says_what_cuda_offers() {
+    let o = ferrograd_within(&["demo", "--size", "128"], &[], 120);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "status {:?}\nstdout:\n{out}\nstderr:\n{err}", o.status);
+    if has_gpu() {
+        check_demo_common(&out, "cuda:0");
+        assert!(out.contains("host -> cuda:0 -> host: bit-exact (ok)"), "{out}");
+        let t = demo_timings(&out);
+        assert_eq!(t.len(), 3, "GPU, CPU backend and naive loop: {t:?}");
+        assert!(t[0].0.starts_with("cuda:0 ") && t[0].0.contains("CUDA events"), "{t:?}");
+        let line = out.lines().find(|l| l.starts_with("speedup: cuda:0 is ")).expect(&out);
+        assert!(line.contains("x the CPU backend and ") && line.ends_with("x the naive loop"), "{line}");
+    } else {
+        check_demo_common(&out, "cpu");
+        assert!(out.contains("cuda: not found (") && out.contains("running the CPU parts only"), "{out}");
+        assert!(out.contains("no GPU speedup to show: CUDA was not found ("), "{out}");
+        assert_eq!(demo_timings(&out).len(), 2, "{out}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn demo_rejects_a_bad_size_in_one_line() {
+    one_line_error(&["demo", "--size", "0"], "--size 0: expected 1 to 4096");
+    if !has_gpu() {
+        one_line_error(&["demo", "--device", "cuda"], "CUDA is not available");
+    }
+}
+
+/// Check that `path` is a PNG that decodes, and return its dimensions.
+fn png_dims(path: &std::path::Path) -> (u32, u32) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{}: no PNG signature", path.display());
+    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes)).read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    // A figure is drawn on white: a plot of nothing but the background would be a failure.
+    let px = &buf[..info.buffer_size()];
+    assert!(px.iter().any(|&b| b < 128), "{}: blank image", path.display());
+    (info.width, info.height)
+}
+
+/// Run a bench with `--plot` and check the PNG and that the table still printed.
+fn bench_plot(args: &[&str], name: &str) {
+    let png = std::env::temp_dir().join(format!("{name}-{}.png", std::process::id()));
+    let _ = std::fs::remove_file(&png);
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--plot", png.to_str().unwrap()]);
+    let o = ferrograd_within(&all, &[], 300);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{all:?}: status {:?}\nstdout:\n{out}\nstderr:\n{err}", o.status);
+    assert!(out.contains(&format!("wrote {}", png.display())), "{out}");
+    let (w, h) = png_dims(&png);
+    std::fs::remove_file(&png).unwrap();
+    assert_eq!(w, 1200, "{all:?}");
+    assert!((150..=4000).contains(&h), "{all:?}: height {h}");
+}
+
+#[test]
+fn every_bench_draws_a_valid_png_with_plot() {
+    bench_plot(&["bench", "matmul", "--device", "cpu", "--sizes", "32,64"], "plot-matmul");
+    bench_plot(&["bench", "elementwise", "--device", "cpu", "--shapes", "64x128,16x32"], "plot-ew");
+    bench_plot(&["bench", "launch", "--device", "cpu", "--ops", "200", "--repeats", "2"], "plot-launch");
+    if has_gpu() {
+        bench_plot(&["bench", "matmul", "--device", "cuda", "--dtype", "f32,bf16", "--sizes", "64,256"], "plot-cm");
+        bench_plot(&["bench", "elementwise", "--device", "cuda", "--shapes", "256x512"], "plot-cew");
+        bench_plot(&["bench", "launch", "--device", "cuda", "--ops", "300", "--repeats", "2"], "plot-cl");
+        bench_plot(&["bench", "transfer", "--mib", "8", "--count", "10", "--kib", "4"], "plot-transfer");
+        bench_plot(&["bench", "alloc", "--mib", "8"], "plot-alloc");
+    } else {
+        // The GPU-only benches refuse before drawing (or creating) anything.
+        let never = std::env::temp_dir().join(format!("never-{}.png", std::process::id()));
+        for b in ["transfer", "alloc"] {
+            one_line_error(&["bench", b, "--plot", never.to_str().unwrap()], "needs a CUDA device");
+            assert!(!never.exists(), "{b} created {} before refusing", never.display());
+        }
+    }
+}
+
+#[test]
+fn plot_to_an_unwritable_path_fails_before_benchmarking() {
+    one_line_error(
+        &["bench", "matmul", "--device", "cpu", "--sizes", "8", "--plot", "/nonexistent-dir/x.png"],
+        "cannot create /nonexistent-dir/x.png",
+    );
+}
+
+#[test]
+fn memory_reports_devices_or_one_line_without_a_gpu() {
+    let o = ferrograd_within(&["memory"], &[], 60);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "no GPU is not an error\nstdout:\n{out}\nstderr:\n{err}");
+    if has_gpu() {
+        assert!(out.lines().next().is_some_and(|l| l.starts_with("cuda:0  ")), "{out}");
+        for what in ["  driver ", "% utilization", "  allocator  allocated ", "active blocks ", "OOMs "] {
+            assert!(out.contains(what), "{what:?} missing:\n{out}");
+        }
+    } else {
+        assert_eq!(out.lines().count(), 1, "{out}");
+        assert!(out.starts_with("memory: no usable CUDA device (") && out.contains("not an error"), "{out}");
+        assert!(err.is_empty(), "{err}");
+    }
+}
+
+#[test]
+fn memory_watch_stops_after_the_given_refreshes() {
+    let t0 = Instant::now();
+    let o = ferrograd_within(&["memory", "--watch", "--iterations", "2"], &[], 60);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    if has_gpu() {
+        let refreshes = out.lines().filter(|l| l.starts_with("ferrograd memory --watch: refresh ")).count();
+        assert_eq!(refreshes, 2, "{out}");
+        // One second between the two refreshes.
+        assert!(t0.elapsed() >= Duration::from_millis(900), "{:?}", t0.elapsed());
+    } else {
+        assert!(out.starts_with("memory: no usable CUDA device ("), "{out}");
+    }
+    // --iterations belongs to --watch.
+    let o = ferrograd(&["memory", "--iterations", "2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
+}
+
+#[test]
+fn out_of_memory_shows_the_figures_and_what_to_try() {
+    if !has_gpu() {
+        println!("no CUDA device: the OOM report is covered by the unit tests in memory.rs");
+        return;
+    }
+    // A 64 MiB cap cannot hold three 4096x4096 f32 matrices (64 MiB each).
+    let o = ferrograd_within(
+        &["bench", "matmul", "--device", "cuda", "--dtype", "f32", "--sizes", "4096"],
+        &[("FERROGRAD_CUDA_MEMORY_LIMIT", "64MiB")],
+        120,
+    );
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(err.starts_with("error: ") && err.contains("out of memory"), "{err}");
+    assert!(err.contains("memory now") && err.contains("cuda:0  ") && err.contains("OOMs "), "{err}");
+    assert!(err.contains("64.00 MiB for ferrograd (FERROGRAD_CUDA_MEMORY_LIMIT"), "{err}");
+    assert!(err.contains("next: try smaller matrices (--sizes)"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

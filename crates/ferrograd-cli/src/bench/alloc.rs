@@ -10,7 +10,7 @@
 //! Host clock (these are host-side calls that enqueue no device work), batches of calls so that
 //! a sub-microsecond call is not lost in the clock's resolution, median per call over batches.
 
-use super::{cuda_device, finish_json, open_json, print_rows, Environment, Report, Row};
+use super::{cuda_device, finish_json, finish_plot, open_json, print_rows, Environment, Report, Row};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
 use ferrograd_core::Device;
@@ -40,6 +40,8 @@ pub struct Config {
     pub device: Device,
     pub mib: usize,
     pub json: Option<PathBuf>,
+    /// Also draw the rows as a bar chart (PNG) here.
+    pub plot: Option<PathBuf>,
 }
 
 pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
@@ -48,6 +50,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     }
     let dev = cuda_device("alloc", cfg.device)?;
     let json = open_json(&cfg.json)?;
+    crate::plot::check_path(&cfg.plot)?;
     let env = Environment::for_device(cfg.device);
     let bytes = cfg.mib << 20;
     writeln!(out, "allocate + free {} MiB on {} ({})", cfg.mib, cfg.device, env.gpu.as_deref().unwrap_or("?"))?;
@@ -85,5 +88,6 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         Report::new("alloc", cfg.device, env, "host clock; batches of calls; median per call after warm-up");
     report.rows = rows;
     report.notes.push("raw driver = cuMemAlloc_v2 + cuMemFree_v2 (synchronous), bypassing every cache".into());
+    finish_plot(&cfg.plot, &report, None, out)?;
     finish_json(json, &report, out)
 }

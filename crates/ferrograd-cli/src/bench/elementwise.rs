@@ -11,7 +11,7 @@
 //! clock on the CPU), median over batches after warm-up. Inputs are N(0, 1), never zeros.
 
 use super::check::{self, rel_err, require};
-use super::{finish_json, open_json, print_rows, Environment, Report, Row};
+use super::{finish_json, finish_plot, open_json, print_rows, Environment, Report, Row};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
 use ferrograd_core::{DType, Device, Rng, Tensor};
@@ -27,6 +27,8 @@ pub struct Config {
     pub device: Device,
     pub shapes: Vec<(usize, usize)>,
     pub json: Option<PathBuf>,
+    /// Also draw the rows as a bar chart (PNG) here.
+    pub plot: Option<PathBuf>,
     pub seed: u64,
 }
 
@@ -109,6 +111,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     }
     super::open_device("elementwise", cfg.device)?;
     let json = open_json(&cfg.json)?;
+    crate::plot::check_path(&cfg.plot)?;
     let env = Environment::for_device(cfg.device);
     let clock = Clock::new(cfg.device)?;
     let what = env.gpu.clone().unwrap_or_else(|| env.cpu.clone());
@@ -168,6 +171,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     report
         .notes
         .push(format!("seed {}; x, y ~ N(0,1); layer_norm weight ~ U[0.5,1.5), bias ~ N(0,1), eps 1e-5", cfg.seed));
+    finish_plot(&cfg.plot, &report, Some("pct_of_copy"), out)?;
     finish_json(json, &report, out)
 }
 

@@ -9,7 +9,7 @@
 //! a warm-up chain; the chain's result is checked against x0 + ops * y in float64.
 
 use super::check::{rel_err, require};
-use super::{finish_json, open_json, print_rows, Environment, Report, Row};
+use super::{finish_json, finish_plot, open_json, print_rows, Environment, Report, Row};
 use crate::timing::median;
 use crate::CliResult;
 use ferrograd_core::{DType, Device, Rng, Tensor};
@@ -27,6 +27,8 @@ pub struct Config {
     /// Timed repetitions of the chain.
     pub repeats: usize,
     pub json: Option<PathBuf>,
+    /// Also draw the rows as a bar chart (PNG) here.
+    pub plot: Option<PathBuf>,
     pub seed: u64,
 }
 
@@ -36,6 +38,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     }
     super::open_device("launch", cfg.device)?;
     let json = open_json(&cfg.json)?;
+    crate::plot::check_path(&cfg.plot)?;
     let env = Environment::for_device(cfg.device);
     writeln!(
         out,
@@ -85,6 +88,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     );
     report.rows = rows;
     report.notes.push(format!("{} adds per chain on {} f32 elements; seed {}", cfg.ops, cfg.elems, cfg.seed));
+    finish_plot(&cfg.plot, &report, None, out)?;
     finish_json(json, &report, out)
 }
 

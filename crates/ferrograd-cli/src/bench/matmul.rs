@@ -16,7 +16,8 @@
 //! Inputs are normal samples from a seeded Philox stream, never zeros.
 
 use super::check::{self, rel_err, require};
-use super::{finish_json, open_json, Environment, Report, Row};
+use super::{finish_json, open_json, plot_title, Environment, Report, Row};
+use crate::plot::{line_chart, Series};
 use crate::timing::{measure, measure_device, Clock, DevicePlan, Plan, Timing};
 use crate::CliResult;
 use ferrograd_core::cuda::{set_matmul_precision, MatmulPrecision};
@@ -32,7 +33,7 @@ const MAX_SIZE: usize = 4096;
 /// Largest CUDA size accepted (three 16384² f32 matrices are 3 GiB).
 const MAX_CUDA_SIZE: usize = 16384;
 /// Largest relative difference (to the largest |C| entry) tolerated between the two CPU results.
-const TOLERANCE: f64 = 1e-4;
+pub const TOLERANCE: f64 = 1e-4;
 
 /// CPU sizes when `--sizes` is not given.
 pub const CPU_SIZES: &[usize] = &[128, 256, 512, 1024];
@@ -40,8 +41,8 @@ pub const CPU_SIZES: &[usize] = &[128, 256, 512, 1024];
 pub const CUDA_F32_SIZES: &[usize] = &[128, 256, 512, 1024, 2048, 4096];
 pub const CUDA_HALF_SIZES: &[usize] = &[8192];
 
-const NAIVE_PLAN: Plan = Plan { warmup: 1, min_reps: 3, max_reps: 50, budget: Duration::from_millis(1000) };
-const FERROGRAD_PLAN: Plan = Plan { warmup: 3, min_reps: 5, max_reps: 200, budget: Duration::from_millis(500) };
+pub const NAIVE_PLAN: Plan = Plan { warmup: 1, min_reps: 3, max_reps: 50, budget: Duration::from_millis(1000) };
+pub const FERROGRAD_PLAN: Plan = Plan { warmup: 3, min_reps: 5, max_reps: 200, budget: Duration::from_millis(500) };
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -51,6 +52,8 @@ pub struct Config {
     /// None: the defaults above.
     pub sizes: Option<Vec<usize>>,
     pub json: Option<PathBuf>,
+    /// Also draw GFLOP/s against n (PNG) here.
+    pub plot: Option<PathBuf>,
     pub seed: u64,
 }
 
@@ -117,6 +120,15 @@ impl Measured {
     }
 }
 
+/// The x axis of the matmul plot.
+const MATMUL_X: &str = "n (C = A B, all n x n; log scale)";
+
+/// A row's name, in the table and the JSON alike: `f32 n=1024`. PyTorch's twin uses the same
+/// names, which is how `bench/compare.py` pairs the rows.
+pub fn row_name(dtype: DType, n: usize) -> String {
+    format!("{} n={n}", dtype.as_str())
+}
+
 /// C = A B for row-major n x n matrices: i-k-j loop, one thread, no blocking.
 pub fn naive_matmul(a: &[f32], b: &[f32], n: usize) -> Vec<f32> {
     let mut c = vec![0.0f32; n * n];
@@ -135,6 +147,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let plan = cfg.plan()?;
     super::open_device("matmul", cfg.device)?;
     let json = open_json(&cfg.json)?;
+    crate::plot::check_path(&cfg.plot)?;
     match cfg.device {
         Device::Cpu => run_cpu(cfg, &plan[0].1, json, out),
         Device::Cuda(_) => run_cuda(cfg, &plan, json, out),
@@ -155,12 +168,14 @@ fn run_cpu(
     )?;
     writeln!(out, "naive: single-threaded i-k-j triple loop over Vec<f32>; ferrograd: Tensor::matmul")?;
     writeln!(out)?;
-    writeln!(
-        out,
-        "{:>6} | {:>10} {:>8} {:>5} | {:>12} {:>8} {:>5} | {:>8}",
-        "n", "naive ms", "GFLOPS", "reps", "ferrograd ms", "GFLOPS", "reps", "speedup"
-    )?;
-    writeln!(out, "{}", "-".repeat(6 + 3 + 25 + 3 + 27 + 3 + 8))?;
+    // The first column is the row's name in the JSON (`f32 n=1024`), so table and file pair up.
+    let w = sizes.iter().map(|&n| row_name(DType::F32, n).len()).max().unwrap_or(4).max(4);
+    let head = format!(
+        "{:w$} | {:>10} {:>8} {:>5} | {:>12} {:>8} {:>5} | {:>8}",
+        "what", "naive ms", "GFLOPS", "reps", "ferrograd ms", "GFLOPS", "reps", "speedup"
+    );
+    writeln!(out, "{head}")?;
+    writeln!(out, "{}", "-".repeat(head.chars().count()))?;
 
     let mut rng = Rng::new(cfg.seed);
     let mut results = Vec::with_capacity(sizes.len());
@@ -168,8 +183,8 @@ fn run_cpu(
         let r = bench_size(n, cfg.device, &mut rng)?;
         writeln!(
             out,
-            "{:>6} | {:>10.3} {:>8.2} {:>5} | {:>12.3} {:>8.2} {:>5} | {:>7.1}x",
-            r.n,
+            "{:w$} | {:>10.3} {:>8.2} {:>5} | {:>12.3} {:>8.2} {:>5} | {:>7.1}x",
+            row_name(DType::F32, r.n),
             r.naive.median_s * 1e3,
             r.naive.gflops,
             r.naive.reps,
@@ -187,7 +202,7 @@ fn run_cpu(
     report.rows = results
         .iter()
         .map(|r| {
-            Row::new(format!("f32 n={}", r.n), r.ferrograd.gflops, "GFLOP/s", true)
+            Row::new(row_name(DType::F32, r.n), r.ferrograd.gflops, "GFLOP/s", true)
                 .with("median_s", r.ferrograd.median_s)
                 .with("reps", r.ferrograd.reps)
                 .with("naive_gflops", r.naive.gflops)
@@ -197,6 +212,18 @@ fn run_cpu(
     report.extra.insert("dtype".into(), "f32".into());
     report.extra.insert("seed".into(), cfg.seed.into());
     report.extra.insert("results".into(), serde_json::to_value(&results)?);
+    if let Some(p) = &cfg.plot {
+        let line = |label: &str, f: fn(&SizeResult) -> f64| Series {
+            label: label.into(),
+            points: results.iter().map(|r| (r.n as f64, f(r))).collect(),
+        };
+        let series = [
+            line("CPU naive loop (1 thread)", |r| r.naive.gflops),
+            line(&format!("ferrograd CPU backend ({} threads)", rayon::current_num_threads()), |r| r.ferrograd.gflops),
+        ];
+        line_chart(p, &plot_title(&report), MATMUL_X, "GFLOP/s (log scale)", &series)?;
+        writeln!(out, "\nwrote {}", p.display())?;
+    }
     finish_json(json, &report, out)
 }
 
@@ -218,14 +245,18 @@ fn run_cuda(
     )?;
     writeln!(out, "checked first against a float64 CPU reference (all rows up to n=512, else 8 sampled rows)")?;
     writeln!(out)?;
-    writeln!(
-        out,
-        "{:>5} | {:>6} | {:>10} | {:>8} | {:>12} | {:>9} {:>5}",
-        "dtype", "n", "median ms", "TFLOP/s", "reps x inner", "rel err", "rows"
-    )?;
-    writeln!(out, "{}", "-".repeat(5 + 3 + 6 + 3 + 10 + 3 + 8 + 3 + 12 + 3 + 15))?;
+    // The first column is the row's name in the JSON (`bf16 n=8192`), so table and file pair up.
+    let w = plan.iter().flat_map(|(dt, ns)| ns.iter().map(|&n| row_name(*dt, n).len())).max().unwrap_or(4).max(4);
+    let head = format!(
+        "{:w$} | {:>10} | {:>8} | {:>12} | {:>9} {:>5}",
+        "what", "median ms", "TFLOP/s", "reps x inner", "rel err", "rows"
+    );
+    writeln!(out, "{head}")?;
+    writeln!(out, "{}", "-".repeat(head.chars().count()))?;
 
     let mut rng = Rng::new(cfg.seed);
+    // (dtype, n, GFLOP/s) for the plot.
+    let mut points: Vec<(DType, usize, f64)> = Vec::new();
     let mut report = Report::new(
         "matmul",
         cfg.device,
@@ -237,9 +268,8 @@ fn run_cuda(
             let r = bench_cuda_size(&clock, *dtype, n, cfg.device, &mut rng)?;
             writeln!(
                 out,
-                "{:>5} | {:>6} | {:>10.4} | {:>8.2} | {:>5} x {:>4} | {:>9.2e} {:>5}",
-                dtype.as_str(),
-                n,
+                "{:w$} | {:>10.4} | {:>8.2} | {:>5} x {:>4} | {:>9.2e} {:>5}",
+                row_name(*dtype, n),
                 r.median_s * 1e3,
                 r.tflops,
                 r.reps,
@@ -249,7 +279,7 @@ fn run_cuda(
             )?;
             out.flush()?;
             report.rows.push(
-                Row::new(format!("{} n={n}", dtype.as_str()), r.tflops, "TFLOP/s", true)
+                Row::new(row_name(*dtype, n), r.tflops, "TFLOP/s", true)
                     .with("median_s", r.median_s)
                     .with("min_s", r.min_s)
                     .with("reps", r.reps)
@@ -257,9 +287,21 @@ fn run_cuda(
                     .with("rel_err", r.rel_err)
                     .with("rows_checked", r.rows_checked),
             );
+            points.push((*dtype, n, r.tflops * 1e3));
         }
     }
     report.notes.push(format!("seed {}; inputs N(0,1) from Philox, drawn on the device", cfg.seed));
+    if let Some(p) = &cfg.plot {
+        let series: Vec<Series> = plan
+            .iter()
+            .map(|(dt, _)| Series {
+                label: format!("CUDA {} (cuBLAS{})", dt.as_str(), if *dt == DType::F32 { ", exact f32" } else { "" }),
+                points: points.iter().filter(|q| q.0 == *dt).map(|q| (q.1 as f64, q.2)).collect(),
+            })
+            .collect();
+        line_chart(p, &plot_title(&report), MATMUL_X, "GFLOP/s (log scale)", &series)?;
+        writeln!(out, "\nwrote {}", p.display())?;
+    }
     finish_json(json, &report, out)
 }
 
@@ -381,7 +423,7 @@ fn bench_size(n: usize, device: Device, rng: &mut Rng) -> CliResult<SizeResult> 
 
 /// max |x - y| over max |y|, in f64; zero when both are all zero, infinite when a value is not
 /// finite (`f64::max` alone would skip a NaN) or the lengths differ.
-fn max_rel_diff(x: &[f32], y: &[f32]) -> f64 {
+pub fn max_rel_diff(x: &[f32], y: &[f32]) -> f64 {
     if x.len() != y.len() {
         return f64::INFINITY;
     }
@@ -444,6 +486,7 @@ mod tests {
             dtypes,
             sizes,
             json: None,
+            plot: None,
             seed: 1,
         };
         assert_eq!(cfg(Device::Cpu, None, None).plan().unwrap(), vec![(DType::F32, CPU_SIZES.to_vec())]);

@@ -7,6 +7,8 @@ pub mod check;
 pub mod elementwise;
 pub mod launch;
 pub mod matmul;
+pub mod optim;
+pub mod overlap;
 pub mod transfer;
 
 use crate::CliResult;
@@ -171,6 +173,21 @@ pub fn finish_json(json: Option<(PathBuf, File)>, report: &Report, out: &mut dyn
         writeln!(out, "\nwrote {}", path.display())?;
     }
     Ok(())
+}
+
+/// Draw the rows as bar panels (one per unit) into `path` when `--plot` was given, and say so.
+/// `extra` names a row extra printed as a percentage beside each value (e.g. `pct_of_copy`).
+pub fn finish_plot(path: &Option<PathBuf>, report: &Report, extra: Option<&str>, out: &mut dyn Write) -> CliResult<()> {
+    if let Some(p) = path {
+        crate::plot::bar_chart(p, &plot_title(report), &report.rows, extra)?;
+        writeln!(out, "\nwrote {}", p.display())?;
+    }
+    Ok(())
+}
+
+/// "ferrograd bench transfer: cuda:0 (NVIDIA H200)".
+pub fn plot_title(report: &Report) -> String {
+    format!("ferrograd bench {}: {} ({})", report.bench, report.device, report.device_name)
 }
 
 /// The CUDA device a GPU-only bench runs on, or one line saying why there is none.

@@ -16,7 +16,7 @@
 //! over repetitions after warm-up. GB/s are decimal (1e9 bytes/s). Each path is checked once for
 //! a bit-exact round trip before it is timed. Inputs are uniform random, never zeros.
 
-use super::{cuda_device, finish_json, open_json, print_rows, Environment, Report, Row};
+use super::{cuda_device, finish_json, finish_plot, open_json, print_rows, Environment, Report, Row};
 use crate::timing::{measure_self_timed, Plan};
 use crate::CliResult;
 use ferrograd_core::{DType, Device, Rng, Tensor};
@@ -36,6 +36,8 @@ pub struct Config {
     pub count: usize,
     pub kib: usize,
     pub json: Option<PathBuf>,
+    /// Also draw the rows as a bar chart (PNG) here.
+    pub plot: Option<PathBuf>,
     pub seed: u64,
 }
 
@@ -45,6 +47,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     }
     let dev = cuda_device("transfer", cfg.device)?;
     let json = open_json(&cfg.json)?;
+    crate::plot::check_path(&cfg.plot)?;
     let env = Environment::for_device(cfg.device);
     let device = cfg.device;
     let mut rng = Rng::new(cfg.seed);
@@ -168,6 +171,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
             .into(),
     );
     report.notes.push(format!("seed {}; f32 uniform in [-1, 1); every path checked bit-exact once", cfg.seed));
+    finish_plot(&cfg.plot, &report, None, out)?;
     finish_json(json, &report, out)
 }
 
