@@ -46,9 +46,11 @@ def fill_like_ferrograd(values, copies):
     }
 
 
-def train(model, xs, epochs, lr, graph):
-    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8,
-                           fused=True, capturable=graph)
+def train(model, xs, epochs, lr, graph, adam_impl="fused"):
+    # adam_impl "foreach" is PyTorch's other Adam: same formula, another rounding order (used to
+    # measure how far two correct runs drift apart over thousands of steps).
+    kw = {"fused": True} if adam_impl == "fused" else {"foreach": True}
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, capturable=graph, **kw)
     loss_fn = nn.functional.mse_loss
     copies = xs.shape[0]
     first = None
@@ -109,7 +111,7 @@ def main():
     p.add_argument("--copies", type=int, default=113)
     p.add_argument("--epochs", type=int, default=71)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--variants", default="eager,graph")
+    p.add_argument("--variants", default="eager,graph", help="eager, graph, eager-foreach")
     p.add_argument("--json")
     a = p.parse_args()
     if a.write_init:
@@ -135,7 +137,8 @@ def main():
     for variant in a.variants.split(","):
         model = make_model().to(dev)
         model.load_state_dict({k: v.to(dev) for k, v in init.items()})
-        secs, first, final = train(model, xs, a.epochs, a.lr, variant == "graph")
+        secs, first, final = train(model, xs, a.epochs, a.lr, variant == "graph",
+                                   "foreach" if variant.endswith("foreach") else "fused")
         samples = a.epochs * a.copies * 71 * 71
         rows[variant] = {"training_time_s": secs, "samples_per_s": samples / secs, "first_loss": first,
                          "final_loss": final}

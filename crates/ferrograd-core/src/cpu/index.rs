@@ -64,7 +64,9 @@ fn gather_positions(dims: &[usize], idims: &[usize], idx: &[usize], dim: usize) 
     out
 }
 
-fn check_gather(op: &'static str, dims: &[usize], idims: &[usize], dim: usize) -> Result<()> {
+/// The index tensor of gather/scatter_add has the data's rank and fits inside it off `dim`
+/// (shared with the CUDA backend).
+pub(crate) fn check_gather(op: &'static str, dims: &[usize], idims: &[usize], dim: usize) -> Result<()> {
     let ok = dims.len() == idims.len() && dims.iter().zip(idims).enumerate().all(|(d, (&a, &b))| d == dim || b <= a);
     if ok {
         Ok(())

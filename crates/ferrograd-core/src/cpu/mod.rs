@@ -1,7 +1,7 @@
 //! The CPU backend: one `Vec` per dtype, rayon for parallel loops, the `gemm` crate for matmul.
 
 pub(crate) mod cross_entropy;
-mod index;
+pub(crate) mod index;
 mod matmul;
 mod norm;
 mod reduce;

@@ -5,6 +5,7 @@ use super::device::driver_err;
 use super::modules::{self, Module};
 use super::storage::{cfg_1d, cfg_rows, launch, width_suffix, CudaStorage, KLayout};
 use crate::backend::{BackendStorage, MatmulDims};
+use crate::cpu::index::check_gather;
 use crate::op::{ArgReduceOp, BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{shape_err, DType, Device, Error, Layout, Result};
 use cudarc::driver::result;
@@ -471,14 +472,5 @@ fn atomic_dtype(op: &'static str, d: DType) -> Result<()> {
     match d {
         DType::U8 | DType::I8 => Err(Error::UnsupportedDType { op, dtype: d }),
         _ => Ok(()),
-    }
-}
-
-fn check_gather(op: &'static str, dims: &[usize], idims: &[usize], dim: usize) -> Result<()> {
-    let ok = dims.len() == idims.len() && dims.iter().zip(idims).enumerate().all(|(d, (&a, &b))| d == dim || b <= a);
-    if ok {
-        Ok(())
-    } else {
-        Err(shape_err!(op, "index shape {idims:?} does not fit tensor shape {dims:?} outside dim {dim}"))
     }
 }
