@@ -76,7 +76,8 @@ fn contiguous_grads(grads: &[Tensor]) -> Result<Vec<Tensor>> {
     grads.iter().map(|g| g.contiguous()).collect()
 }
 
-/// Run `f` over the f32 slices of `p` (mutable), `g`, and up to two mutable state tensors.
+/// Run `f` over the f32 slices of `p`, `g` and up to two state tensors, updating `p` and the
+/// states in their own buffers (no copy in or out). Absent states get a zeroed scratch slice.
 fn with_cpu(
     p: &Tensor,
     g: &Tensor,
@@ -84,21 +85,30 @@ fn with_cpu(
     s2: Option<&Tensor>,
     f: impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync,
 ) -> Result<()> {
-    let range = |t: &Tensor| t.layout().offset()..t.layout().offset() + t.elem_count();
-    let gv = g.to_vec::<f32>()?;
-    let mut pg = p.storage_mut();
-    let Storage::Cpu(crate::cpu::CpuStorage::F32(pv)) = &mut *pg else {
-        return Err(Error::UnsupportedDType { op: "optimizer", dtype: p.dtype() });
-    };
-    let take = |t: Option<&Tensor>| -> Result<Vec<f32>> { t.map_or(Ok(vec![0.0; gv.len()]), |t| t.to_vec::<f32>()) };
-    let (mut a, mut b) = (take(s1)?, take(s2)?);
-    f(&mut pv[range(p)], &gv, &mut a, &mut b);
-    drop(pg);
-    for (t, v) in [(s1, a), (s2, b)] {
-        if let Some(t) = t {
-            t.set(&Tensor::from_vec(v, t.shape().clone(), t.device())?)?;
+    // Each written tensor is locked for writing; two of them on one storage would deadlock.
+    let written: Vec<&Tensor> = [Some(p), s1, s2].into_iter().flatten().collect();
+    for (i, a) in written.iter().enumerate() {
+        if written[..i].iter().any(|b| b.same_storage(a)) {
+            return Err(Error::InvalidArgument("optimizer: parameter and state tensors must not share storage".into()));
         }
     }
+    let gv = g.to_vec::<f32>()?;
+    let range = |t: &Tensor| t.layout().offset()..t.layout().offset() + t.elem_count();
+    let mut guards: Vec<_> = written.iter().map(|t| t.storage_mut()).collect();
+    let mut slices: Vec<&mut [f32]> = Vec::with_capacity(3);
+    for (guard, t) in guards.iter_mut().zip(&written) {
+        let Storage::Cpu(crate::cpu::CpuStorage::F32(v)) = &mut **guard else {
+            return Err(Error::UnsupportedDType { op: "optimizer", dtype: t.dtype() });
+        };
+        slices.push(&mut v[range(t)]);
+    }
+    let mut scratch1 = vec![0.0f32; if s1.is_none() { gv.len() } else { 0 }];
+    let mut scratch2 = vec![0.0f32; if s2.is_none() { gv.len() } else { 0 }];
+    let mut it = slices.into_iter();
+    let pv = it.next().ok_or_else(|| Error::InvalidArgument("optimizer: no parameter".into()))?;
+    let a = if s1.is_some() { it.next() } else { None }.unwrap_or(&mut scratch1);
+    let b = if s2.is_some() { it.next() } else { None }.unwrap_or(&mut scratch2);
+    f(pv, &gv, a, b);
     Ok(())
 }
 
