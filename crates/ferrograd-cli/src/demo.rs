@@ -9,7 +9,7 @@
 //! the naive loop before any time is printed. Without a GPU the CPU parts run and the first line
 //! says that CUDA was not found and why.
 
-use crate::bench::matmul::{max_rel_diff, naive_matmul, FERROGRAD_PLAN, NAIVE_PLAN, TOLERANCE};
+use crate::bench::matmul::{max_rel_diff, measure_cpu_matmul, naive_matmul, FERROGRAD_PLAN, NAIVE_PLAN, TOLERANCE};
 use crate::memory::bytes;
 use crate::timing::{measure, measure_device, Clock, DevicePlan};
 use crate::CliResult;
@@ -198,17 +198,7 @@ fn timed_matmul(cfg: &Config, device: Device, no_cuda: Option<&str>, out: &mut d
     };
 
     check("the CPU backend", &a.matmul(&b)?.to_vec::<f32>()?)?;
-    let mut err = None;
-    let t = measure(FERROGRAD_PLAN, || match a.matmul(&b) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            err.get_or_insert(e);
-            None
-        }
-    });
-    if let Some(e) = err {
-        return Err(e.into());
-    }
+    let t = measure_cpu_matmul(&a, &b)?;
     let how = format!("host clock, median of {} runs after {} warm-up runs", t.reps(), FERROGRAD_PLAN.warmup);
     let threads = rayon::current_num_threads();
     let cpu = line(out, &format!("CPU backend (gemm, {threads} threads)"), t.median().as_secs_f64(), flops, &how)?;

@@ -42,6 +42,22 @@ pub const CUDA_F32_SIZES: &[usize] = &[128, 256, 512, 1024, 2048, 4096];
 pub const CUDA_HALF_SIZES: &[usize] = &[8192];
 
 pub const NAIVE_PLAN: Plan = Plan { warmup: 1, min_reps: 3, max_reps: 50, budget: Duration::from_millis(1000) };
+/// Host-clock timing of ferrograd's CPU `Tensor::matmul` (the first error, if any, ends it).
+pub fn measure_cpu_matmul(a: &Tensor, b: &Tensor) -> CliResult<Timing> {
+    let mut err = None;
+    let t = measure(FERROGRAD_PLAN, || match a.matmul(b) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            err.get_or_insert(e);
+            None
+        }
+    });
+    match err {
+        Some(e) => Err(e.into()),
+        None => Ok(t),
+    }
+}
+
 pub const FERROGRAD_PLAN: Plan = Plan { warmup: 3, min_reps: 5, max_reps: 200, budget: Duration::from_millis(500) };
 
 #[derive(Debug, Clone)]
@@ -406,17 +422,7 @@ fn bench_size(n: usize, device: Device, rng: &mut Rng) -> CliResult<SizeResult> 
 
     let flops = 2.0 * (n as f64).powi(3);
     let naive = measure(NAIVE_PLAN, || naive_matmul(&av, &bv, n));
-    let mut err = None;
-    let ours = measure(FERROGRAD_PLAN, || match a.matmul(&b) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            err.get_or_insert(e);
-            None
-        }
-    });
-    if let Some(e) = err {
-        return Err(e.into());
-    }
+    let ours = measure_cpu_matmul(&a, &b)?;
     let (naive, ferrograd) = (Measured::new(&naive, flops), Measured::new(&ours, flops));
     Ok(SizeResult { n, flops, speedup: ferrograd.gflops / naive.gflops, naive, ferrograd, max_rel_diff })
 }

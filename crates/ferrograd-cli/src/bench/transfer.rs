@@ -63,6 +63,18 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let want = x.to_vec::<f32>()?;
     let sync = || dev.synchronize();
 
+    // One copy of `src` to `to`, timed on the host up to the device being idle again; the result is
+    // dropped outside the timed part.
+    let timed_copy = |src: &Tensor, to: Device| {
+        measure_self_timed(BIG_PLAN, || {
+            let t0 = Instant::now();
+            let d = src.to_device(to)?;
+            sync()?;
+            let el = t0.elapsed();
+            drop(d);
+            Ok(el)
+        })
+    };
     let mut rows = Vec::new();
     let gbps = |name: String, t: &crate::timing::Timing| {
         let m = t.median().as_secs_f64();
@@ -73,14 +85,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let d = x.to_device(device)?;
     same("h2d pageable", &d.to_vec::<f32>()?, &want)?;
     drop(d);
-    let t = measure_self_timed(BIG_PLAN, || {
-        let t0 = Instant::now();
-        let d = x.to_device(device)?;
-        sync()?;
-        let el = t0.elapsed();
-        drop(d);
-        Ok(el)
-    })?;
+    let t = timed_copy(&x, device)?;
     rows.push(gbps(format!("h2d pageable {} MiB", cfg.mib), &t));
 
     // h2d pinned.
@@ -88,14 +93,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let d = xp.to_device(device)?;
     same("h2d pinned", &d.to_vec::<f32>()?, &want)?;
     drop(d);
-    let t = measure_self_timed(BIG_PLAN, || {
-        let t0 = Instant::now();
-        let d = xp.to_device(device)?;
-        sync()?;
-        let el = t0.elapsed();
-        drop(d);
-        Ok(el)
-    })?;
+    let t = timed_copy(&xp, device)?;
     rows.push(gbps(format!("h2d pinned {} MiB", cfg.mib), &t));
     drop(xp);
 
@@ -103,14 +101,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let xd = x.to_device(device)?;
     sync()?;
     same("d2h pageable", &xd.to_device(Device::Cpu)?.to_vec::<f32>()?, &want)?;
-    let t = measure_self_timed(BIG_PLAN, || {
-        let t0 = Instant::now();
-        let h = xd.to_device(Device::Cpu)?;
-        sync()?;
-        let el = t0.elapsed();
-        drop(h);
-        Ok(el)
-    })?;
+    let t = timed_copy(&xd, Device::Cpu)?;
     rows.push(gbps(format!("d2h pageable {} MiB", cfg.mib), &t));
     drop(xd);
     drop(want);
