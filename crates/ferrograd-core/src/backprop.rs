@@ -109,6 +109,7 @@ pub(crate) fn op_inputs(op: &Op) -> Vec<&Tensor> {
             v.extend(bias);
             v
         }
+        Op::Fused(rec) => rec.inputs.iter().collect(),
     }
 }
 
@@ -349,6 +350,7 @@ fn input_grads(node: &Tensor, op: &Op, g: &Tensor) -> Result<Vec<(Tensor, Tensor
             )?;
             vec![(logits.clone(), Tensor::from_storage(dx, logits.shape().clone(), None))]
         }
+        Op::Fused(rec) => crate::fused::input_grads(rec, node, g)?,
         Op::LayerNorm { x, weight, bias, mean, rstd } => {
             use crate::backend::BackendStorage;
             let ws = weight.as_ref().map(|w| w.storage());

@@ -19,6 +19,7 @@ pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod fused;
 pub mod layout;
 mod nn_ops;
 pub mod op;

@@ -262,4 +262,6 @@ pub enum Op {
         lse: Tensor,
         count: Tensor,
     },
+    /// A fused op (`src/fused/`): its own forward per device and its own backward.
+    Fused(crate::fused::FusedRecord),
 }

@@ -1,0 +1,148 @@
+//! The fused-op extension point: ops that are one kernel (or a few) on each device and carry their
+//! own backward, in the spirit of candle's `CustomOp`.
+//!
+//! Primitive ops (elementwise maps, reductions, matmul, views, indexing) keep their variant of the
+//! `Op` enum and their rule in `backprop.rs`. An op that fuses several of them (softmax, layer
+//! norm, cross entropy, attention, a linear layer with its activation, a selective scan, fake
+//! quantization) implements [`FusedOp`] instead, in a folder of its own under `src/fused/` holding
+//! its CPU reference, its CUDA launch, its `.cu` file and its bench, so that adding one touches that
+//! folder, one line in [`registry`] and its tests (see `docs/adding-an-op.md`).
+//!
+//! Contract:
+//! - `cpu_fwd` / `cuda_fwd` read every input through its `Layout` (strided views in place, or copy
+//!   when the kernel needs rows) and return new contiguous storages: the op's output first, then
+//!   whatever the backward needs (the *saved* tensors: per-row statistics, encoded targets, a
+//!   pre-activation). All inputs are on one device; [`apply`] checks that.
+//! - `cuda_fwd` must not synchronize with the host: a training step built from fused ops is captured
+//!   as a CUDA graph. Input errors that can only be seen on the device (an index out of range) are
+//!   raised through the device's error flag and reported at the next host read.
+//! - `backward` gets the inputs, the output and the saved tensors as `Tensor`s and returns one
+//!   gradient per input (`None` for inputs without one, such as class ids). It may call other fused
+//!   ops (its backward kernels) through [`apply_all`], which records nothing.
+
+use crate::backprop::track;
+use crate::cpu::CpuStorage;
+use crate::cuda::CudaStorage;
+use crate::op::Op;
+use crate::storage::Storage;
+use crate::{Device, Error, Layout, Result, Shape, Tensor};
+use std::sync::Arc;
+
+/// What a fused op's forward returns on one backend: each output storage with its shape, the op's
+/// value first, saved tensors after.
+pub type FusedOutputs<S> = Vec<(S, Shape)>;
+
+/// A fused op: a forward on each device and a backward. See the module documentation.
+pub trait FusedOp: Send + Sync + 'static {
+    /// The op's name, as errors and logs spell it (`layer_norm`, `scaled_dot_product_attention`).
+    fn name(&self) -> &'static str;
+
+    /// The forward on host storages.
+    fn cpu_fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>>;
+
+    /// The forward on device storages, enqueued on the current stream without host synchronization.
+    fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>>;
+
+    /// Gradients of the inputs given the gradient of the output, one entry per input.
+    fn backward(&self, ctx: &FusedCtx<'_>, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        let _ = (ctx, grad);
+        Err(Error::Backward(format!("{} is not differentiable", self.name())))
+    }
+}
+
+/// What a fused op's backward sees of its forward.
+pub struct FusedCtx<'a> {
+    pub inputs: &'a [Tensor],
+    pub output: &'a Tensor,
+    pub saved: &'a [Tensor],
+}
+
+/// A recorded fused op: the op, its inputs and the tensors its forward saved for the backward.
+#[derive(Clone)]
+pub struct FusedRecord {
+    pub op: Arc<dyn FusedOp>,
+    pub inputs: Vec<Tensor>,
+    pub saved: Vec<Tensor>,
+}
+
+/// Run the op's forward on the inputs' device and wrap every output as a tensor.
+fn forward(op: &dyn FusedOp, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let first = inputs.first().ok_or_else(|| Error::InvalidArgument(format!("{}: no inputs", op.name())))?;
+    let device = first.device();
+    if let Some(t) = inputs.iter().find(|t| t.device() != device) {
+        return Err(Error::DeviceMismatch { op: op.name(), lhs: device, rhs: t.device() });
+    }
+    let guards: Vec<_> = inputs.iter().map(|t| t.storage()).collect();
+    let outs: Vec<(Storage, Shape)> = match device {
+        Device::Cpu => {
+            let args = guards
+                .iter()
+                .zip(inputs)
+                .map(|(g, t)| g.as_cpu().map(|s| (s, t.layout())))
+                .collect::<Option<Vec<_>>>()
+                .ok_or(Error::DeviceMismatch { op: op.name(), lhs: device, rhs: Device::Cuda(0) })?;
+            op.cpu_fwd(&args)?.into_iter().map(|(s, sh)| (Storage::Cpu(s), sh)).collect()
+        }
+        Device::Cuda(_) => {
+            let args = guards
+                .iter()
+                .zip(inputs)
+                .map(|(g, t)| g.as_cuda().map(|s| (s, t.layout())))
+                .collect::<Option<Vec<_>>>()
+                .ok_or(Error::DeviceMismatch { op: op.name(), lhs: device, rhs: Device::Cpu })?;
+            op.cuda_fwd(&args)?.into_iter().map(|(s, sh)| (Storage::Cuda(s), sh)).collect()
+        }
+    };
+    drop(guards);
+    if outs.is_empty() {
+        return Err(Error::InvalidArgument(format!("{}: the forward returned no output", op.name())));
+    }
+    Ok(outs.into_iter().map(|(s, sh)| Tensor::from_storage(s, sh, None)).collect())
+}
+
+/// Apply a differentiable fused op: its value, recorded as `Op::Fused` when an input tracks
+/// gradients (the saved outputs are kept with the record, not returned).
+pub fn apply(op: Arc<dyn FusedOp>, inputs: &[&Tensor]) -> Result<Tensor> {
+    let mut outs = forward(op.as_ref(), inputs)?.into_iter();
+    let value = outs.next().ok_or_else(|| Error::InvalidArgument(format!("{}: no output", op.name())))?;
+    if !track(inputs) {
+        return Ok(value);
+    }
+    let rec = FusedRecord { op, inputs: inputs.iter().map(|t| (*t).clone()).collect(), saved: outs.collect() };
+    Ok(value.view(value.layout().clone(), Some(Op::Fused(rec))))
+}
+
+/// Run a fused op and return every output (value and saved), recording nothing: backward kernels,
+/// and ops whose extra outputs the caller wants (layer norm's statistics).
+pub fn apply_all(op: &dyn FusedOp, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+    forward(op, inputs)
+}
+
+/// The gradients of a recorded fused op's inputs, paired with the inputs (for `backprop.rs`).
+pub(crate) fn input_grads(rec: &FusedRecord, node: &Tensor, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
+    let ctx = FusedCtx { inputs: &rec.inputs, output: node, saved: &rec.saved };
+    let grads = rec.op.backward(&ctx, g)?;
+    if grads.len() != rec.inputs.len() {
+        return Err(Error::Backward(format!(
+            "{}: backward returned {} gradients for {} inputs",
+            rec.op.name(),
+            grads.len(),
+            rec.inputs.len()
+        )));
+    }
+    let mut out = vec![];
+    for (x, gx) in rec.inputs.iter().zip(grads) {
+        if let Some(gx) = gx {
+            if gx.dims() != x.dims() {
+                return Err(Error::Backward(format!(
+                    "{}: gradient of shape {:?} for an input of shape {:?}",
+                    rec.op.name(),
+                    gx.dims(),
+                    x.dims()
+                )));
+            }
+            out.push((x.clone(), gx));
+        }
+    }
+    Ok(out)
+}
