@@ -19,7 +19,7 @@ impl Prefetch {
     pub fn wait(self) -> Result<Tensor> {
         if let Some((dev, ev)) = self.done {
             dev.ctx.bind_to_thread().map_err(|e| crate::cuda::device::driver_err("cuCtxSetCurrent", e))?;
-            ev.wait_on(&dev.stream)?;
+            ev.wait_on(dev.stream())?;
             if let Some(c) = self.tensor.storage().as_cuda() {
                 c.buf.record_use_on_compute()?;
             }

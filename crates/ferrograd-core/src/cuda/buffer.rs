@@ -57,7 +57,7 @@ impl CudaBuffer {
         if bytes > 0 && POISON.load(Ordering::Relaxed) {
             dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
             // SAFETY: the range is the fresh allocation itself.
-            unsafe { result::memset_d8_async(b.ptr(), 0xFF, bytes, dev.stream.cu_stream()) }
+            unsafe { result::memset_d8_async(b.ptr(), 0xFF, bytes, dev.stream().cu_stream()) }
                 .map_err(|e| driver_err("cuMemsetD8Async", e))?;
         }
         Ok(b)

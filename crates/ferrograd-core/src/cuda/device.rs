@@ -18,8 +18,8 @@ pub struct CudaDevice {
     pub info: CudaDeviceInfo,
     pub arch: Arch,
     pub(crate) ctx: Arc<CudaContext>,
-    pub(crate) stream: Arc<CudaStream>,
-    pub(crate) copy_stream: Arc<CudaStream>,
+    compute_stream: Arc<CudaStream>,
+    copy_stream: Arc<CudaStream>,
     pub(crate) blas: Mutex<CudaBlas>,
     alloc: Mutex<CachingAllocator<DriverMemory, DriverEvents>>,
     funcs: Mutex<HashMap<String, CudaFunction>>,
@@ -108,7 +108,7 @@ impl CudaDevice {
             info,
             arch,
             ctx,
-            stream,
+            compute_stream: stream,
             copy_stream,
             blas: Mutex::new(blas),
             alloc: Mutex::new(alloc),
@@ -116,6 +116,18 @@ impl CudaDevice {
             modules: Mutex::new(HashMap::new()),
             pending: Mutex::new(Default::default()),
         })
+    }
+
+    /// The stream ops are enqueued on. Every launch and async copy of an op goes through this
+    /// accessor, never a stored stream, so that the stream registry can redirect work (a
+    /// `torch.cuda.stream`-style guard, graph capture) in one place.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.compute_stream
+    }
+
+    /// The stream host<->device transfers and prefetches run on.
+    pub(crate) fn copy_stream(&self) -> &Arc<CudaStream> {
+        &self.copy_stream
     }
 
     pub(crate) fn allocator(&self) -> MutexGuard<'_, CachingAllocator<DriverMemory, DriverEvents>> {
@@ -198,8 +210,8 @@ impl CudaDevice {
 
     /// Block until all queued work on both streams is done.
     pub fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
-        self.copy_stream.synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
+        self.stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
+        self.copy_stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
         lock(&self.pending).wait_all()
     }
 
@@ -247,7 +259,7 @@ impl CudaDevice {
                 (grid, 1, 1),
                 (block, 1, 1),
                 shared_mem_bytes,
-                self.stream.cu_stream(),
+                self.stream().cu_stream(),
                 args,
             )
         }

@@ -83,7 +83,7 @@ impl CudaStorage {
             dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
             let bytes = n * self.dtype().size_in_bytes();
             // SAFETY: both ranges lie inside live buffers of at least `bytes` bytes.
-            unsafe { result::memcpy_dtod_async(dst, self.buf.ptr_at(l.offset()), bytes, dev.stream.cu_stream()) }
+            unsafe { result::memcpy_dtod_async(dst, self.buf.ptr_at(l.offset()), bytes, dev.stream().cu_stream()) }
                 .map_err(|e| driver_err("cuMemcpyDtoDAsync", e))?;
             return Ok(());
         }

@@ -169,7 +169,7 @@ macro_rules! launch {
     ($dev:expr, $module:expr, $name:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
         let name: &str = &$name;
         let f = $dev.func(&$module, name)?;
-        let mut b = $dev.stream.launch_builder(&f);
+        let mut b = $dev.stream().launch_builder(&f);
         $crate::cuda::storage::launch!(@push b; $($arg),*);
         // SAFETY: argument types and counts follow docs/kernel-abi.md for this kernel; every
         // pointer refers to a live buffer of the right length.

@@ -17,12 +17,12 @@ impl GpuTimer {
 
     /// Mark the start: everything queued on `dev`'s compute stream after this is timed.
     pub fn start(&self, dev: &CudaDevice) -> Result<()> {
-        self.start.record(&dev.stream)
+        self.start.record(dev.stream())
     }
 
     /// Mark the end, wait for it, and return the elapsed device time in milliseconds.
     pub fn stop(&self, dev: &CudaDevice) -> Result<f64> {
-        self.end.record(&dev.stream)?;
+        self.end.record(dev.stream())?;
         self.end.synchronize()?;
         Ok(self.start.elapsed_ms(&self.end)? as f64)
     }

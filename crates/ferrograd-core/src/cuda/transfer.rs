@@ -42,20 +42,20 @@ pub fn par_copy(dst: &mut [u8], src: &[u8]) {
 /// The copy stream waits for everything queued on the compute stream so far.
 fn copy_after_compute(dev: &CudaDevice) -> Result<()> {
     let e = Event::new()?;
-    e.record(&dev.stream)?;
-    e.wait_on(&dev.copy_stream)
+    e.record(dev.stream())?;
+    e.wait_on(dev.copy_stream())
 }
 
 unsafe fn dma_htod(dev: &CudaDevice, dst: u64, src: *const u8, n: usize) -> Result<()> {
     // SAFETY (caller): `src` is pinned (or staged by the driver) and `dst` holds `n` bytes.
-    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const _, n, dev.copy_stream.cu_stream()) }
+    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const _, n, dev.copy_stream().cu_stream()) }
         .result()
         .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))
 }
 
 unsafe fn dma_dtoh(dev: &CudaDevice, dst: *mut u8, src: u64, n: usize) -> Result<()> {
     // SAFETY (caller): `dst` is pinned and holds `n` bytes, `src` is a live device range.
-    unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut _, src, n, dev.copy_stream.cu_stream()) }
+    unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut _, src, n, dev.copy_stream().cu_stream()) }
         .result()
         .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))
 }
@@ -70,7 +70,7 @@ pub fn htod(dev: &Arc<CudaDevice>, src: &[u8], dst: &CudaBuffer) -> Result<()> {
     if src.len() < STAGE_MIN {
         // SAFETY: `dst` holds at least `src.len()` bytes; the driver stages a pageable source
         // before the call returns.
-        return unsafe { result::memcpy_htod_async(dst.ptr(), src, dev.stream.cu_stream()) }
+        return unsafe { result::memcpy_htod_async(dst.ptr(), src, dev.stream().cu_stream()) }
             .map_err(|e| driver_err("cuMemcpyHtoDAsync", e));
     }
     copy_after_compute(dev)?;
@@ -86,11 +86,11 @@ pub fn htod(dev: &Arc<CudaDevice>, src: &[u8], dst: &CudaBuffer) -> Result<()> {
         par_copy(bufs[s].as_mut_slice(chunk.len()), chunk);
         // SAFETY: the pinned chunk holds `chunk.len()` bytes and is not touched until its event.
         unsafe { dma_htod(dev, dst.ptr() + (i * CHUNK) as u64, bufs[s].as_ptr(), chunk.len())? };
-        events[s].record(&dev.copy_stream)?;
+        events[s].record(dev.copy_stream())?;
         used[s] = true;
         last = s;
     }
-    events[last].wait_on(&dev.stream)?;
+    events[last].wait_on(dev.stream())?;
     // The pinned chunks go back to the pool, so their copies must be done.
     for (e, u) in events.iter().zip(used) {
         if u {
@@ -124,8 +124,8 @@ pub unsafe fn htod_pinned(
         unsafe { dma_htod(dev, dst.ptr(), src, n)? };
     }
     let (done, release) = (Event::new()?, Event::new()?);
-    done.record(&dev.copy_stream)?;
-    release.record(&dev.copy_stream)?;
+    done.record(dev.copy_stream())?;
+    release.record(dev.copy_stream())?;
     dev.defer(release, keep);
     Ok(done)
 }
@@ -139,9 +139,9 @@ pub fn dtoh(dev: &Arc<CudaDevice>, src: &CudaBuffer, dst: &mut [u8]) -> Result<(
     bind(dev)?;
     if dst.len() < STAGE_MIN {
         // SAFETY: `src` holds at least `dst.len()` bytes; we synchronise before `dst` is read.
-        unsafe { result::memcpy_dtoh_async(dst, src.ptr(), dev.stream.cu_stream()) }
+        unsafe { result::memcpy_dtoh_async(dst, src.ptr(), dev.stream().cu_stream()) }
             .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
-        return dev.stream.synchronize().map_err(|e| driver_err("cuStreamSynchronize", e));
+        return dev.stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e));
     }
     copy_after_compute(dev)?;
     let mut bufs = [PinnedBuf::new(dev, CHUNK)?, PinnedBuf::new(dev, CHUNK)?];
@@ -152,7 +152,7 @@ pub fn dtoh(dev: &Arc<CudaDevice>, src: &CudaBuffer, dst: &mut [u8]) -> Result<(
     let enqueue = |i: usize, buf: &mut PinnedBuf, ev: &Event| -> Result<()> {
         // SAFETY: the pinned buffer holds CHUNK bytes and is read only after `ev` completes.
         unsafe { dma_dtoh(dev, buf.as_mut_slice(len(i)).as_mut_ptr(), src.ptr() + (i * CHUNK) as u64, len(i))? };
-        ev.record(&dev.copy_stream)
+        ev.record(dev.copy_stream())
     };
     for (i, (b, e)) in bufs.iter_mut().zip(&events).enumerate().take(chunks) {
         enqueue(i, b, e)?;
@@ -200,8 +200,8 @@ pub(crate) fn htod_many(
     // SAFETY: the staging buffer holds `total` bytes and is kept alive until the copy completes.
     unsafe { dma_htod(dev, base, staging.as_ptr(), total)? };
     let done = Event::new()?;
-    done.record(&dev.copy_stream)?;
-    done.wait_on(&dev.stream)?;
+    done.record(dev.copy_stream())?;
+    done.wait_on(dev.stream())?;
     dev.defer(done, Box::new(staging));
     Ok((guard, offsets))
 }
