@@ -47,7 +47,7 @@ pub struct PhaseProfile {
     pub grid: usize,
     pub block: usize,
     pub smem_bytes: usize,
-    /// The SM clock the cycles are converted at (the driver's nominal rate, MHz).
+    /// The SM clock the cycles are converted at (MHz): the one measured over the run.
     pub clock_mhz: f64,
     pub phases: Vec<Phase>,
 }
@@ -416,17 +416,23 @@ impl PersistentMlp {
             }
             losses.push(f32::from_bits(bits));
         }
-        Ok(TrainRun { losses, seconds, phases: self.phases(&prof, steps)? })
+        Ok(TrainRun { losses, seconds, phases: self.phases(&prof, steps, seconds)? })
     }
 
-    fn phases(&self, prof: &Tensor, steps: usize) -> Result<PhaseProfile> {
+    /// Cycles to microseconds at the clock the SMs actually ran at: the blocks' mean total cycles
+    /// over the run's wall time (the nominal clock overstates it when the GPU runs below boost).
+    fn phases(&self, prof: &Tensor, steps: usize, seconds: f64) -> Result<PhaseProfile> {
         let words = prof.to_vec::<u32>()?;
-        let khz = self.dev.clock_rate_khz()?.max(1) as f64;
-        let per_step_us = |cycles: u64| cycles as f64 / steps.max(1) as f64 / khz * 1e3;
         let blocks: Vec<[u64; 6]> = words
             .chunks_exact(16)
             .map(|b| std::array::from_fn(|i| b[2 * i] as u64 | (b[2 * i + 1] as u64) << 32))
             .collect();
+        let mean_total = blocks.iter().map(|b| b.iter().sum::<u64>() as f64).sum::<f64>() / blocks.len().max(1) as f64;
+        let khz = match mean_total / seconds {
+            hz if hz.is_finite() && hz > 1e6 => hz / 1e3,
+            _ => self.dev.clock_rate_khz()?.max(1) as f64,
+        };
+        let per_step_us = |cycles: u64| cycles as f64 / steps.max(1) as f64 / khz * 1e3;
         let phases = PHASES
             .iter()
             .enumerate()
