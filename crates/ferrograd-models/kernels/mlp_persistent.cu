@@ -3,6 +3,8 @@
 // ReLU or linear after each layer, MSE loss, Adam) whose weights fit in shared memory; Monster
 // Walk (71-47-23-11-5-11-23-47-71, 9,690 parameters, 8,023 steps of 5,041 rows) is the workload
 // it was built for. Rust side: src/persistent/ (layout.rs mirrors every offset used here).
+// Over 600 lines on purpose: design note, fragment helpers and kernel are one unit whose offsets
+// and invariants must be read together.
 //
 // ---- Design note --------------------------------------------------------------------------------
 // The floor (issue 14, 113 copies x 71 epochs): 40.4M samples x 56.7 kFLOP (forward 2x9,452 MACs,
