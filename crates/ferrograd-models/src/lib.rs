@@ -2,3 +2,4 @@
 //! (see `shared/MONSTER_WALK.md`).
 
 pub mod monster_walk;
+pub mod persistent;
