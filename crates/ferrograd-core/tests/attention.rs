@@ -394,11 +394,15 @@ fn parity_case(
     let (tf, tb) = parity_tol(dtype);
     assert_eq!(o.device(), dev, "{what}");
     assert_eq!(o.dtype(), dtype, "{what}");
-    let e = rel_err(&o.to_dtype(DType::F64)?, &ro);
-    assert!(e < tf, "{what}: forward rel err {e:.3e} > {tf:.0e}");
-    for (name, (a, r)) in ["dq", "dk", "dv"].iter().zip(g.iter().zip(&rg)) {
-        let e = rel_err(&a.to_dtype(DType::F64)?, r);
-        assert!(e < tb, "{what}: {name} rel err {e:.3e} > {tb:.0e}");
+    let mut errs = vec![rel_err(&o.to_dtype(DType::F64)?, &ro)];
+    for (a, r) in g.iter().zip(&rg) {
+        assert_eq!(a.device(), dev, "{what}");
+        errs.push(rel_err(&a.to_dtype(DType::F64)?, r));
+    }
+    println!("{what}: rel err o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", errs[0], errs[1], errs[2], errs[3]);
+    assert!(errs[0] < tf, "{what}: forward rel err {:.3e} > {tf:.0e}", errs[0]);
+    for (name, e) in ["dq", "dk", "dv"].iter().zip(&errs[1..]) {
+        assert!(*e < tb, "{what}: {name} rel err {e:.3e} > {tb:.0e}");
     }
     Ok(())
 }
@@ -457,5 +461,32 @@ fn cuda_rows_past_a_tile_and_unaligned_views() -> Result<()> {
         let e = rel_err(&got.to_dtype(DType::F64)?, &want);
         assert!(e < parity_tol(dtype).0, "{dtype} narrowed: {e:.3e}");
     }
+    Ok(())
+}
+
+/// A few small cases, forward and backward, for compute-sanitizer (memcheck, racecheck): every
+/// kernel of the op, partial tiles, causal, dropout, each dtype.
+#[test]
+fn cuda_sanitizer_smoke() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let mut rng = Rng::new(10);
+    parity_case(dev, &mut rng, DType::BF16, (1, 2, 129, 129, 64), Inputs::FusedQkv, true, 0.2)?;
+    parity_case(dev, &mut rng, DType::F16, (1, 1, 77, 45, 128), Inputs::Separate, false, 0.0)?;
+    parity_case(dev, &mut rng, DType::BF16, (1, 1, 33, 70, 96), Inputs::Transposed, true, 0.0)?;
+    parity_case(dev, &mut rng, DType::F32, (1, 2, 70, 70, 64), Inputs::FusedQkv, true, 0.1)?;
+    Ok(())
+}
+
+#[test]
+fn bench_workload_checks_on_the_cpu() -> Result<()> {
+    use ferrograd_core::fused::attention::bench::{tolerance, Workload};
+    let w = Workload::new(&mut Rng::new(11), 2, 3, 45, 16, DType::F32, CPU, true)?;
+    let o = w.forward()?;
+    assert_eq!(o.dims(), [2, 3, 45, 16]);
+    assert!(w.check_forward(&o, &mut Rng::new(1), 4)? < 1e-5);
+    assert!(w.check_backward()? < tolerance(DType::F32));
+    // The check can fail: a wrong output is caught.
+    assert!(w.check_forward(&o.mul_scalar(1.01)?, &mut Rng::new(1), 4)? > 1e-3);
+    assert_eq!(w.flops(false), 4.0 * 6.0 * 45.0 * 45.0 * 16.0 / 2.0);
     Ok(())
 }
