@@ -36,6 +36,27 @@ fn rel_err(x: &Tensor, y: &Tensor) -> f64 {
     }
 }
 
+fn norm(x: &Tensor) -> f64 {
+    x.to_f64_vec().expect("values").iter().map(|v| v * v).sum::<f64>().sqrt()
+}
+
+/// ‖x − y‖ / max(‖y‖, floor); infinite when anything is not finite.
+fn rel_err_floor(x: &Tensor, y: &Tensor, floor: f64) -> f64 {
+    let (e, n) = (rel_err(x, y), norm(y));
+    if !e.is_finite() && n > 0.0 {
+        return e;
+    }
+    let diff = norm(&x.sub(y).expect("difference"));
+    if !diff.is_finite() {
+        return f64::INFINITY;
+    }
+    if diff == 0.0 {
+        0.0
+    } else {
+        diff / n.max(floor)
+    }
+}
+
 /// The `[B, H, T, D]` views of a `[B, T, 3, H, D]` buffer, as a fused QKV projection gives them.
 fn qkv_views(qkv: &Tensor) -> Vec<Tensor> {
     (0..3).map(|i| qkv.narrow(2, i, 1).unwrap().squeeze(2).unwrap().permute(&[0, 2, 1, 3]).unwrap()).collect()
@@ -395,16 +416,20 @@ fn parity_case(
     assert_eq!(o.device(), dev, "{what}");
     assert_eq!(o.dtype(), dtype, "{what}");
     let mut errs = vec![rel_err(&o.to_dtype(DType::F64)?, &ro)];
+    // dq and dk can be exactly zero (one key: the softmax is constant), so their errors are taken
+    // relative to at least 1% of dv's norm.
+    let floor = 0.01 * norm(&rg[2]);
     for (a, r) in g.iter().zip(&rg) {
         assert_eq!(a.device(), dev, "{what}");
-        errs.push(rel_err(&a.to_dtype(DType::F64)?, r));
+        errs.push(rel_err_floor(&a.to_dtype(DType::F64)?, r, floor));
     }
-    println!("{what}: rel err o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", errs[0], errs[1], errs[2], errs[3]);
-    assert!(errs[0] < tf, "{what}: forward rel err {:.3e} > {tf:.0e}", errs[0]);
-    for (name, e) in ["dq", "dk", "dv"].iter().zip(&errs[1..]) {
-        assert!(*e < tb, "{what}: {name} rel err {e:.3e} > {tb:.0e}");
+    let line = format!("{what}: rel err o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", errs[0], errs[1], errs[2], errs[3]);
+    println!("{line}");
+    if errs[0] < tf && errs[1..].iter().all(|e| *e < tb) {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!("{line} (tolerances {tf:.0e} / {tb:.0e})")))
     }
-    Ok(())
 }
 
 #[test]
@@ -412,7 +437,7 @@ fn cuda_parity_forward_and_backward() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let mut rng = Rng::new(7);
     let shapes = [(1, 1), (17, 17), (129, 129), (300, 300), (17, 129), (129, 17)];
-    let mut case = 0usize;
+    let (mut case, mut failures) = (0usize, Vec::new());
     for dtype in [DType::BF16, DType::F16, DType::F32] {
         for &(tq, tk) in &shapes {
             for causal in [false, true] {
@@ -424,11 +449,14 @@ fn cuda_parity_forward_and_backward() -> Result<()> {
                         _ => Inputs::Separate,
                     };
                     case += 1;
-                    parity_case(dev, &mut rng, dtype, (2, 3, tq, tk, d), kind, causal, p)?;
+                    if let Err(e) = parity_case(dev, &mut rng, dtype, (2, 3, tq, tk, d), kind, causal, p) {
+                        failures.push(e.to_string());
+                    }
                 }
             }
         }
     }
+    assert!(failures.is_empty(), "{} of {case} cases failed:\n{}", failures.len(), failures.join("\n"));
     Ok(())
 }
 

@@ -186,16 +186,13 @@ template <> struct FgTc<__half> {
 // ---------------------------------------------------------------------------------------------
 
 template <int D> struct FgAttnTile {
-  // Forward: query rows per warp = 16 * MT, key/value rows per step = BKV.
+  // Forward: query rows per warp = 16 * MT (key/value rows per step: the kernel's BKV).
   static constexpr int MT = D <= 128 ? 2 : 1;
   static constexpr int FWD_BQ = FG_ATTN_WARPS * 16 * MT;
-  static constexpr int FWD_BKV = D <= 64 ? 64 : 32;
-  // Backward: key/value rows per block (16 per warp), query rows per step.
+  // Backward: key/value rows per block, 16 per warp (query rows per step: the kernel's BQ).
   static constexpr int BWD_BKV = FG_ATTN_WARPS * 16;
-  static constexpr int BWD_BQ = D <= 96 ? 64 : 32;
   // Shared-memory row stride in elements: 16 bytes of padding per row.
   static constexpr int DP = D + 8;
-  static constexpr int SP = BWD_BQ + 8;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -210,15 +207,32 @@ static __device__ __forceinline__ void fg_attn_load(unsigned int dst, const T* _
                                                     int r0, int nrows) {
   constexpr int CPR = D / 8;  // 16-byte chunks a row
   constexpr int TOTAL = ROWS * CPR;
+  constexpr int PER = (TOTAL + FG_ATTN_THREADS - 1) / FG_ATTN_THREADS;  // chunks a thread
+  if constexpr (FG_ATTN_THREADS % CPR == 0) {
+    // Every chunk of a thread is in the same column, RSTEP rows apart: one address computation.
+    constexpr int RSTEP = FG_ATTN_THREADS / CPR;
+    const int row = (int)threadIdx.x / CPR, col = ((int)threadIdx.x % CPR) * 8;
+    const T* s = src + (long long)(r0 + row) * st + col;
+    const unsigned int d = dst + (unsigned int)((row * DP + col) * (int)sizeof(T));
 #pragma unroll
-  for (int c0 = 0; c0 < TOTAL; c0 += FG_ATTN_THREADS) {
-    const int c = c0 + (int)threadIdx.x;
-    if (TOTAL % FG_ATTN_THREADS == 0 || c < TOTAL) {
-      const int row = c / CPR, col = (c - row * CPR) * 8;
-      const int gr = r0 + row;
-      const bool valid = gr < nrows;
-      fg_cp16(dst + (unsigned int)((row * DP + col) * (int)sizeof(T)), src + (long long)(valid ? gr : 0) * st + col,
-              valid);
+    for (int k = 0; k < PER; ++k) {
+      if (TOTAL % FG_ATTN_THREADS == 0 || row + k * RSTEP < ROWS) {
+        const bool valid = r0 + row + k * RSTEP < nrows;
+        fg_cp16(d + (unsigned int)(k * RSTEP * DP * (int)sizeof(T)), valid ? s + (long long)k * RSTEP * st : src,
+                valid);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int c = k * FG_ATTN_THREADS + (int)threadIdx.x;
+      if (TOTAL % FG_ATTN_THREADS == 0 || c < TOTAL) {
+        const int row = c / CPR, col = (c - row * CPR) * 8;
+        const int gr = r0 + row;
+        const bool valid = gr < nrows;
+        fg_cp16(dst + (unsigned int)((row * DP + col) * (int)sizeof(T)),
+                src + (long long)(valid ? gr : 0) * st + col, valid);
+      }
     }
   }
 }
@@ -243,13 +257,13 @@ static __device__ __forceinline__ void fg_attn_store_warp(T* __restrict__ dst, l
 // Forward, tensor cores
 // ---------------------------------------------------------------------------------------------
 
-template <typename T, int D>
+template <typename T, int D, int BKV>
 static __device__ __forceinline__ void fg_attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k,
                                                       const T* __restrict__ v, T* __restrict__ o,
                                                       float* __restrict__ lse, const FgAttnParams& p) {
   typedef FgAttnTile<D> C;
   typedef FgTc<T> M;
-  constexpr int MT = C::MT, BQ = C::FWD_BQ, BKV = C::FWD_BKV, DP = C::DP;
+  constexpr int MT = C::MT, BQ = C::FWD_BQ, DP = C::DP;
   constexpr int NT = BKV / 8, DT = D / 8, KC = D / 16, SZ = (int)sizeof(T);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const unsigned int bh = blockIdx.x, b = bh / p.H, h = bh - b * p.H;
@@ -352,6 +366,8 @@ static __device__ __forceinline__ void fg_attn_fwd_tc(const T* __restrict__ q, c
 
     // Online softmax: m = running row max of scale * log2(e) * S, l = this thread's share of the
     // row sum (the four threads of a row are summed at the end).
+    float alpha[MT][2], mref[MT][2];
+    bool grew = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -362,24 +378,35 @@ static __device__ __forceinline__ void fg_attn_fwd_tc(const T* __restrict__ q, c
         mx = fmaxf(mx, __shfl_xor_sync(FG_FULL, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(FG_FULL, mx, 2));
         const float mnew = fmaxf(mrow[mt][hh], mx);
-        const float mref = mnew == -FG_INF_F ? 0.f : mnew;
-        const float alpha = fg_exp2(mrow[mt][hh] - mref);
+        mref[mt][hh] = mnew == -FG_INF_F ? 0.f : mnew;
+        alpha[mt][hh] = fg_exp2(mrow[mt][hh] - mref[mt][hh]);
+        grew |= mnew != mrow[mt][hh];
         mrow[mt][hh] = mnew;
+      }
+    }
+    // O is rescaled only when a row maximum of this warp grew (rarely, once past the first tiles).
+    if (__any_sync(FG_FULL, grew)) {
 #pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          acc[mt][dt][2 * hh] *= alpha;
-          acc[mt][dt][2 * hh + 1] *= alpha;
-        }
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][dt][e] *= alpha[mt][e >> 1];
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
         float ls = 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 2 * hh; e < 2 * hh + 2; ++e) {
-            const float pv = fg_exp2(s[mt][nt][e] - mref);
+            const float pv = fg_exp2(s[mt][nt][e] - mref[mt][hh]);
             s[mt][nt][e] = pv;
             ls += pv;
           }
-        lrow[mt][hh] = lrow[mt][hh] * alpha + ls;
+        lrow[mt][hh] = lrow[mt][hh] * alpha[mt][hh] + ls;
       }
     }
 
@@ -461,7 +488,7 @@ static __device__ __forceinline__ void fg_attn_fwd_tc(const T* __restrict__ q, c
 // Backward, tensor cores
 // ---------------------------------------------------------------------------------------------
 
-template <typename T, int D>
+template <typename T, int D, int BQ>
 static __device__ __forceinline__ void fg_attn_bwd_tc(const T* __restrict__ q, const T* __restrict__ k,
                                                       const T* __restrict__ v, const T* __restrict__ dout,
                                                       const float* __restrict__ lse,
@@ -470,7 +497,7 @@ static __device__ __forceinline__ void fg_attn_bwd_tc(const T* __restrict__ q, c
                                                       const FgAttnParams& p) {
   typedef FgAttnTile<D> C;
   typedef FgTc<T> M;
-  constexpr int BKV = C::BWD_BKV, BQ = C::BWD_BQ, DP = C::DP, SP = C::SP, SZ = (int)sizeof(T);
+  constexpr int BKV = C::BWD_BKV, DP = C::DP, SP = BQ + 8, SZ = (int)sizeof(T);
   constexpr int NQ = BQ / 8, DT = D / 8, KC = D / 16, QC = BQ / 16;
   // dQ = dS K: warp w takes query m-tile w % QC and n-tiles [w / QC * DTW, ...) of the head dim.
   constexpr int WN = FG_ATTN_WARPS / QC, DTW = DT / WN;
@@ -1013,17 +1040,37 @@ static __device__ __forceinline__ void fg_attn_bwd_simt(const float* __restrict_
 
 #define FG_ATTN_NAME2(stem, d, suf) stem##d##_##suf
 #define FG_ATTN_NAME(stem, d, suf) FG_ATTN_NAME2(stem, d, suf)
+#define FG_ATTN_TNAME2(stem, d, tile, suf) stem##d##_##tile##_##suf
+#define FG_ATTN_TNAME(stem, d, tile, suf) FG_ATTN_TNAME2(stem, d, tile, suf)
 
-#define FG_ATTN_TC(SUF, T)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(FG_ATTN_THREADS) FG_ATTN_NAME(fg_attn_fwd_d, FG_ATTN_D, SUF)(  \
-      const T* q, const T* k, const T* v, T* o, float* lse, FgAttnParams p) {                              \
-    fg_attn_fwd_tc<T, FG_ATTN_D>(q, k, v, o, lse, p);                                                      \
-  }                                                                                                         \
-  extern "C" __global__ void __launch_bounds__(FG_ATTN_THREADS) FG_ATTN_NAME(fg_attn_bwd_d, FG_ATTN_D, SUF)(  \
-      const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta,             \
-      float* dq_acc, T* dk, T* dv, FgAttnParams p) {                                                        \
-    fg_attn_bwd_tc<T, FG_ATTN_D>(q, k, v, dout, lse, delta, dq_acc, dk, dv, p);                            \
+// Tensor-core kernels per tile: fg_attn_fwd_d{D}_k{BKV}_{bf16,f16}, fg_attn_bwd_d{D}_q{BQ}_{..}.
+#define FG_ATTN_FWD(SUF, T, BKV)                                                                          \
+  extern "C" __global__ void __launch_bounds__(FG_ATTN_THREADS)                                            \
+      FG_ATTN_TNAME(fg_attn_fwd_d, FG_ATTN_D, k##BKV, SUF)(const T* q, const T* k, const T* v, T* o,       \
+                                                          float* lse, FgAttnParams p) {                    \
+    fg_attn_fwd_tc<T, FG_ATTN_D, BKV>(q, k, v, o, lse, p);                                                 \
   }
+#define FG_ATTN_BWD(SUF, T, BQ)                                                                           \
+  extern "C" __global__ void __launch_bounds__(FG_ATTN_THREADS)                                            \
+      FG_ATTN_TNAME(fg_attn_bwd_d, FG_ATTN_D, q##BQ, SUF)(const T* q, const T* k, const T* v,               \
+                                                         const T* dout, const float* lse,                  \
+                                                         const float* delta, float* dq_acc, T* dk, T* dv,  \
+                                                         FgAttnParams p) {                                 \
+    fg_attn_bwd_tc<T, FG_ATTN_D, BQ>(q, k, v, dout, lse, delta, dq_acc, dk, dv, p);                        \
+  }
+#define FG_ATTN_TILES(SUF, T) FG_ATTN_FWD_TILES(FG_ATTN_FWD, SUF, T) FG_ATTN_BWD_TILES(FG_ATTN_BWD, SUF, T)
+
+// The tiles each head dim is built with (cuda.rs picks among them).
+#if FG_ATTN_D <= 64
+#define FG_ATTN_FWD_TILES(M, SUF, T) M(SUF, T, 64)
+#define FG_ATTN_BWD_TILES(M, SUF, T) M(SUF, T, 32) M(SUF, T, 64)
+#elif FG_ATTN_D <= 96
+#define FG_ATTN_FWD_TILES(M, SUF, T) M(SUF, T, 32)
+#define FG_ATTN_BWD_TILES(M, SUF, T) M(SUF, T, 64)
+#else
+#define FG_ATTN_FWD_TILES(M, SUF, T) M(SUF, T, 32) M(SUF, T, 64)
+#define FG_ATTN_BWD_TILES(M, SUF, T) M(SUF, T, 32) M(SUF, T, 64)
+#endif
 
 #define FG_ATTN_COMMON(SUF, T)                                                                              \
   FG_KERNEL FG_ATTN_NAME(fg_attn_bwd_pre_d, FG_ATTN_D, SUF)(const T* o, const T* dout, float* delta,         \
@@ -1034,8 +1081,8 @@ static __device__ __forceinline__ void fg_attn_bwd_simt(const float* __restrict_
     fg_attn_dq<T, FG_ATTN_D>(dq_acc, dq, p);                                                               \
   }
 
-FG_ATTN_TC(bf16, __nv_bfloat16)
-FG_ATTN_TC(f16, __half)
+FG_ATTN_TILES(bf16, __nv_bfloat16)
+FG_ATTN_TILES(f16, __half)
 FG_ATTN_COMMON(bf16, __nv_bfloat16)
 FG_ATTN_COMMON(f16, __half)
 FG_ATTN_COMMON(f32, float)

@@ -57,9 +57,34 @@ unsafe impl DeviceRepr for AttnParams {}
 /// Tile shapes of `FgAttnTile<D>` and the f32 kernels; the dynamic shared memory each kernel needs.
 struct Tiles {
     fwd_bq: usize,
+    /// Key rows per step of the forward (its kernel's `k` tile), query rows per step of the backward.
+    fwd_bkv: usize,
+    bwd_bq: usize,
     bwd_bkv: usize,
     fwd_smem: usize,
     bwd_smem: usize,
+}
+
+/// The tensor-core tiles per head dim (`FG_ATTN_FWD_TILES` / `FG_ATTN_BWD_TILES` list the ones
+/// built): forward key rows per step, backward query rows per step. `FERROGRAD_ATTENTION_TILES`
+/// (`k64,q32`) overrides them, for tuning.
+fn tile_choice(d: usize) -> (usize, usize) {
+    let mut t = match d {
+        ..=64 => (64, 64),
+        65..=96 => (32, 64),
+        _ => (32, 32),
+    };
+    if let Ok(v) = std::env::var("FERROGRAD_ATTENTION_TILES") {
+        for part in v.split(',') {
+            let part = part.trim();
+            if let Some(n) = part.strip_prefix('k').and_then(|x| x.parse().ok()) {
+                t.0 = n;
+            } else if let Some(n) = part.strip_prefix('q').and_then(|x| x.parse().ok()) {
+                t.1 = n;
+            }
+        }
+    }
+    t
 }
 
 fn tiles(d: usize, dtype: DType) -> Tiles {
@@ -69,6 +94,8 @@ fn tiles(d: usize, dtype: DType) -> Tiles {
         let ds = d + 1;
         return Tiles {
             fwd_bq: 64,
+            fwd_bkv: 32,
+            bwd_bq: 32,
             bwd_bkv: 32,
             fwd_smem: ((64 + 2 * 32) * ds + 64 * 33) * 4,
             bwd_smem: (4 * 32 * ds + 2 * 32 * 33 + 2 * 32) * 4,
@@ -76,15 +103,27 @@ fn tiles(d: usize, dtype: DType) -> Tiles {
     }
     let mt = if d <= 128 { 2 } else { 1 };
     let fwd_bq = 4 * 16 * mt;
-    let fwd_bkv = if d <= 64 { 64 } else { 32 };
-    let (bwd_bkv, bwd_bq) = (64, if d <= 96 { 64 } else { 32 });
+    let (fwd_bkv, bwd_bq) = tile_choice(d);
+    let bwd_bkv = 64;
     let dp = d + 8;
     Tiles {
         fwd_bq,
+        fwd_bkv,
+        bwd_bq,
         bwd_bkv,
         fwd_smem: (fwd_bq + 4 * fwd_bkv) * dp * 2,
         bwd_smem: (2 * bwd_bkv + 4 * bwd_bq) * dp * 2 + bwd_bkv * (bwd_bq + 8) * 2 + 4 * bwd_bq * 4,
     }
+}
+
+/// The forward and backward kernels' names for this head dim, dtype and tiles.
+fn kernel_names(d: usize, dtype: DType, t: &Tiles) -> Result<(String, String)> {
+    let sfx = suffix(dtype)?;
+    Ok(if dtype == DType::F32 {
+        (format!("fg_attn_fwd_d{d}_{sfx}"), format!("fg_attn_bwd_d{d}_{sfx}"))
+    } else {
+        (format!("fg_attn_fwd_d{d}_k{}_{sfx}", t.fwd_bkv), format!("fg_attn_bwd_d{d}_q{}_{sfx}", t.bwd_bq))
+    })
 }
 
 fn suffix(dtype: DType) -> Result<&'static str> {
@@ -205,7 +244,7 @@ type Operand<'a> = (&'a CudaStorage, &'a Layout);
 /// Outputs: O `[B, Tq, H, D]`, the log-sum-exp `[B, H, Tq]` (f32).
 pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Result<FusedOutputs<CudaStorage>> {
     let dtype = q.0.dtype();
-    let (sfx, m) = (suffix(dtype)?, module(pb.d)?);
+    let m = module(pb.d)?;
     let dev = q.0.dev().clone();
     let Problem { b, h, tq, d, .. } = *pb;
     let o = CudaStorage::uninit(&dev, b * tq * h * d, dtype)?;
@@ -217,7 +256,7 @@ pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Resul
         let (vp, vs, _vc) = operand(v.0, v.1, false, tc)?;
         let p = AttnParams { q: qs, k: ks, v: vs, o: bthd_strides(tq, h, d), ..params(pb) };
         let t = tiles(d, dtype);
-        let name = format!("fg_attn_fwd_d{d}_{sfx}");
+        let (name, _) = kernel_names(d, dtype, &t)?;
         allow_smem(&dev, m, &name, t.fwd_smem)?;
         let c = cfg((b * h, tq.div_ceil(t.fwd_bq)), if tc { 128 } else { 256 }, t.fwd_smem);
         launch!(dev, *m, name, c; qp, kp, vp, o.buf.ptr(), lse.buf.ptr(), p);
@@ -279,7 +318,7 @@ pub(super) fn backward(
                 op, gp, delta.buf.ptr(), dq_acc.buf.ptr(), p);
         }
         let t = tiles(d, dtype);
-        let name = format!("fg_attn_bwd_d{d}_{sfx}");
+        let (_, name) = kernel_names(d, dtype, &t)?;
         allow_smem(&dev, m, &name, t.bwd_smem)?;
         let c = cfg((b * h, tk.div_ceil(t.bwd_bkv)), 128, t.bwd_smem);
         launch!(dev, *m, name, c; qp, kp, vp, gp, lp, delta.buf.ptr(), dq_acc.buf.ptr(), dk.buf.ptr(), dv.buf.ptr(), p);
