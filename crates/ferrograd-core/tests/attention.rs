@@ -46,7 +46,7 @@ fn rel_err_floor(x: &Tensor, y: &Tensor, floor: f64) -> f64 {
     if !e.is_finite() && n > 0.0 {
         return e;
     }
-    let diff = norm(&x.sub(y).expect("difference"));
+    let diff = norm(&x.to_device(CPU).and_then(|x| x.sub(y)).expect("difference"));
     if !diff.is_finite() {
         return f64::INFINITY;
     }

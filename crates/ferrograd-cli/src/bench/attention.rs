@@ -82,15 +82,23 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     writeln!(out, "{}", "-".repeat(head.chars().count()))?;
 
     let mut rng = Rng::new(cfg.seed);
-    let mut report =
-        Report::new("attention", cfg.device, env, "CUDA events on the compute stream; warm-up, batches, median per call");
+    let mut report = Report::new(
+        "attention",
+        cfg.device,
+        env,
+        "CUDA events on the compute stream; warm-up, batches, median per call",
+    );
     let mut series: Vec<Series> = Vec::new();
     for &d in &cfg.head_dims {
         for &causal in &cfg.causal {
             // The backward first, on a problem small enough for a float64 CPU reference.
             let small = Workload::new(&mut rng, 1, 4, 256, d, dtype, cfg.device, causal)?;
             let bwd_err = poisoned(|| Ok(small.check_backward()?))?;
-            require(&format!("attention {dtype} d={d} causal={causal} backward (T=256)"), bwd_err, tolerance(dtype) * 2.0)?;
+            require(
+                &format!("attention {dtype} d={d} causal={causal} backward (T=256)"),
+                bwd_err,
+                tolerance(dtype) * 2.0,
+            )?;
             drop(small);
             let (mut fwd_pts, mut fb_pts) = (vec![], vec![]);
             for &t in &cfg.seqs {

@@ -1,4 +1,4 @@
-//! Launches of `attention.cu` (its header is the ABI): the forward, and the backward's three
+//! Launches of the attention kernels (`attention_common.cuh` documents the ABI): the forward, and the backward's three
 //! kernels (delta = rowsum(dO * O) with dQ's f32 accumulator zeroed, the main kernel, dQ's
 //! conversion). Everything is enqueued on `CudaDevice::stream()` with no host synchronization, so
 //! a training step that uses attention can be captured as a CUDA graph.
@@ -24,7 +24,7 @@ struct Stride4 {
     d: i64,
 }
 
-/// `FgAttnParams` of attention.cu, field for field.
+/// `FgAttnParams` of attention_common.cuh, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct AttnParams {
@@ -65,26 +65,15 @@ struct Tiles {
     bwd_smem: usize,
 }
 
-/// The tensor-core tiles per head dim (`FG_ATTN_FWD_TILES` / `FG_ATTN_BWD_TILES` list the ones
-/// built): forward key rows per step, backward query rows per step. `FERROGRAD_ATTENTION_TILES`
-/// (`k64,q32`) overrides them, for tuning.
+/// The tensor-core tiles per head dim, as `FG_ATTN_FWD_TILES` / `FG_ATTN_BWD_TILES` build them
+/// (the measurements behind them are noted there, in attention.cu): forward key rows per step, backward query
+/// rows per step.
 fn tile_choice(d: usize) -> (usize, usize) {
-    let mut t = match d {
-        ..=64 => (64, 64),
-        65..=96 => (32, 64),
-        _ => (32, 32),
-    };
-    if let Ok(v) = std::env::var("FERROGRAD_ATTENTION_TILES") {
-        for part in v.split(',') {
-            let part = part.trim();
-            if let Some(n) = part.strip_prefix('k').and_then(|x| x.parse().ok()) {
-                t.0 = n;
-            } else if let Some(n) = part.strip_prefix('q').and_then(|x| x.parse().ok()) {
-                t.1 = n;
-            }
-        }
+    match d {
+        ..=64 => (64, 32),
+        65..=80 => (32, 64),
+        _ => (64, 32),
     }
-    t
 }
 
 fn tiles(d: usize, dtype: DType) -> Tiles {

@@ -3,8 +3,9 @@
 //!
 //! - `cpu.rs`: the CPU forward and backward (blocked, rayon-parallel); also the reference of the
 //!   parity tests when run in f64.
-//! - `cuda.rs`: launches of `attention.cu` (FlashAttention-2 style kernels: tensor cores for
-//!   bf16 / f16, exact f32 SIMT kernels for f32), one NVRTC module per head dim.
+//! - `cuda.rs`: the launches; the kernels are `attention_common.cuh` (ABI, shared helpers),
+//!   `attention_tc.cu` (FlashAttention-2 style, tensor cores, bf16 / f16), `attention_simt.cu`
+//!   (exact f32) and `attention.cu` (backward helpers, entry points), one NVRTC module per head dim.
 //! - `bench.rs`: the workload of `ferrograd bench attention` (twin: `bench/torch_attention.py`).
 //!
 //! The forward keeps only the output and the per-row log-sum-exp (`[B, H, Tq]`, f32, f64 for f64
@@ -61,6 +62,9 @@ macro_rules! attention_module {
                 "\n#define FG_ATTN_D ",
                 $d,
                 "\n",
+                include_str!("attention_common.cuh"),
+                include_str!("attention_tc.cu"),
+                include_str!("attention_simt.cu"),
                 include_str!("attention.cu")
             ),
         };
