@@ -344,12 +344,13 @@ fn gpu() -> Option<Device> {
     }
 }
 
-/// Norm-wise relative error allowed against the float64 reference: (forward, gradients).
+/// Norm-wise relative error allowed against the float64 reference: (forward, gradients). Measured
+/// on an H200 at T = 300 (every head dim): bf16 <= 2.7e-3, f16 <= 3.3e-4, f32 <= 5.6e-7.
 fn parity_tol(dtype: DType) -> (f64, f64) {
     match dtype {
-        DType::F32 => (2e-5, 5e-5),
-        DType::F16 => (4e-3, 8e-3),
-        _ => (2.5e-2, 4e-2),
+        DType::F32 => (4e-6, 8e-6),
+        DType::F16 => (1.5e-3, 2.5e-3),
+        _ => (1e-2, 1.5e-2),
     }
 }
 
