@@ -70,7 +70,9 @@ fn check_target(path: &Path) -> Result<()> {
             Err(file_err(path, "exists and is not a regular file (a FIFO, socket or device); give another path"))
         }
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        // A missing file is what a new output is; a missing or non-directory parent is reported
+        // by `new_temp`, which says which.
+        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => Ok(()),
         Err(e) => Err(file_err(path, describe(&e))),
     }
 }
