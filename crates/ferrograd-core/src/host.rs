@@ -136,6 +136,36 @@ pub fn check_fits(what: impl FnOnce() -> String, bytes: usize) -> Result<()> {
     }
 }
 
+/// Refuse a plan of `bytes` on `device` that cannot fit: on the CPU as [`check_fits`]; on a GPU
+/// against the driver's free memory plus the blocks ferrograd's allocator has cached, within its
+/// cap (`FERROGRAD_CUDA_MEMORY_LIMIT`), as an `Error::OutOfMemory` with the allocator's figures,
+/// the same error a failed allocation gives, but before any work.
+pub fn check_fits_on(device: crate::Device, what: impl FnOnce() -> String, bytes: usize) -> Result<()> {
+    let ordinal = match device {
+        crate::Device::Cpu => return check_fits(what, bytes),
+        crate::Device::Cuda(o) => o,
+    };
+    let dev = crate::cuda::CudaDevice::get(ordinal)?;
+    let (free, total) = dev.mem_info()?;
+    let stats = dev.memory_stats();
+    let (allocated, reserved) = (stats.allocated_bytes.current, stats.reserved_bytes.current);
+    let mut room = free.saturating_add(reserved.saturating_sub(allocated));
+    if let Some(limit) = dev.memory_limit() {
+        room = room.min(limit.saturating_sub(allocated));
+    }
+    if bytes <= room {
+        return Ok(());
+    }
+    Err(Error::OutOfMemory {
+        requested: bytes,
+        free,
+        total,
+        allocated,
+        reserved,
+        hint: format!("{} needs more than the {} this device has room for.", what(), human_bytes(room)),
+    })
+}
+
 /// The error for an allocation that `try_reserve` refused (or that cannot even be expressed).
 pub fn alloc_failed(what: impl FnOnce() -> String, bytes: usize) -> Error {
     let m = host_memory();

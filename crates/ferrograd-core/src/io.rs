@@ -180,7 +180,7 @@ fn identity(path: &Path) -> PathBuf {
         return p;
     }
     let dir = fs::canonicalize(parent_dir(path)).unwrap_or_else(|_| parent_dir(path).to_path_buf());
-    dir.join(path.file_name().unwrap_or_else(|| path.as_os_str()))
+    dir.join(path.file_name().unwrap_or(path.as_os_str()))
 }
 
 /// [`check_output`] for each `(flag, path)`, and no two flags naming the same file.

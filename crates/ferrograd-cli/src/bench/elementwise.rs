@@ -126,6 +126,10 @@ pub fn check(cfg: &Config) -> CliResult<()> {
 pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     check(cfg)?;
     super::open_device("elementwise", cfg.device)?;
+    for &(r, c) in &cfg.shapes {
+        let bytes = r.checked_mul(c).and_then(|n| f32_bytes(n, 6));
+        super::fit_device(cfg.device, || format!("bench elementwise --shapes {r}x{c}"), bytes)?;
+    }
     let env = Environment::for_device(cfg.device);
     let clock = Clock::new(cfg.device)?;
     let what = env.gpu.clone().unwrap_or_else(|| env.cpu.clone());

@@ -176,6 +176,15 @@ pub fn check_bytes(device: Device, what: impl Fn() -> String, bytes: Option<usiz
     Ok(())
 }
 
+/// Once the device is open: refuse tensors that cannot fit in its memory before allocating
+/// any (`ferrograd_core::host::check_fits_on`). `bytes` was checked for overflow by `check_bytes`.
+pub fn fit_device(device: Device, what: impl FnOnce() -> String, bytes: Option<usize>) -> CliResult<()> {
+    if let (Device::Cuda(_), Some(b)) = (device, bytes) {
+        ferrograd_core::host::check_fits_on(device, what, b)?;
+    }
+    Ok(())
+}
+
 /// `n` elements of 4 bytes, `copies` times over, or None on overflow.
 pub fn f32_bytes(n: usize, copies: usize) -> Option<usize> {
     n.checked_mul(4)?.checked_mul(copies)

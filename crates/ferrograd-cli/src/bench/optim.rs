@@ -48,6 +48,8 @@ pub fn check(cfg: &Config) -> CliResult<()> {
 pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     check(cfg)?;
     open_device("optim", cfg.device)?;
+    let bytes = parameters(cfg.tensors).and_then(|n| f32_bytes(n, 5));
+    super::fit_device(cfg.device, || format!("bench optim --tensors {}", cfg.tensors), bytes)?;
     let env = Environment::for_device(cfg.device);
     let mut rng = Rng::new(cfg.seed);
     let mut group = |scale: f64| -> CliResult<Vec<Tensor>> {

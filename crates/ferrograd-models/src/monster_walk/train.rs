@@ -245,25 +245,7 @@ pub fn check_fits(mp: &MemoryPlan, device: Device) -> Result<()> {
             human(mp.reserve_bytes)
         )
     };
-    match device {
-        Device::Cpu => ferrograd_core::host::check_fits(what, need),
-        Device::Cuda(o) => {
-            let dev = CudaDevice::get(o)?;
-            let (free, total) = dev.mem_info()?;
-            if need <= free {
-                return Ok(());
-            }
-            let stats = dev.memory_stats();
-            Err(Error::OutOfMemory {
-                requested: need,
-                free,
-                total,
-                allocated: stats.allocated_bytes.current,
-                reserved: stats.reserved_bytes.current,
-                hint: format!("{} does not fit in the free memory.", what()),
-            })
-        }
-    }
+    ferrograd_core::host::check_fits_on(device, what, need)
 }
 
 /// Copies of everything a step changes, to undo steps (see the module documentation).
