@@ -50,7 +50,7 @@ fn encoded(t: &CpuStorage, tl: &Layout, rows: usize, op: &'static str) -> Result
     if tl.elem_count() != rows {
         return Err(shape_err!(op, "{} encoded targets for {rows} rows", tl.elem_count()));
     }
-    Ok(super::strided::map(v, tl, |x| x))
+    super::strided::map(v, tl, |x| x)
 }
 
 /// Forward: `(loss_rows, lse, kept)`, each `[N]` in ACC. `lse = max + ln(sum(exp(x - max)))` (an
@@ -65,8 +65,8 @@ pub fn cross_entropy_fwd(
 ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
     let (rows, c) = rows_of(l, "cross_entropy")?;
     let tids = encoded(t, tl, rows, "cross_entropy")?;
-    let x = s.to_f64_vec(l);
-    let mut out = vec![(0f64, 0f64, 0f64); rows];
+    let x = s.to_f64_vec(l)?;
+    let mut out = super::alloc::filled((0f64, 0f64, 0f64), rows)?;
     out.par_iter_mut().enumerate().for_each(|(r, o)| {
         let row = &x[r * c..(r + 1) * c];
         let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -80,9 +80,9 @@ pub fn cross_entropy_fwd(
     });
     let acc = acc_dtype(s.dtype());
     Ok((
-        CpuStorage::from_f64_iter(out.iter().map(|o| o.0), acc),
-        CpuStorage::from_f64_iter(out.iter().map(|o| o.1), acc),
-        CpuStorage::from_f64_iter(out.iter().map(|o| o.2), acc),
+        CpuStorage::from_f64_iter(out.iter().map(|o| o.0), acc)?,
+        CpuStorage::from_f64_iter(out.iter().map(|o| o.1), acc)?,
+        CpuStorage::from_f64_iter(out.iter().map(|o| o.2), acc)?,
     ))
 }
 
@@ -104,9 +104,9 @@ pub fn cross_entropy_bwd(
     if lsel.elem_count() != rows || scalel.elem_count() != 1 {
         return Err(shape_err!("cross_entropy_backward", "saved lse / scale do not match {rows} rows"));
     }
-    let lse = lse.to_f64_vec(lsel);
-    let scale = scale.to_f64_vec(scalel)[0];
-    let mut dx = s.to_f64_vec(l);
+    let lse = lse.to_f64_vec(lsel)?;
+    let scale = scale.to_f64_vec(scalel)?[0];
+    let mut dx = s.to_f64_vec(l)?;
     if c > 0 {
         dx.par_chunks_mut(c).enumerate().for_each(|(r, row)| match tids[r] {
             IGNORED => row.iter_mut().for_each(|v| *v = 0.0),
@@ -118,5 +118,5 @@ pub fn cross_entropy_bwd(
             }
         });
     }
-    Ok(CpuStorage::from_f64_iter(dx.into_iter(), s.dtype()))
+    CpuStorage::from_f64_iter(dx.into_iter(), s.dtype())
 }

@@ -11,11 +11,11 @@ fn rows_of(l: &Layout) -> (usize, usize) {
     (l.elem_count().checked_div(c).unwrap_or(0), c)
 }
 
-fn to_f64_contig(s: &CpuStorage, l: &Layout) -> Vec<f64> {
+fn to_f64_contig(s: &CpuStorage, l: &Layout) -> Result<Vec<f64>> {
     s.to_f64_vec(l)
 }
 
-fn from_f64_like(like: DType, v: Vec<f64>) -> CpuStorage {
+fn from_f64_like(like: DType, v: Vec<f64>) -> Result<CpuStorage> {
     CpuStorage::from_f64_iter(v.into_iter(), like)
 }
 
@@ -29,7 +29,7 @@ fn stats_dtype(x: DType) -> DType {
 
 pub fn softmax_last(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
     let (_, c) = rows_of(l);
-    let mut x = to_f64_contig(s, l);
+    let mut x = to_f64_contig(s, l)?;
     if c > 0 {
         x.par_chunks_mut(c).for_each(|row| {
             let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -44,13 +44,13 @@ pub fn softmax_last(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage>
             }
         });
     }
-    Ok(from_f64_like(s.dtype(), x))
+    from_f64_like(s.dtype(), x)
 }
 
 fn param(p: Option<(&CpuStorage, &Layout)>, c: usize, what: &'static str) -> Result<Option<Vec<f64>>> {
     match p {
         None => Ok(None),
-        Some((s, l)) if l.elem_count() == c => Ok(Some(to_f64_contig(s, l))),
+        Some((s, l)) if l.elem_count() == c => Ok(Some(to_f64_contig(s, l)?)),
         Some((_, l)) => Err(shape_err!("layer_norm", "{what} has shape {:?}, expected [{c}]", l.dims())),
     }
 }
@@ -65,9 +65,9 @@ pub fn layer_norm(
     let (rows, c) = rows_of(l);
     let w = param(weight, c, "weight")?;
     let b = param(bias, c, "bias")?;
-    let mut x = to_f64_contig(s, l);
-    let mut mean = vec![0f64; rows];
-    let mut rstd = vec![0f64; rows];
+    let mut x = to_f64_contig(s, l)?;
+    let mut mean = super::alloc::zeroed::<f64>(rows)?;
+    let mut rstd = super::alloc::zeroed::<f64>(rows)?;
     if c > 0 {
         x.par_chunks_mut(c).zip(mean.par_iter_mut()).zip(rstd.par_iter_mut()).for_each(|((row, m), r)| {
             let mu = row.iter().sum::<f64>() / c as f64;
@@ -88,7 +88,7 @@ pub fn layer_norm(
         });
     }
     let sd = stats_dtype(s.dtype());
-    Ok((from_f64_like(s.dtype(), x), from_f64_like(sd, mean), from_f64_like(sd, rstd)))
+    Ok((from_f64_like(s.dtype(), x)?, from_f64_like(sd, mean)?, from_f64_like(sd, rstd)?))
 }
 
 #[allow(clippy::needless_range_loop)] // three arrays share the index
@@ -110,14 +110,14 @@ pub fn layer_norm_backward(
         });
     }
     let w = param(weight, c, "weight")?;
-    let x = to_f64_contig(s, l);
-    let g = to_f64_contig(dy, dyl);
+    let x = to_f64_contig(s, l)?;
+    let g = to_f64_contig(dy, dyl)?;
     let mean = cpu_dispatch!(mean, v => v.iter().map(|x| x.to_f64()).collect::<Vec<_>>());
     let rstd = cpu_dispatch!(rstd, v => v.iter().map(|x| x.to_f64()).collect::<Vec<_>>());
     if mean.len() != rows || rstd.len() != rows {
         return Err(shape_err!("layer_norm_backward", "saved statistics have {} rows, expected {rows}", mean.len()));
     }
-    let mut dx = vec![0f64; rows * c];
+    let mut dx = super::alloc::zeroed::<f64>(rows * c)?;
     if c > 0 {
         // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),  dxhat = dy * w
         dx.par_chunks_mut(c).enumerate().for_each(|(r, out)| {
@@ -148,5 +148,5 @@ pub fn layer_norm_backward(
             db[j] += g[r * c + j];
         }
     }
-    Ok((from_f64_like(dtype, dx), from_f64_like(pd, dw), from_f64_like(pd, db)))
+    Ok((from_f64_like(dtype, dx)?, from_f64_like(pd, dw)?, from_f64_like(pd, db)?))
 }

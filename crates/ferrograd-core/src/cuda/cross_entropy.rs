@@ -70,7 +70,7 @@ impl CudaStorage {
         if self.dtype().is_float() {
             return Err(Error::UnsupportedDType { op: "cross_entropy targets", dtype: self.dtype() });
         }
-        let host = self.to_cpu_view(l)?.to_f64_vec(&Layout::contiguous(l.elem_count()));
+        let host = self.to_cpu_view(l)?.to_f64_vec(&Layout::contiguous(l.elem_count()))?;
         let ids = encode_targets(&host, classes, ignore_index)?;
         Self::from_cpu(self.dev(), &u32::to_cpu_storage(ids))
     }

@@ -242,7 +242,7 @@ impl CudaStorage {
 
     /// Download the whole buffer (blocks until the data is on the host).
     pub fn to_cpu(&self) -> Result<CpuStorage> {
-        let mut out = CpuStorage::full(0.0, self.len(), self.dtype());
+        let mut out = CpuStorage::full(0.0, self.len(), self.dtype())?;
         super::transfer::dtoh(self.dev(), &self.buf, out.as_bytes_mut())?;
         Ok(out)
     }
@@ -253,7 +253,7 @@ impl CudaStorage {
         if n == 0 {
             return Ok(s);
         }
-        let one = CpuStorage::full(v, 1, dtype);
+        let one = CpuStorage::full(v, 1, dtype)?;
         let mut bits = [0u8; 8];
         bits[..dtype.size_in_bytes()].copy_from_slice(one.as_bytes());
         let bits = u64::from_le_bytes(bits);
@@ -275,12 +275,12 @@ impl CudaStorage {
     ) -> Result<CudaStorage> {
         if !dtype.is_float() {
             let cpu = if normal {
-                CpuStorage::from_f64_iter((0..n as u64).map(|i| a + b * crate::rng::normal_at(seed, offset, i)), dtype)
+                CpuStorage::from_f64_iter((0..n).map(|i| a + b * crate::rng::normal_at(seed, offset, i as u64)), dtype)?
             } else {
                 CpuStorage::from_f64_iter(
-                    (0..n as u64).map(|i| a + (b - a) * crate::rng::uniform_at(seed, offset, i)),
+                    (0..n).map(|i| a + (b - a) * crate::rng::uniform_at(seed, offset, i as u64)),
                     dtype,
-                )
+                )?
             };
             return Self::from_cpu(dev, &cpu);
         }
@@ -305,7 +305,7 @@ impl CudaStorage {
         if self.dtype().is_float() {
             return Err(Error::UnsupportedDType { op, dtype: self.dtype() });
         }
-        let host = self.to_cpu_view(l)?.to_f64_vec(&Layout::contiguous(l.elem_count()));
+        let host = self.to_cpu_view(l)?.to_f64_vec(&Layout::contiguous(l.elem_count()))?;
         let ids = host
             .into_iter()
             .map(|x| {
