@@ -1,4 +1,5 @@
 //! Models and workloads built on ferrograd. `monster_walk` is the first end-to-end workload
-//! (see `shared/MONSTER_WALK.md`).
+//! (see `shared/MONSTER_WALK.md`); `gpt` is GPT-2 trained on real text.
 
+pub mod gpt;
 pub mod monster_walk;
