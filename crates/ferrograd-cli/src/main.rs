@@ -10,6 +10,7 @@
 
 mod bench;
 mod demo;
+mod gpt;
 mod info;
 mod kernels;
 mod memory;
@@ -55,6 +56,8 @@ enum Command {
     /// Monster Walk: fill the device with copies of the Monster-group tensor and train the
     /// autoencoder on them (shared/MONSTER_WALK.md); `monster-walk export` writes the data.
     MonsterWalk(monster::MonsterArgs),
+    /// GPT-2 on real text: `gpt prepare` (text to token shards), `gpt train`, `gpt sample`.
+    Gpt(gpt::GptArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -261,6 +264,7 @@ fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
             out,
         ),
         Command::MonsterWalk(a) => monster::run(a, out),
+        Command::Gpt(a) => gpt::run(a, out),
         Command::Bench(BenchCommand::Matmul(a)) => matmul::run(
             &matmul::Config {
                 device: a.device,
@@ -339,6 +343,7 @@ fn oom_hint(c: &Command) -> &'static str {
             "try a smaller batch (--batch), fewer copies (--copies N), or plan for less memory (--budget 8GiB or \
              --fill 0.5)"
         }
+        Command::Gpt(a) => gpt::oom_hint(&a.command),
         Command::Demo(_) => "try a smaller matmul (--size 512)",
         Command::Bench(BenchCommand::Matmul(_)) => "try smaller matrices (--sizes) or a smaller dtype (--dtype bf16)",
         Command::Bench(BenchCommand::Elementwise(_)) => "try smaller tensors (--shapes 4096x4096)",

@@ -542,32 +542,46 @@ impl Run {
         Ok(path)
     }
 
+    /// The settings recorded in `out/checkpoint.safetensors` (what `--resume` continues).
+    pub fn saved_settings(out: &Path) -> Result<RunSettings> {
+        let path = Self::checkpoint_path(out);
+        let file_err = |msg: String| Error::File { path: path.display().to_string(), msg };
+        if !path.is_file() {
+            return Err(file_err(
+                "--resume: no checkpoint here (a run writes it at --save-every steps and at its end)".into(),
+            ));
+        }
+        let bytes = std::fs::read(&path).map_err(|e| file_err(e.to_string()))?;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| file_err(e.to_string()))?;
+        let saved = meta.metadata().as_ref().and_then(|m| m.get("extra.run")).cloned();
+        let saved = saved.ok_or_else(|| file_err("not a gpt train checkpoint (no run settings)".into()))?;
+        serde_json::from_str(&saved).map_err(|e| file_err(format!("run settings: {e}")))
+    }
+
     /// Restore from `out/checkpoint.safetensors`, refusing one made with other settings.
     pub fn resume(&mut self) -> Result<()> {
+        let saved = Self::saved_settings(&self.cfg.out)?;
         let path = Self::checkpoint_path(&self.cfg.out);
-        if !path.is_file() {
-            return Err(Error::File {
-                path: path.display().to_string(),
-                msg: "--resume: no checkpoint here (a run writes it at --save-every steps and at its end)".into(),
-            });
-        }
         let bytes =
             std::fs::read(&path).map_err(|e| Error::File { path: path.display().to_string(), msg: e.to_string() })?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-            .map_err(|e| Error::File { path: path.display().to_string(), msg: e.to_string() })?;
-        let saved = meta.metadata().as_ref().and_then(|m| m.get("extra.run")).cloned();
-        let saved: RunSettings = match saved {
-            Some(s) => serde_json::from_str(&s).map_err(json_err)?,
-            None => {
-                return Err(Error::File { path: path.display().to_string(), msg: "not a gpt train checkpoint".into() })
-            }
-        };
         let mine = self.settings();
         let same_but_steps = RunSettings { steps: mine.steps, ..saved.clone() };
         if same_but_steps != mine {
+            let (a, b) = (
+                serde_json::to_value(&same_but_steps).map_err(json_err)?,
+                serde_json::to_value(&mine).map_err(json_err)?,
+            );
+            let diff: Vec<String> = a
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, v)| b.get(k.as_str()) != Some(v))
+                .map(|(k, v)| format!("{k} {v} (this run: {})", b.get(k.as_str()).unwrap_or(&serde_json::Value::Null)))
+                .collect();
             return Err(Error::InvalidArgument(format!(
-                "--resume: {} was made with {saved:?}; this run has {mine:?}",
-                path.display()
+                "--resume: {} was made with other settings: {}",
+                path.display(),
+                diff.join(", ")
             )));
         }
         let label = path.display().to_string();
