@@ -658,6 +658,8 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
     let mut window: Option<Tensor> = None;
     let (mut window_steps, mut window_start) = (0u64, Instant::now());
     let mut steady: Option<(u64, Instant)> = None;
+    // Time spent validating and checkpointing, left out of the throughput.
+    let mut paused = std::time::Duration::ZERO;
     while run.step < steps {
         let (loss, norm) = run.train_step()?;
         let step = run.step;
@@ -706,6 +708,7 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
             on_event(Event::Logged(&stats));
             (window_steps, window_start) = (0, Instant::now());
         }
+        let pause = Instant::now();
         if (run.cfg.val_every > 0 && step.is_multiple_of(run.cfg.val_every)) || last {
             if let Some(v) = run.evaluate()? {
                 summary.final_val_loss = Some(v);
@@ -720,6 +723,9 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
             summary.checkpoint = Some(p);
             window_start = Instant::now();
         }
+        if steady.is_some() {
+            paused += pause.elapsed();
+        }
     }
     device.synchronize()?;
     summary.train_s = t0.elapsed().as_secs_f64();
@@ -727,7 +733,8 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
     if let Some((s0, i0)) = steady {
         let n = run.step.saturating_sub(s0);
         if n > 0 {
-            summary.tokens_per_s = (n as usize * tokens_per_step) as f64 / i0.elapsed().as_secs_f64().max(1e-9);
+            let secs = i0.elapsed().saturating_sub(paused).as_secs_f64();
+            summary.tokens_per_s = (n as usize * tokens_per_step) as f64 / secs.max(1e-9);
         }
     }
     if summary.tokens_per_s == 0.0 && summary.train_s > 0.0 {
