@@ -22,7 +22,7 @@ pub enum GptCommand {
     /// Tokenize UTF-8 text files (GPT-2 tokenizer) into llm.c train/val token shards.
     Prepare(prepare::PrepareArgs),
     /// Train GPT-2 on token shards (defaults: gpt2 124M from scratch, 16 x 1024, bf16 on a GPU).
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
     /// Continue a prompt with a trained model or a Hugging Face save_pretrained directory.
     Sample(sample::SampleArgs),
     /// Write a model's logits for a prompt to a safetensors file (checks against Hugging Face).
@@ -34,7 +34,7 @@ pub enum GptCommand {
 pub fn run(a: GptArgs, out: &mut dyn Write) -> CliResult<()> {
     match a.command {
         GptCommand::Prepare(a) => prepare::run(a, out),
-        GptCommand::Train(a) => train::run(a, out),
+        GptCommand::Train(a) => train::run(*a, out),
         GptCommand::Sample(a) => sample::run(a, out),
         GptCommand::Logits(a) => sample::logits(a, out),
         GptCommand::Plot(a) => plot::run(a, out),

@@ -328,7 +328,7 @@ pub fn run(a: TrainArgs, out: &mut dyn Write) -> CliResult<()> {
     ferrograd_nn::checkpoint::write_atomic(&summary_path, json.as_bytes())
         .map_err(|e| format!("writing {}: {e}", summary_path.display()))?;
     let png = out_dir.join("loss.png");
-    match super::plot::draw(&[s.log.clone()], &[], &png, "GPT training loss") {
+    match super::plot::draw(std::slice::from_ref(&s.log), &[], &png, "GPT training loss") {
         Ok(()) => writeln!(out, "wrote {}", png.display())?,
         Err(e) => writeln!(out, "no loss plot: {e}")?,
     }

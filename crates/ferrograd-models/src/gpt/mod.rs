@@ -6,10 +6,13 @@
 //! - `hf`: reading and writing Hugging Face checkpoints (`save_pretrained` directories).
 //! - `tokenizer`, `shards`, `prepare`, `loader`: text to llm.c token shards to batches.
 //! - `optim`: AdamW in two groups (decay on matrices only).
-//! - `train`: the training run (accumulation, schedule, clipping, validation, checkpoints).
+//! - `train`: one run's state and step (accumulation, schedule, clipping, validation,
+//!   checkpoints, resume); `fit`: the loop, its log and summary; `autobatch`: `--batch auto`.
 //! - `sample`: generation with a KV cache, temperature and top-k.
 
+mod autobatch;
 pub mod config;
+mod fit;
 pub mod hf;
 pub mod loader;
 pub mod model;

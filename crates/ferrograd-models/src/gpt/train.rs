@@ -22,9 +22,9 @@ use ferrograd_nn::amp::{autocast, AutocastGuard};
 use ferrograd_nn::checkpoint::{self, TrainState};
 use ferrograd_nn::optim::{clip_grad_norm, grad_norm, GradAccumulator, LrSchedule, Optimizer};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+
+pub use super::fit::{peak_flops, train, Event, StepStats, Summary};
 
 /// Micro-batch size: given, or the largest power of two that fits in device memory (measured).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,77 +159,7 @@ pub struct RunInfo {
     pub notes: Vec<String>,
 }
 
-/// One logged step.
-#[derive(Debug, Clone, Serialize)]
-pub struct StepStats {
-    pub step: u64,
-    /// Mean loss over the steps since the last log.
-    pub loss: f64,
-    pub lr: f64,
-    pub grad_norm: f64,
-    pub tokens_per_s: f64,
-    pub mfu: Option<f64>,
-    /// Bytes ferrograd's allocator holds now and at most, on a GPU.
-    pub mem_bytes: Option<usize>,
-    pub peak_mem_bytes: Option<usize>,
-    pub elapsed_s: f64,
-}
-
-pub enum Event<'a> {
-    Started(&'a RunInfo),
-    /// After every step (no host read): for a progress bar's position.
-    Progress(u64),
-    Logged(&'a StepStats),
-    Validated {
-        step: u64,
-        loss: f64,
-    },
-    Saved {
-        step: u64,
-        path: &'a Path,
-    },
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Summary {
-    pub steps: u64,
-    pub first_loss: Option<f64>,
-    pub final_loss: Option<f64>,
-    pub final_val_loss: Option<f64>,
-    /// Tokens per second from the end of the warm-up steps to the end.
-    pub tokens_per_s: f64,
-    pub mfu: Option<f64>,
-    pub peak_mem_bytes: Option<usize>,
-    /// From the caller's `started` to the end of the first step.
-    pub startup_s: f64,
-    pub train_s: f64,
-    pub checkpoint: Option<PathBuf>,
-    pub exported: Option<PathBuf>,
-    pub log: PathBuf,
-}
-
-/// The bf16 (or f32) dense peak FLOP/s of a GPU by its name, for MFU; `None` when unknown.
-pub fn peak_flops(name: &str, precision: Precision) -> Option<f64> {
-    let n = name.to_ascii_uppercase();
-    let (bf16, f32) = if n.contains("H200") || (n.contains("H100") && !n.contains("PCIE") && !n.contains("NVL")) {
-        (989.4e12, 66.9e12)
-    } else if n.contains("H100") && n.contains("NVL") {
-        (835.0e12, 60.0e12)
-    } else if n.contains("H100") {
-        (756.0e12, 51.2e12)
-    } else if n.contains("A100") {
-        (312.0e12, 19.5e12)
-    } else if n.contains("L40S") {
-        (362.0e12, 91.6e12)
-    } else if n.contains("RTX 4090") {
-        (165.2e12, 82.6e12)
-    } else {
-        return None;
-    };
-    Some(if precision == Precision::Bf16 { bf16 } else { f32 })
-}
-
-fn device_name(device: Device) -> String {
+pub(crate) fn device_name(device: Device) -> String {
     match device {
         Device::Cpu => "cpu".to_string(),
         Device::Cuda(o) => match CudaDevice::get(o) {
@@ -239,80 +169,15 @@ fn device_name(device: Device) -> String {
     }
 }
 
-/// (allocated now, peak) of ferrograd's allocator on a GPU.
-fn memory(device: Device) -> Option<(usize, usize)> {
-    let Device::Cuda(o) = device else { return None };
-    let s = CudaDevice::get(o).ok()?.memory_stats();
-    Some((s.allocated_bytes.current, s.allocated_bytes.peak))
-}
-
 fn json_err(e: serde_json::Error) -> Error {
     Error::InvalidArgument(e.to_string())
 }
 
-fn precision_guard(p: Precision) -> Result<Option<AutocastGuard>> {
+pub(crate) fn precision_guard(p: Precision) -> Result<Option<AutocastGuard>> {
     Ok(match p {
         Precision::Bf16 => Some(autocast(DType::BF16)?),
         Precision::F32 => None,
     })
-}
-
-/// Deterministic stand-in tokens for measuring memory (the values do not matter there, but they
-/// are not all equal).
-fn probe_ids(b: usize, t: usize, vocab: usize, device: Device) -> Result<Tensor> {
-    let v: Vec<u32> = (0..b * t).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
-    Tensor::from_vec(v, (b, t), device)
-}
-
-/// The largest power-of-two micro-batch whose forward, backward and clipping fit in the device's
-/// memory next to the model and optimizer state, found by trying 1, 2, 4, ... until the allocator
-/// reports out of memory. `limit` caps it (and every candidate must divide it).
-fn find_micro_batch(model: &Gpt, cfg: &TrainConfig, limit: usize) -> Result<(usize, String)> {
-    let Device::Cuda(o) = cfg.device else {
-        return Err(Error::InvalidArgument(
-            "--batch auto measures GPU memory; on the CPU give the micro-batch (--batch N)".into(),
-        ));
-    };
-    let dev = CudaDevice::get(o)?;
-    let params: Vec<Tensor> = model.params().into_iter().map(|(_, t)| t).collect();
-    let mut best = 0;
-    let mut b = 1;
-    let mut tried = vec![];
-    while b <= limit {
-        let trial = (|| -> Result<()> {
-            let x = probe_ids(b, cfg.context, model.config.vocab_size, cfg.device)?;
-            let _ac = precision_guard(cfg.precision)?;
-            let loss = model.loss(&x, &x)?;
-            drop(_ac);
-            let mut grads = loss.backward()?;
-            drop(loss);
-            clip_grad_norm(&mut grads, &params, 1.0)?;
-            dev.synchronize()
-        })();
-        match trial {
-            Ok(()) => {
-                tried.push(format!("{b} fits"));
-                best = b;
-            }
-            Err(Error::OutOfMemory { .. }) => {
-                tried.push(format!("{b} is out of memory"));
-                break;
-            }
-            Err(e) => return Err(e),
-        }
-        b *= 2;
-        while b <= limit && !limit.is_multiple_of(b) {
-            b *= 2;
-        }
-    }
-    dev.empty_cache()?;
-    if best == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "--batch auto: not even one sequence of {} tokens fits; use a smaller --context or model",
-            cfg.context
-        )));
-    }
-    Ok((best, format!("--batch auto: {} -> {best}", tried.join(", "))))
 }
 
 pub struct Run {
@@ -351,8 +216,17 @@ impl Run {
         if cfg.log_every == 0 {
             return Err(Error::InvalidArgument("--log-every must be positive".into()));
         }
-        if !(cfg.lr.is_finite() && cfg.lr > 0.0) || !(0.0..=1.0).contains(&cfg.min_lr_ratio) {
-            return Err(Error::InvalidArgument(format!("--lr {} must be positive, min ratio in [0, 1]", cfg.lr)));
+        if !(cfg.lr.is_finite() && cfg.lr > 0.0) {
+            return Err(Error::InvalidArgument(format!("--lr {} must be positive", cfg.lr)));
+        }
+        if !(0.0..=1.0).contains(&cfg.min_lr_ratio) {
+            return Err(Error::InvalidArgument(format!("--min-lr-ratio {} must be in [0, 1]", cfg.min_lr_ratio)));
+        }
+        if !(cfg.weight_decay >= 0.0 && cfg.grad_clip >= 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "--weight-decay {} and --clip {} must be >= 0",
+                cfg.weight_decay, cfg.grad_clip
+            )));
         }
         let mut notes = vec![];
         let model = Gpt::new(cfg.model, cfg.seed, cfg.device)?;
@@ -384,7 +258,7 @@ impl Run {
                     }
                     None => 512,
                 };
-                let (b, note) = find_micro_batch(&model, &cfg, limit)?;
+                let (b, note) = super::autobatch::find_micro_batch(&model, &cfg, limit)?;
                 (b, Some(note))
             }
         };
@@ -604,151 +478,4 @@ impl Run {
         }
         Ok(())
     }
-}
-
-/// Appends JSON lines to `out/log.jsonl`.
-struct JsonLog {
-    file: std::fs::File,
-    path: PathBuf,
-}
-
-impl JsonLog {
-    fn open(out: &Path, append: bool) -> Result<JsonLog> {
-        std::fs::create_dir_all(out)
-            .map_err(|e| Error::File { path: out.display().to_string(), msg: format!("creating: {e}") })?;
-        let path = out.join("log.jsonl");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(append)
-            .write(true)
-            .truncate(!append)
-            .open(&path)
-            .map_err(|e| Error::File { path: path.display().to_string(), msg: format!("opening the log: {e}") })?;
-        Ok(JsonLog { file, path })
-    }
-
-    fn write(&mut self, v: serde_json::Value) -> Result<()> {
-        writeln!(self.file, "{v}")
-            .map_err(|e| Error::File { path: self.path.display().to_string(), msg: format!("writing the log: {e}") })
-    }
-}
-
-/// Train as `cfg` says, reporting through `on_event`. `started` is when the process started (for
-/// the startup time).
-pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<'_>)) -> Result<Summary> {
-    let mut run = Run::new(cfg)?;
-    if let Some(p) = &run.cfg.save_init {
-        if run.step != 0 {
-            return Err(Error::InvalidArgument(
-                "--save-init writes the initial weights; it cannot follow --resume".into(),
-            ));
-        }
-        hf::save_weights(&run.model, p)?;
-        run.info.notes.push(format!("initial weights written to {}", p.display()));
-    }
-    on_event(Event::Started(&run.info));
-    let mut log = JsonLog::open(&run.cfg.out, run.cfg.resume)?;
-    log.write(serde_json::json!({ "kind": "start", "settings": run.settings(), "info": &run.info }))?;
-    let mut summary = Summary { log: log.path.clone(), ..Default::default() };
-    let device = run.cfg.device;
-    let (steps, tokens_per_step) = (run.cfg.steps, run.info.tokens_per_step);
-    let skip = (steps / 10).clamp(1, 10).min(steps.saturating_sub(1));
-    let flops_per_token = run.cfg.model.flops_per_token(run.cfg.context);
-    let t0 = Instant::now();
-    let mut window: Option<Tensor> = None;
-    let (mut window_steps, mut window_start) = (0u64, Instant::now());
-    let mut steady: Option<(u64, Instant)> = None;
-    // Time spent validating and checkpointing, left out of the throughput.
-    let mut paused = std::time::Duration::ZERO;
-    while run.step < steps {
-        let (loss, norm) = run.train_step()?;
-        let step = run.step;
-        window = Some(match window.take() {
-            Some(w) => w.add(&loss)?,
-            None => loss,
-        });
-        window_steps += 1;
-        on_event(Event::Progress(step));
-        if step == run.info.start_step + 1 {
-            device.synchronize()?;
-            summary.startup_s = started.elapsed().as_secs_f64();
-        }
-        if step == run.info.start_step + skip.max(1) && steady.is_none() {
-            device.synchronize()?;
-            steady = Some((step, Instant::now()));
-        }
-        let last = step == steps;
-        if step.is_multiple_of(run.cfg.log_every) || last {
-            let sum = window.take().map(|w| w.item_f64()).transpose()?.unwrap_or(f64::NAN);
-            let secs = window_start.elapsed().as_secs_f64();
-            let tps = (window_steps as usize * tokens_per_step) as f64 / secs.max(1e-9);
-            let mem = memory(device);
-            let stats = StepStats {
-                step,
-                loss: sum / window_steps as f64,
-                lr: run.opt.lr(),
-                grad_norm: norm.item_f64()?,
-                tokens_per_s: tps,
-                mfu: run.info.peak_flops.map(|p| tps * flops_per_token / p),
-                mem_bytes: mem.map(|m| m.0),
-                peak_mem_bytes: mem.map(|m| m.1),
-                elapsed_s: t0.elapsed().as_secs_f64(),
-            };
-            if !stats.loss.is_finite() {
-                return Err(Error::InvalidArgument(format!(
-                    "the loss became {} at step {step}; try a lower --lr or --precision f32",
-                    stats.loss
-                )));
-            }
-            summary.first_loss.get_or_insert(stats.loss);
-            summary.final_loss = Some(stats.loss);
-            let mut line = serde_json::to_value(&stats).map_err(json_err)?;
-            line["kind"] = "train".into();
-            log.write(line)?;
-            on_event(Event::Logged(&stats));
-            (window_steps, window_start) = (0, Instant::now());
-        }
-        let pause = Instant::now();
-        if (run.cfg.val_every > 0 && step.is_multiple_of(run.cfg.val_every)) || last {
-            if let Some(v) = run.evaluate()? {
-                summary.final_val_loss = Some(v);
-                log.write(serde_json::json!({ "kind": "val", "step": step, "val_loss": v }))?;
-                on_event(Event::Validated { step, loss: v });
-            }
-            window_start = Instant::now();
-        }
-        if (run.cfg.save_every > 0 && step.is_multiple_of(run.cfg.save_every)) || last {
-            let p = run.save_checkpoint()?;
-            on_event(Event::Saved { step, path: &p });
-            summary.checkpoint = Some(p);
-            window_start = Instant::now();
-        }
-        if steady.is_some() {
-            paused += pause.elapsed();
-        }
-    }
-    device.synchronize()?;
-    summary.train_s = t0.elapsed().as_secs_f64();
-    summary.steps = run.step - run.info.start_step;
-    if let Some((s0, i0)) = steady {
-        let n = run.step.saturating_sub(s0);
-        if n > 0 {
-            let secs = i0.elapsed().saturating_sub(paused).as_secs_f64();
-            summary.tokens_per_s = (n as usize * tokens_per_step) as f64 / secs.max(1e-9);
-        }
-    }
-    if summary.tokens_per_s == 0.0 && summary.train_s > 0.0 {
-        summary.tokens_per_s = (summary.steps as usize * tokens_per_step) as f64 / summary.train_s;
-    }
-    summary.mfu = run.info.peak_flops.map(|p| summary.tokens_per_s * flops_per_token / p);
-    summary.peak_mem_bytes = memory(device).map(|m| m.1);
-    if run.step > 0 {
-        let dir = run.cfg.out.join("model");
-        hf::save_pretrained(&run.model, &dir)?;
-        summary.exported = Some(dir);
-    }
-    let mut line = serde_json::to_value(&summary).map_err(json_err)?;
-    line["kind"] = "summary".into();
-    log.write(line)?;
-    Ok(summary)
 }
