@@ -417,3 +417,28 @@ fn choose_respects_top_k_and_temperature() -> Result<()> {
     assert!(choose(&[f32::NAN], 1.0, None, 0.5).is_err());
     Ok(())
 }
+
+#[test]
+fn bf16_autocast_loss_and_gradients_track_f32() -> Result<()> {
+    let m = Gpt::new(small_vocab(), 21, Device::Cpu)?;
+    let ids: Vec<u32> = (0..32).map(|i| (i * 37 + 5) % 72).collect();
+    let x = Tensor::from_vec(ids[..24].to_vec(), (2, 12), Device::Cpu)?;
+    let y = Tensor::from_vec(ids[8..].to_vec(), (2, 12), Device::Cpu)?;
+    let full = m.loss(&x, &y)?;
+    let low = {
+        let _ac = ferrograd_nn::amp::autocast(DType::BF16)?;
+        m.loss(&x, &y)?
+    };
+    assert_eq!(low.dtype(), DType::F32);
+    let (a, b) = (full.item_f64()?, low.item_f64()?);
+    assert!((a - b).abs() < 1e-2 * a, "f32 {a} vs bf16 {b}");
+    let (ga, gb) = (full.backward()?, low.backward()?);
+    for (n, p) in m.params() {
+        let (u, v) = (values(ga.get(&p).unwrap()), values(gb.get(&p).unwrap()));
+        assert_eq!(gb.get(&p).unwrap().dtype(), DType::F32, "{n}: master gradients are f32");
+        let norm = |w: &[f32]| w.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let diff: Vec<f32> = u.iter().zip(&v).map(|(p, q)| p - q).collect();
+        assert!(norm(&diff) <= 0.05 * norm(&u) + 1e-6, "{n}: bf16 gradient far from f32");
+    }
+    Ok(())
+}

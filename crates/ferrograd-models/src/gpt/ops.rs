@@ -62,8 +62,12 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
 /// Scaled dot-product attention with PyTorch's semantics (`F.scaled_dot_product_attention` with
 /// `scale = 1/sqrt(D)`, no dropout): `q` `[B, H, Tq, D]`, `k` and `v` `[B, H, Tk, D]`, any strides.
 /// `mask`, when given, is a `[Tq, Tk]` u8 tensor whose non-zero entries are masked out (the causal
-/// mask for training; the KV cache passes an offset one). Materializes the `Tq x Tk` scores: the
-/// fused kernel will not.
+/// mask for training; the KV cache passes an offset one).
+///
+/// Materializes the `Tq x Tk` scores (the fused kernel will not). Under autocast they stay in the
+/// low dtype, as in FlashAttention: `q` is scaled before the product, the mask and softmax (f32
+/// math inside the kernel) read and write bf16, and the probabilities enter `@ v` in bf16; three
+/// `T x T` buffers per layer instead of six f32 ones.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
     let d = *q.dims().last().unwrap_or(&1);
     let scale = 1.0 / (d as f64).sqrt();
@@ -72,15 +76,12 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> R
         Some(l) => t.to_dtype(l),
         None => Ok(t.clone()),
     };
-    let scores = cast(q)?.matmul(&cast(k)?.transpose(-2, -1)?)?;
-    let scores = if low.is_some() { scores.to_dtype(DType::F32)? } else { scores };
-    let scores = scores.mul_scalar(scale)?;
+    let scores = cast(q)?.mul_scalar(scale)?.matmul(&cast(k)?.transpose(-2, -1)?)?;
     let scores = match mask {
         Some(m) => scores.masked_fill(m, f64::NEG_INFINITY)?,
         None => scores,
     };
-    let p = scores.softmax(-1)?;
-    let y = cast(&p)?.matmul(&cast(v)?)?;
+    let y = scores.softmax(-1)?.matmul(&cast(v)?)?;
     if low.is_some() {
         y.to_dtype(DType::F32)
     } else {
