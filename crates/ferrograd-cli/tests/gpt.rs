@@ -67,6 +67,29 @@ fn prepare_names_the_bad_file_and_says_why() {
 }
 
 #[test]
+fn train_refuses_bad_settings_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    ok(&ferrograd(&["gpt", "prepare", s(&corpus(dir.path())), "--out", s(&data)]));
+    let run = |extra: &[&str]| {
+        let mut a = vec!["gpt", "train", "--data", s(&data), "--out", s(dir.path()), "--device", "cpu"];
+        a.extend(extra);
+        let o = ferrograd(&a);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.starts_with("error: ") && !err.contains("panicked"), "{err}");
+        err
+    };
+    assert!(run(&["--batch", "auto"]).contains("measures GPU memory"));
+    assert!(run(&["--heads", "3"]).contains("multiple of heads"));
+    assert!(run(&["--batch", "4", "--total-batch", "1000"]).contains("not a multiple"));
+    assert!(run(&["--resume"]).contains("no checkpoint"));
+    let none = dir.path().join("none");
+    let o = ferrograd(&["gpt", "train", "--data", s(&none), "--device", "cpu", "--out", s(dir.path())]);
+    assert!(text(&o).1.contains("gpt prepare") || text(&o).1.contains("listing"), "{}", text(&o).1);
+}
+
+#[test]
 fn prepare_train_resume_sample_and_logits_on_the_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");

@@ -442,3 +442,68 @@ fn bf16_autocast_loss_and_gradients_track_f32() -> Result<()> {
     }
     Ok(())
 }
+
+// ---- CUDA (each test prints one line and passes where no GPU is usable) ----------------------
+
+fn gpu() -> Option<Device> {
+    match ferrograd_core::cuda::CudaDevice::get(0) {
+        Ok(_) => Some(Device::Cuda(0)),
+        Err(e) => {
+            println!("skipping CUDA test: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn cuda_training_steps_agree_with_the_cpu() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let dir = text_shards(300);
+    let mut cfg = cpu_run(dir.path(), small_vocab_gpt2_tokens(), 4, 2, 16);
+    cfg.total_batch = Some(2 * 2 * 16);
+    let mut cpu = Run::new(cfg.clone())?;
+    let mut cuda = Run::new(TrainConfig { device: dev, out: dir.path().join("out-cuda"), ..cfg })?;
+    for step in 1..=4 {
+        let (a, _) = cpu.train_step()?;
+        let (b, _) = cuda.train_step()?;
+        let (a, b) = (a.item_f64()?, b.item_f64()?);
+        assert!((a - b).abs() <= 1e-4 * a.abs(), "step {step}: cpu {a} vs cuda {b}");
+    }
+    for ((n, x), (_, y)) in params_and_moments(&cpu).iter().zip(&params_and_moments(&cuda)) {
+        let err = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+        let scale = x.iter().map(|p| p.abs()).fold(0f32, f32::max).max(1e-6);
+        assert!(err <= 1e-3 * scale, "{n}: max difference {err} (scale {scale})");
+    }
+    Ok(())
+}
+
+#[test]
+fn cuda_bf16_steps_auto_batch_and_kv_cache() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let dir = text_shards(300);
+    let cfg = TrainConfig {
+        device: dev,
+        precision: Precision::Bf16,
+        batch: BatchSize::Auto,
+        total_batch: Some(8 * 16),
+        ..cpu_run(dir.path(), small_vocab_gpt2_tokens(), 3, 1, 16)
+    };
+    let mut run = Run::new(cfg)?;
+    assert_eq!(run.micro_batch, 8, "{:?}", run.info.auto_batch);
+    let first = run.train_step()?.0.item_f64()?;
+    run.train_step()?;
+    let third = run.train_step()?.0.item_f64()?;
+    assert!(first.is_finite() && third.is_finite() && third < first, "{first} -> {third}");
+
+    let m = Gpt::new(small_vocab(), 11, dev)?;
+    let ids: Vec<u32> = vec![5, 17, 3, 70, 42, 8, 1];
+    let full = m.logits(&Tensor::from_vec(ids.clone(), (1, ids.len()), dev)?)?;
+    let mut d = Decoder::new(&m, 12)?;
+    d.prefill(&ids[..5])?;
+    d.step(ids[5])?;
+    let got = values(&d.step(ids[6])?);
+    let want = values(&full.narrow(1, 6, 1)?.flatten_all()?);
+    let err = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(err < 1e-4, "max error {err}");
+    Ok(())
+}
