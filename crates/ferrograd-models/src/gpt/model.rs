@@ -4,7 +4,7 @@
 //! [`HfView`] shows the model with the real vocabulary, as files and outputs see it.
 
 use super::config::GptConfig;
-use super::ops::{attention, causal_mask, layer_norm, linear, linear_gelu, lm_head, lm_loss};
+use super::ops::{attention, causal_mask, layer_norm, linear, linear_gelu, lm_logits, lm_loss};
 use ferrograd_core::{shape_err, DType, Device, Error, Result, Rng, Tensor};
 use ferrograd_nn::module::join_name;
 use ferrograd_nn::Module;
@@ -259,17 +259,12 @@ impl Gpt {
         layer_norm(&x, &self.ln_f_w, &self.ln_f_b, self.config.layer_norm_epsilon)
     }
 
-    /// Logits over the padded vocabulary (in the autocast dtype under autocast).
-    pub fn logits_padded(&self, ids: &Tensor) -> Result<Tensor> {
-        lm_head(&self.hidden(ids)?, &self.wte)
-    }
-
-    /// Logits `[B, T, vocab_size]`: what `GPT2LMHeadModel` returns.
+    /// Logits `[B, T, vocab_size]` (f32): what `GPT2LMHeadModel` returns.
     pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
-        let l = self.logits_padded(ids)?;
-        let l = l.narrow(2, 0, self.config.vocab_size)?;
+        let (b, t) = self.check_ids(ids, "gpt logits")?;
+        let l = lm_logits(&self.hidden(ids)?, &self.wte, self.config.vocab_size)?;
         let l = if matches!(l.dtype(), DType::BF16 | DType::F16) { l.to_dtype(DType::F32)? } else { l };
-        l.contiguous()
+        l.contiguous()?.reshape((b, t, self.config.vocab_size))
     }
 
     /// Mean next-token cross entropy of `ids` `[B, T]` against `targets` `[B, T]`.
@@ -278,8 +273,8 @@ impl Gpt {
         if targets.dims() != [b, t] {
             return Err(Error::ShapeMismatch { op: "gpt loss", lhs: vec![b, t], rhs: targets.dims().to_vec() });
         }
-        let logits = self.logits_padded(ids)?.reshape((b * t, self.config.padded_vocab()))?;
-        lm_loss(&logits, &targets.reshape(b * t)?, self.config.vocab_size)
+        let logits = lm_logits(&self.hidden(ids)?, &self.wte, self.config.vocab_size)?;
+        lm_loss(&logits, &targets.reshape(b * t)?)
     }
 
     /// Run `ids` `[1, T]` at positions `start..start + T` through the model, writing their keys and
@@ -311,7 +306,7 @@ impl Gpt {
         }
         let last = x.narrow(1, t - 1, 1)?;
         let h = layer_norm(&last, &self.ln_f_w, &self.ln_f_b, self.config.layer_norm_epsilon)?;
-        let l = lm_head(&h, &self.wte)?.flatten_all()?.narrow(0, 0, self.config.vocab_size)?;
+        let l = lm_logits(&h, &self.wte, self.config.vocab_size)?.flatten_all()?;
         l.to_dtype(DType::F32)?.contiguous()
     }
 }

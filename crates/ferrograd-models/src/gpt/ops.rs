@@ -7,7 +7,8 @@
 //! | [`linear_gelu`] | matmul + bias add + `gelu_tanh`          | cuBLASLt `linear(.., Activation::Gelu)`    |
 //! | [`attention`]   | `q k^T`, causal mask, softmax, `@ v`     | `Tensor::scaled_dot_product_attention`      |
 //! | [`layer_norm`]  | `Tensor::layer_norm`                     | (same method, moved into `fused/`)          |
-//! | [`lm_loss`]     | narrow to the real vocabulary + `cross_entropy` | a classifier loss that skips padded columns |
+//! | [`lm_logits`] | `x wte^T` over the padded vocabulary, real columns viewed | (same; a fused classifier takes the view) |
+//! | [`lm_loss`]     | cast to f32 + `cross_entropy`            | fused classifier: loss and dlogits in one pass |
 //!
 //! Weights are in Hugging Face's Conv1D layout, `[in, out]` (`y = x W + b`); a fused linear that
 //! takes PyTorch's `[out, in]` is called with `w.t()` (a view, no copy).
@@ -89,13 +90,13 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> R
     }
 }
 
-/// Mean cross entropy of `logits` `[N, Vp]` (the padded vocabulary) against `targets` `[N]`, over
-/// the first `vocab` columns only: the padded columns take no probability and get no gradient.
-/// Low-precision logits are cast to f32 in the same pass that drops the padded columns.
-pub fn lm_loss(logits: &Tensor, targets: &Tensor, vocab: usize) -> Result<Tensor> {
-    let real = logits.narrow(1, 0, vocab)?;
-    let real = if matches!(real.dtype(), DType::BF16 | DType::F16) { real.to_dtype(DType::F32)? } else { real };
-    real.cross_entropy(targets, None)
+/// Mean cross entropy of `logits` `[N, vocab]` (the real vocabulary: [`lm_logits`]'s output)
+/// against `targets` `[N]`. Low-precision logits are cast to f32 first (in one pass that also
+/// makes a column view contiguous), as autocast runs the loss.
+pub fn lm_loss(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let l =
+        if matches!(logits.dtype(), DType::BF16 | DType::F16) { logits.to_dtype(DType::F32)? } else { logits.clone() };
+    l.cross_entropy(targets, None)
 }
 
 /// The `[t, t]` causal mask (1 above the diagonal: key after query) for queries at positions
@@ -106,20 +107,20 @@ pub fn causal_mask(t_q: usize, start: usize, device: ferrograd_core::Device) -> 
     Tensor::from_vec(v, (t_q, t_k), device)
 }
 
-/// Logits over the padded vocabulary, `x [.., C] @ wte^T` with the tied embedding `wte [Vp, C]`.
-/// Under autocast they stay in the low dtype: [`lm_loss`] casts them up while it drops the padded
-/// columns, so the widest tensor of the step is written once in f32, not twice.
-pub fn lm_head(x: &Tensor, wte: &Tensor) -> Result<Tensor> {
+/// Logits `[N, vocab]` of hidden states `x` `[.., C]` (flattened to `N` rows) against the tied
+/// embedding `wte` `[Vp, C]`, over the real vocabulary only: the padded rows take no probability
+/// and get no gradient. On a GPU the product runs over all `Vp` rows (a GEMM whose width is a
+/// multiple of 64) and the padded columns are cut off as a view; on the CPU, where alignment buys
+/// nothing, only the real rows are multiplied and the logits come out contiguous. Under autocast
+/// they stay in the low dtype ([`lm_loss`] casts them up).
+pub fn lm_logits(x: &Tensor, wte: &Tensor, vocab: usize) -> Result<Tensor> {
     let c = wte.dims()[1];
     let rows = x.elem_count() / c.max(1);
     let x2 = x.reshape((rows, c))?;
+    let w = if x.device().is_cpu() { wte.narrow(0, 0, vocab)? } else { wte.clone() };
     let logits = match matmul_dtype(x) {
-        Some(low) => x2.to_dtype(low)?.matmul(&wte.to_dtype(low)?.t()?)?,
-        None => x2.matmul(&wte.t()?)?,
+        Some(low) => x2.to_dtype(low)?.matmul(&w.to_dtype(low)?.t()?)?,
+        None => x2.matmul(&w.t()?)?,
     };
-    let mut dims = x.dims().to_vec();
-    if let Some(last) = dims.last_mut() {
-        *last = wte.dims()[0];
-    }
-    logits.reshape(dims)
+    logits.narrow(1, 0, vocab)
 }
