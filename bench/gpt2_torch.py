@@ -279,7 +279,7 @@ def main():
         if a.clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            norm = torch.stack([p.grad.float().norm() for p in model.parameters() if p.grad is not None]).norm()
         opt.step()
         opt.zero_grad(set_to_none=True)
         mean = loss_sum / k
