@@ -456,7 +456,7 @@ fn gpu() -> Option<Device> {
 }
 
 #[test]
-fn cuda_training_steps_agree_with_the_cpu() -> Result<()> {
+fn gpt_cuda_training_steps_agree_with_the_cpu() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let dir = text_shards(300);
     let mut cfg = cpu_run(dir.path(), small_vocab_gpt2_tokens(), 4, 2, 16);
@@ -478,7 +478,7 @@ fn cuda_training_steps_agree_with_the_cpu() -> Result<()> {
 }
 
 #[test]
-fn cuda_bf16_steps_auto_batch_and_kv_cache() -> Result<()> {
+fn gpt_cuda_bf16_steps_auto_batch_and_kv_cache() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let dir = text_shards(300);
     let cfg = TrainConfig {
