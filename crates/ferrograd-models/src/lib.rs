@@ -3,3 +3,4 @@
 
 pub mod gpt;
 pub mod monster_walk;
+pub mod persistent;

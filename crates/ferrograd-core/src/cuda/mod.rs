@@ -4,6 +4,7 @@
 
 pub mod alloc;
 mod buffer;
+mod cooperative;
 mod cross_entropy;
 pub mod device;
 mod driver;
@@ -21,6 +22,7 @@ mod timer;
 pub mod transfer;
 
 pub use buffer::set_poison_allocations;
+pub use cooperative::MappedF32;
 pub use device::CudaDevice;
 pub use matmul::{matmul_precision, set_matmul_precision, MatmulPrecision};
 pub use memory::{memory_status, DeviceMemoryStatus};

@@ -31,8 +31,24 @@ module!(OPTIM, "optim");
 module!(CROSS_ENTROPY, "cross_entropy");
 
 /// Every module, for `ferrograd kernels --precompile` and the NVRTC compile test.
-pub const ALL: &[&Module] =
-    &[&COPY, &UNARY, &BINARY, &REDUCE, &SOFTMAX, &LAYERNORM, &INDEX, &RNG, &OPTIM, &CROSS_ENTROPY];
+pub const ALL: &[&Module] = &[
+    &COPY,
+    &UNARY,
+    &BINARY,
+    &REDUCE,
+    &SOFTMAX,
+    &LAYERNORM,
+    &INDEX,
+    &RNG,
+    &OPTIM,
+    &CROSS_ENTROPY,
+    // src/fused/attention: one module per head dim.
+    crate::fused::attention::MODULES[0],
+    crate::fused::attention::MODULES[1],
+    crate::fused::attention::MODULES[2],
+    crate::fused::attention::MODULES[3],
+    crate::fused::attention::MODULES[4],
+];
 
 /// Compile every module for `arch` into the on-disk cache (`ferrograd kernels --precompile`).
 pub fn precompile(arch: super::kernels::Arch) -> crate::Result<super::kernels::PrecompileReport> {
