@@ -371,6 +371,41 @@ fn kv_cache_decode_matches_the_full_forward() -> Result<()> {
     }
     let e = dec.step(72).unwrap_err().to_string();
     assert!(e.contains("out of range"), "{e}");
+    // A prompt in two chunks: the second (3 queries after 2 cached keys) is the offset causal
+    // mask that PyTorch's top-left `is_causal` cannot express (ops::attention's fallback).
+    let mut dec = Decoder::new(&m, 12)?;
+    dec.prefill(&ids[..2])?;
+    let chunked = values(&dec.prefill(&ids[2..5])?);
+    let want = values(&full.narrow(1, 4, 1)?.flatten_all()?);
+    let err = want.iter().zip(&chunked).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(err < 1e-5, "chunked prefill: max error {err}");
+    Ok(())
+}
+
+/// The fused causal attention the model calls equals attention through the materialized scores
+/// (f64, CPU), values and gradients, on the strided q/k/v views of one packed QKV buffer.
+#[test]
+fn fused_causal_attention_matches_the_materialized_scores() -> Result<()> {
+    use ferrograd_models::gpt::ops::{attention, causal_mask, materialized_attention};
+    let (b, t, h, d) = (2, 7, 3, 8);
+    let qkv = Tensor::randn_with(&mut ferrograd_core::Rng::new(3), 0.0, 1.0, (b, t, 3, h, d), DType::F64, Device::Cpu)?
+        .requires_grad();
+    let views = |qkv: &Tensor| -> Result<Vec<Tensor>> {
+        (0..3).map(|i| qkv.narrow(2, i, 1)?.squeeze(2)?.permute(&[0, 2, 1, 3])).collect()
+    };
+    let v = views(&qkv)?;
+    let mask = causal_mask(t, 0, Device::Cpu)?;
+    let fused = attention(&v[0], &v[1], &v[2], 0, || panic!("the fused path needs no mask"))?;
+    let plain = materialized_attention(&v[0], &v[1], &v[2], &mask)?;
+    let w = Tensor::randn_with(&mut ferrograd_core::Rng::new(4), 0.0, 1.0, (b, h, t, d), DType::F64, Device::Cpu)?;
+    let (gf, gp) = (fused.mul(&w)?.sum_all()?.backward()?, plain.mul(&w)?.sum_all()?.backward()?);
+    let max_diff = |x: &Tensor, y: &Tensor| -> Result<f64> {
+        let (x, y) = (x.to_vec::<f64>()?, y.to_vec::<f64>()?);
+        Ok(x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max))
+    };
+    assert!(max_diff(&fused.contiguous()?.flatten_all()?, &plain.contiguous()?.flatten_all()?)? < 1e-12);
+    let (a, c) = (gf.get(&qkv).unwrap(), gp.get(&qkv).unwrap());
+    assert!(max_diff(&a.flatten_all()?, &c.flatten_all()?)? < 1e-12, "gradients of the packed QKV buffer");
     Ok(())
 }
 
@@ -445,6 +480,12 @@ fn bf16_autocast_loss_and_gradients_track_f32() -> Result<()> {
 
 // ---- CUDA (each test prints one line and passes where no GPU is usable) ----------------------
 
+/// A small model whose head dim (32) the CUDA attention kernels are built for, so that the CUDA
+/// runs go through them and not the materialized fallback.
+fn cuda_small(vocab_size: usize) -> GptConfig {
+    GptConfig { vocab_size, n_embd: 64, ..small_vocab() }
+}
+
 fn gpu() -> Option<Device> {
     match ferrograd_core::cuda::CudaDevice::get(0) {
         Ok(_) => Some(Device::Cuda(0)),
@@ -459,7 +500,7 @@ fn gpu() -> Option<Device> {
 fn gpt_cuda_training_steps_agree_with_the_cpu() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let dir = text_shards(300);
-    let mut cfg = cpu_run(dir.path(), small_vocab_gpt2_tokens(), 4, 2, 16);
+    let mut cfg = cpu_run(dir.path(), cuda_small(50257), 4, 2, 16);
     cfg.total_batch = Some(2 * 2 * 16);
     let mut cpu = Run::new(cfg.clone())?;
     let mut cuda = Run::new(TrainConfig { device: dev, out: dir.path().join("out-cuda"), ..cfg })?;
@@ -486,7 +527,7 @@ fn gpt_cuda_bf16_steps_auto_batch_and_kv_cache() -> Result<()> {
         precision: Precision::Bf16,
         batch: BatchSize::Auto,
         total_batch: Some(8 * 16),
-        ..cpu_run(dir.path(), small_vocab_gpt2_tokens(), 3, 1, 16)
+        ..cpu_run(dir.path(), cuda_small(50257), 3, 1, 16)
     };
     let mut run = Run::new(cfg)?;
     assert_eq!(run.micro_batch, 8, "{:?}", run.info.auto_batch);
@@ -495,15 +536,18 @@ fn gpt_cuda_bf16_steps_auto_batch_and_kv_cache() -> Result<()> {
     let third = run.train_step()?.0.item_f64()?;
     assert!(first.is_finite() && third.is_finite() && third < first, "{first} -> {third}");
 
-    let m = Gpt::new(small_vocab(), 11, dev)?;
-    let ids: Vec<u32> = vec![5, 17, 3, 70, 42, 8, 1];
-    let full = m.logits(&Tensor::from_vec(ids.clone(), (1, ids.len()), dev)?)?;
-    let mut d = Decoder::new(&m, 12)?;
-    d.prefill(&ids[..5])?;
-    d.step(ids[5])?;
-    let got = values(&d.step(ids[6])?);
-    let want = values(&full.narrow(1, 6, 1)?.flatten_all()?);
-    let err = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    assert!(err < 1e-4, "max error {err}");
+    // The KV cache through the kernels (head dim 32) and through the fallback (head dim 8).
+    for cfg in [cuda_small(72), small_vocab()] {
+        let m = Gpt::new(cfg, 11, dev)?;
+        let ids: Vec<u32> = vec![5, 17, 3, 70, 42, 8, 1];
+        let full = m.logits(&Tensor::from_vec(ids.clone(), (1, ids.len()), dev)?)?;
+        let mut d = Decoder::new(&m, 12)?;
+        d.prefill(&ids[..5])?;
+        d.step(ids[5])?;
+        let got = values(&d.step(ids[6])?);
+        let want = values(&full.narrow(1, 6, 1)?.flatten_all()?);
+        let err = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(err < 1e-4, "head dim {}: max error {err}", cfg.head_dim());
+    }
     Ok(())
 }

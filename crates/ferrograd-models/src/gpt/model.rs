@@ -4,7 +4,7 @@
 //! [`HfView`] shows the model with the real vocabulary, as files and outputs see it.
 
 use super::config::GptConfig;
-use super::ops::{attention, causal_mask, layer_norm, linear, linear_gelu, lm_logits, lm_loss};
+use super::ops::{attention, causal_mask, layer_norm, linear, linear_gelu, lm_logits, lm_loss, to_matmul_dtype};
 use ferrograd_core::{shape_err, DType, Device, Error, Result, Rng, Tensor};
 use ferrograd_nn::module::join_name;
 use ferrograd_nn::Module;
@@ -71,7 +71,8 @@ pub struct Gpt {
     pub blocks: Vec<Block>,
     pub ln_f_w: Tensor,
     pub ln_f_b: Tensor,
-    /// The causal mask of the last training length, kept so that a step does not rebuild it.
+    /// The causal mask of the last training length, kept so that a step does not rebuild it; only
+    /// the fallback of `ops::attention` (a head dim the CUDA kernels lack) reads it.
     mask: Mutex<Option<Tensor>>,
 }
 
@@ -219,27 +220,29 @@ impl Gpt {
         let (h, d) = (cfg.n_head, cfg.head_dim());
         let eps = cfg.layer_norm_epsilon;
         let a = layer_norm(x, &blk.ln_1_w, &blk.ln_1_b, eps)?;
-        // [B, T, 3, H, D]: q, k and v are permuted views of this one buffer, never copied out.
+        // [B, T, 3, H, D]: q, k and v are permuted views of this one buffer, never copied out
+        // (the attention kernels read them in place).
         let qkv = linear(&a, &blk.c_attn_w, Some(&blk.c_attn_b))?.reshape((b, t, 3, h, d))?;
-        let part = |i: usize| qkv.narrow(2, i, 1)?.squeeze(2); // [B, T, H, D]
-        let q = part(0)?.permute(&[0, 2, 1, 3])?;
+        let part = |qkv: &Tensor, i: usize| qkv.narrow(2, i, 1)?.squeeze(2); // [B, T, H, D]
         let y = match cache {
             None => {
-                let (k, v) = (part(1)?.permute(&[0, 2, 1, 3])?, part(2)?.permute(&[0, 2, 1, 3])?);
-                attention(&q, &k, &v, Some(&self.train_mask(t)?))?
+                // One cast of the whole buffer under autocast, not one per view.
+                let qkv = to_matmul_dtype(&qkv)?;
+                let [q, k, v] = [0, 1, 2].map(|i| part(&qkv, i).and_then(|p| p.permute(&[0, 2, 1, 3])));
+                attention(&q?, &k?, &v?, 0, || self.train_mask(t))?
             }
             Some(kv) => {
                 if b != 1 {
                     return Err(shape_err!("gpt decode", "the KV cache holds one sequence, got batch {b}"));
                 }
                 let end = kv.start + t;
-                kv.k.narrow(0, kv.start, t)?.set(&part(1)?.squeeze(0)?)?;
-                kv.v.narrow(0, kv.start, t)?.set(&part(2)?.squeeze(0)?)?;
+                kv.k.narrow(0, kv.start, t)?.set(&part(&qkv, 1)?.squeeze(0)?)?;
+                kv.v.narrow(0, kv.start, t)?.set(&part(&qkv, 2)?.squeeze(0)?)?;
                 // [end, H, D] -> [1, H, end, D], views of the cache.
                 let keys = kv.k.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
                 let vals = kv.v.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
-                let mask = if t > 1 { Some(causal_mask(t, kv.start, self.device())?) } else { None };
-                attention(&q, &keys, &vals, mask.as_ref())?
+                let q = part(&qkv, 0)?.permute(&[0, 2, 1, 3])?;
+                attention(&q, &keys, &vals, kv.start, || causal_mask(t, kv.start, self.device()))?
             }
         };
         // [B, H, T, D] -> [B, T, C]

@@ -5,7 +5,7 @@
 //! |-----------------|------------------------------------------|--------------------------------------------|
 //! | [`linear`]      | matmul + bias add                        | cuBLASLt `linear(x, w, b, Activation::None)` |
 //! | [`linear_gelu`] | matmul + bias add + `gelu_tanh`          | cuBLASLt `linear(.., Activation::Gelu)`    |
-//! | [`attention`]   | `q k^T`, causal mask, softmax, `@ v`     | `Tensor::scaled_dot_product_attention`      |
+//! | [`attention`]   | `Tensor::scaled_dot_product_attention`   | (done: FlashAttention-2 style on CUDA)     |
 //! | [`layer_norm`]  | `Tensor::layer_norm`                     | (same method, moved into `fused/`)          |
 //! | [`lm_logits`] | `x wte^T` over the padded vocabulary, real columns viewed | (same; a fused classifier takes the view) |
 //! | [`lm_loss`]     | cast to f32 + `cross_entropy`            | fused classifier: loss and dlogits in one pass |
@@ -14,11 +14,13 @@
 //! takes PyTorch's `[out, in]` is called with `w.t()` (a view, no copy).
 //!
 //! Precision follows `ferrograd_nn::amp`: under an autocast scope the matmuls run in the low
-//! dtype (inputs and weights cast down, f32 accumulation) and come back as f32; norms, softmax,
-//! the loss and the residual stream stay in f32. Without autocast everything runs in the input's
+//! dtype (inputs and weights cast down, f32 accumulation) and come back as f32; attention reads
+//! q, k, v in the low dtype and its output stays there (it feeds the output projection's GEMM);
+//! norms, the loss and the residual stream stay in f32. Without autocast everything runs in the input's
 //! dtype (f32, or f64 in gradient checks).
 
-use ferrograd_core::{DType, Result, Tensor};
+use ferrograd_core::fused::attention::CUDA_HEAD_DIMS;
+use ferrograd_core::{AttentionOpts, DType, Result, Tensor};
 use ferrograd_nn::amp::autocast_dtype;
 
 /// The dtype matmuls run in: the autocast dtype for float inputs, else the input's own.
@@ -60,34 +62,56 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
     x.layer_norm(Some(w), Some(b), eps)
 }
 
-/// Scaled dot-product attention with PyTorch's semantics (`F.scaled_dot_product_attention` with
-/// `scale = 1/sqrt(D)`, no dropout): `q` `[B, H, Tq, D]`, `k` and `v` `[B, H, Tk, D]`, any strides.
-/// `mask`, when given, is a `[Tq, Tk]` u8 tensor whose non-zero entries are masked out (the causal
-/// mask for training; the KV cache passes an offset one).
+/// Causal self-attention of queries at positions `start..start + Tq` over the keys of positions
+/// `0..Tk` (`Tk = start + Tq`): `q` `[B, H, Tq, D]`, `k` and `v` `[B, H, Tk, D]`, any strides,
+/// `scale = 1/sqrt(D)`, no dropout. Training passes `start = 0` (`Tq = Tk`); the KV cache passes
+/// the cached length. Under autocast q, k and v are cast to the low dtype (a no-op when the caller
+/// cast the packed QKV buffer already) and the output stays in it: it only feeds the output
+/// projection, whose GEMM runs in that dtype anyway.
 ///
-/// Materializes the `Tq x Tk` scores (the fused kernel will not). Under autocast they stay in the
-/// low dtype, as in FlashAttention: `q` is scaled before the product, the mask and softmax (f32
-/// math inside the kernel) read and write bf16, and the probabilities enter `@ v` in bf16; three
-/// `T x T` buffers per layer instead of six f32 ones.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+/// Runs `Tensor::scaled_dot_product_attention` (FlashAttention-2 style on CUDA: no `Tq x Tk`
+/// matrix is stored, forward or backward) whenever it can express the problem: PyTorch's
+/// `is_causal` is top-left aligned, which is this mask for `start == 0`, and a single query
+/// (`Tq == 1`) sees every key. The two remaining cases fall back to [`materialized_attention`]
+/// with the `[Tq, Tk]` mask that `mask` builds (called only then): a prompt chunk appended to a
+/// non-empty KV cache, and, on CUDA, a head dim the kernels are not built for
+/// (`CUDA_HEAD_DIMS`: GPT-2's 64 is; toy configs with other head dims still run).
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    start: usize,
+    mask: impl FnOnce() -> Result<Tensor>,
+) -> Result<Tensor> {
+    let (tq, d) = (q.dims().get(2).copied().unwrap_or(0), q.dims().last().copied().unwrap_or(0));
+    let expressible = start == 0 || tq == 1;
+    let kernels = q.device().is_cpu() || CUDA_HEAD_DIMS.contains(&d);
+    if !(expressible && kernels) {
+        return materialized_attention(q, k, v, &mask()?);
+    }
+    let (q, k, v) = (to_matmul_dtype(q)?, to_matmul_dtype(k)?, to_matmul_dtype(v)?);
+    Tensor::scaled_dot_product_attention(&q, &k, &v, AttentionOpts { causal: start == 0, ..Default::default() })
+}
+
+/// `x` in the dtype matmuls run in (see [`matmul_dtype`]): under autocast, the packed QKV buffer
+/// is cast once here so that attention reads bf16 views of it instead of casting q, k, v apart.
+pub fn to_matmul_dtype(x: &Tensor) -> Result<Tensor> {
+    match matmul_dtype(x) {
+        Some(low) => x.to_dtype(low),
+        None => Ok(x.clone()),
+    }
+}
+
+/// Attention through the `Tq x Tk` scores (`q k^T`, `masked_fill`, softmax, `@ v`): the fallback
+/// of [`attention`]; `mask` `[Tq, Tk]` u8, non-zero entries masked out. Under autocast the scores
+/// stay in the low dtype, as in FlashAttention: `q` is scaled before the product, the mask and
+/// softmax (f32 math inside the kernel) read and write bf16, and the probabilities enter `@ v` in
+/// bf16. The output is in the low dtype too, as [`attention`]'s.
+pub fn materialized_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let d = *q.dims().last().unwrap_or(&1);
     let scale = 1.0 / (d as f64).sqrt();
-    let low = matmul_dtype(q);
-    let cast = |t: &Tensor| match low {
-        Some(l) => t.to_dtype(l),
-        None => Ok(t.clone()),
-    };
-    let scores = cast(q)?.mul_scalar(scale)?.matmul(&cast(k)?.transpose(-2, -1)?)?;
-    let scores = match mask {
-        Some(m) => scores.masked_fill(m, f64::NEG_INFINITY)?,
-        None => scores,
-    };
-    let y = scores.softmax(-1)?.matmul(&cast(v)?)?;
-    if low.is_some() {
-        y.to_dtype(DType::F32)
-    } else {
-        Ok(y)
-    }
+    let scores = to_matmul_dtype(q)?.mul_scalar(scale)?.matmul(&to_matmul_dtype(k)?.transpose(-2, -1)?)?;
+    scores.masked_fill(mask, f64::NEG_INFINITY)?.softmax(-1)?.matmul(&to_matmul_dtype(v)?)
 }
 
 /// Mean cross entropy of `logits` `[N, vocab]` (the real vocabulary: [`lm_logits`]'s output)
