@@ -19,6 +19,7 @@
 
 mod bench;
 mod demo;
+mod gpt;
 mod info;
 mod kernels;
 mod memory;
@@ -109,6 +110,8 @@ enum Command {
     /// Monster Walk: fill the device with copies of the Monster-group tensor and train the
     /// autoencoder on them (docs/monster-walk.md); `monster-walk export` writes the data.
     MonsterWalk(monster::MonsterArgs),
+    /// GPT-2 on real text: `gpt prepare` (text to token shards), `gpt train`, `gpt sample`.
+    Gpt(gpt::GptArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -345,6 +348,7 @@ pub enum Job {
     Demo(demo::Config),
     Memory(memory::Config),
     MonsterWalk(Box<monster::MonsterArgs>),
+    Gpt(Box<gpt::GptArgs>),
     Matmul(bench::matmul::Config),
     Transfer(bench::transfer::Config),
     Alloc(bench::alloc::Config),
@@ -369,6 +373,7 @@ impl Job {
                 clear: io::stdout().is_terminal(),
             }),
             Command::MonsterWalk(a) => Job::MonsterWalk(Box::new(a)),
+            Command::Gpt(a) => Job::Gpt(Box::new(a)),
             Command::Bench(BenchCommand::Matmul(a)) => Job::Matmul(matmul::Config {
                 device: a.device,
                 dtypes: a.dtype,
@@ -455,7 +460,8 @@ impl Job {
             Job::Optim(c) => two(&c.json, &c.plot),
             Job::Overlap(c) => two(&c.json, &None),
             Job::Attention(c) => two(&c.json, &c.plot),
-            Job::Info | Job::Demo(_) | Job::Memory(_) | Job::Kernels(_) => vec![],
+            // gpt checks its own output paths (checkpoint directories, logs) before training.
+            Job::Info | Job::Demo(_) | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) => vec![],
         }
     }
 
@@ -474,7 +480,7 @@ impl Job {
             Job::Optim(c) => optim::check(c),
             Job::Overlap(c) => overlap::check(c),
             Job::Attention(c) => attention::check(c),
-            Job::Info | Job::Memory(_) | Job::Kernels(_) => Ok(()),
+            Job::Info | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) => Ok(()),
         }
     }
 
@@ -486,6 +492,7 @@ impl Job {
             Job::Demo(c) => demo::run(&c, out),
             Job::Memory(c) => memory::run(&c, out),
             Job::MonsterWalk(a) => monster::run(*a, out),
+            Job::Gpt(a) => gpt::run(*a, out),
             Job::Matmul(c) => matmul::run(&c, out),
             Job::Transfer(c) => transfer::run(&c, out),
             Job::Alloc(c) => alloc::run(&c, out),
@@ -513,6 +520,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::MonsterWalk(_) => {
             "try fewer copies (--copies N) or plan for less memory (--budget 8GiB or --fill 0.5)"
         }
+        Command::Gpt(a) => gpt::oom_hint(&a.command),
         Command::Demo(_) => "try a smaller matmul (--size 512)",
         Command::Bench(BenchCommand::Matmul(_)) => "try smaller matrices (--sizes) or a smaller dtype (--dtype bf16)",
         Command::Bench(BenchCommand::Elementwise(_)) => "try smaller tensors (--shapes 4096x4096)",

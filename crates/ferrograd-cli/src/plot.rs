@@ -29,7 +29,7 @@ const PANEL_EXTRA_PX: u32 = 90;
 const TITLE_PX: u32 = 50;
 
 /// Line colours, in series order (colour-blind-safe Okabe-Ito hues).
-const COLOURS: [RGBColor; 7] = [
+pub(crate) const COLOURS: [RGBColor; 7] = [
     RGBColor(0, 114, 178),
     RGBColor(213, 94, 0),
     RGBColor(0, 158, 115),
@@ -42,7 +42,7 @@ const COLOURS: [RGBColor; 7] = [
 static FONT: Once = Once::new();
 
 /// Register the embedded font once per process (see the module documentation).
-fn init_font() {
+pub(crate) fn init_font() {
     FONT.call_once(|| {
         // DejaVu Sans is a valid TrueType font; should parsing ever fail, plotters reports
         // `FontUnavailable` when the first label is drawn and the plot fails with that message.
@@ -85,7 +85,7 @@ fn render(
     Ok(())
 }
 
-fn plot_err(path: &Path, e: impl std::fmt::Display) -> crate::CliError {
+pub(crate) fn plot_err(path: &Path, e: impl std::fmt::Display) -> crate::CliError {
     format!("cannot draw the plot {}: {e}", path.display()).into()
 }
 
