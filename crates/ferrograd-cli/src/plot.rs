@@ -62,7 +62,7 @@ pub struct Series {
 /// (`ferrograd_core::io::write_atomic`): plotters' own file backend would create the file when
 /// drawing starts and leave it truncated if drawing failed. The path was checked before the bench
 /// ran (`Job::outputs`).
-fn render(
+pub(crate) fn render(
     path: &Path,
     (w, h): (u32, u32),
     draw: impl FnOnce(&DrawingArea<BitMapBackend<'_>, Shift>) -> CliResult<()>,

@@ -5,6 +5,7 @@
 use crate::plot::{init_font, plot_err, COLOURS};
 use crate::CliResult;
 use clap::Args;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -67,14 +68,28 @@ pub fn draw(logs: &[PathBuf], labels: &[String], png: &Path, title: &str) -> Cli
         y1 = y1.max(y);
     }
     let pad = ((y1 - y0) * 0.05).max(1e-3);
-    let root = BitMapBackend::new(png, (crate::plot::WIDTH, 700)).into_drawing_area();
+    // Drawn in memory and written atomically (crate::plot::render), like every plot we write.
+    crate::plot::render(png, (crate::plot::WIDTH, 700), |root| {
+        draw_curves(root, &curves, logs, labels, png, title, (x1, y0 - pad, y1 + pad))
+    })
+}
+
+fn draw_curves(
+    root: &DrawingArea<BitMapBackend<'_>, Shift>,
+    curves: &[Curves],
+    logs: &[PathBuf],
+    labels: &[String],
+    png: &Path,
+    title: &str,
+    (x1, ylo, yhi): (f64, f64, f64),
+) -> CliResult<()> {
     root.fill(&WHITE).map_err(|e| plot_err(png, e))?;
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 24))
         .margin(20)
         .x_label_area_size(50)
         .y_label_area_size(70)
-        .build_cartesian_2d(0.0..x1, (y0 - pad)..(y1 + pad))
+        .build_cartesian_2d(0.0..x1, ylo..yhi)
         .map_err(|e| plot_err(png, e))?;
     chart
         .configure_mesh()
@@ -115,6 +130,5 @@ pub fn draw(logs: &[PathBuf], labels: &[String], png: &Path, title: &str) -> Cli
         .label_font(("sans-serif", 16))
         .draw()
         .map_err(|e| plot_err(png, e))?;
-    root.present().map_err(|e| plot_err(png, e))?;
     Ok(())
 }
