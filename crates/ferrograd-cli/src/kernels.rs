@@ -1,12 +1,12 @@
 //! `ferrograd kernels`: the embedded CUDA kernel modules and the on-disk CUBIN cache.
 //!
-//! `--precompile` compiles every module with NVRTC for the GPU's architecture (or `--arch`, which
+//! `--precompile` compiles every module (in parallel, one thread per module up to the cores) with NVRTC for the GPU's architecture (or `--arch`, which
 //! needs no GPU, only libnvrtc and the CUDA headers) into `$FERROGRAD_CACHE_DIR`, prints what each
 //! cost, then reads them all back through a fresh cache the way the next process start will, and
 //! says how long that takes against the NVRTC time it no longer spends.
 
 use crate::CliResult;
-use ferrograd_core::cuda::kernels::{self as k, Arch, DiskCache, KernelCache, KernelSource};
+use ferrograd_core::cuda::nvrtc::{self as k, Arch, DiskCache, KernelCache, KernelSource};
 use ferrograd_core::cuda::{self, modules};
 use std::io::Write;
 use std::time::Duration;
@@ -30,7 +30,13 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         writeln!(out, "kernel modules ({}), compiled by NVRTC on first use:", modules::ALL.len())?;
         let w = modules::ALL.iter().map(|m| m.name.len()).max().unwrap_or(0);
         for m in modules::ALL {
-            writeln!(out, "  {:w$} {:>7} bytes of CUDA C", m.name, m.src.len())?;
+            writeln!(
+                out,
+                "  {:w$} {:>7} bytes of CUDA C ({} shared headers)",
+                m.name,
+                m.source_len(),
+                m.headers.len()
+            )?;
         }
         writeln!(out, "cache: {dir}")?;
         match k::nvrtc_info() {
@@ -66,7 +72,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         writeln!(out, "the disk cache is off: the next start compiles everything again")?;
         return Ok(());
     };
-    let sources: Vec<KernelSource> = modules::ALL.iter().map(|m| KernelSource::new(m.name, m.src)).collect();
+    let sources: Vec<KernelSource> = modules::ALL.iter().map(|m| m.source()).collect();
     let fresh = KernelCache::new(Some(disk)).precompile(arch, &sources)?;
     let read = fresh.elapsed;
     let nvrtc_time = report.compile_time_saved();

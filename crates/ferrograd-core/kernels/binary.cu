@@ -9,6 +9,8 @@
 // Le 3, Gt 4, Ge 5. The op is uniform over a launch and switched on per element (one kernel per
 // dtype keeps NVRTC time down; the branch costs nothing next to the memory traffic).
 
+#include "common.cuh"
+
 enum { FG_ADD = 0, FG_SUB, FG_MUL, FG_DIV, FG_MAXIMUM, FG_MINIMUM, FG_REM, FG_MASK_POS };
 enum { FG_EQ = 0, FG_NE, FG_LT, FG_LE, FG_GT, FG_GE };
 

@@ -27,6 +27,8 @@
 // (grid-stride over rows). The choice depends on cols only, so it is uniform over the grid; the Rust
 // side (src/cuda/cross_entropy.rs `ce_cfg`) picks the launch shape that suits it.
 
+#include "common.cuh"
+
 #define FG_CE_WARP_COLS 1024
 #define FG_CE_IGNORED 0xffffffffu
 

@@ -6,6 +6,8 @@
 // Rust side. Layout offsets of the index / destination layouts (il, dl) are not used: those
 // tensors are contiguous from their pointers; only the source layout `sl` of gather is a view.
 
+#include "common.cuh"
+
 // ---------------------------------------------------------------------------------------------
 // index_select_{b8,b16,b32,b64}(const T* src, const unsigned int* ids, T* dst, u64 outer, u64 size,
 //                               u64 inner, u64 nids)

@@ -7,6 +7,8 @@
 // Both kernels: x (and dy, y, dx) contiguous [rows, cols], blockDim a multiple of 32 up to 1024,
 // statistics in ACC (float for f32 / f16 / bf16, double for f64).
 
+#include "common.cuh"
+
 template <typename A> static __device__ __forceinline__ A fg_ln_rsqrt(A v);
 template <> __device__ __forceinline__ float fg_ln_rsqrt<float>(float v) { return 1.0f / sqrtf(v); }
 template <> __device__ __forceinline__ double fg_ln_rsqrt<double>(double v) { return 1.0 / sqrt(v); }

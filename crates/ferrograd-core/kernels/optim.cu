@@ -3,6 +3,8 @@
 // PyTorch's multi_tensor_apply does. CPU twin: src/optim.rs (`adam_cpu`, `sgd_cpu`), same formulas
 // and operation order, in f32.
 
+#include "common.cuh"
+
 #define FG_OPT_MAX 40
 
 // Mirrored by `OptTable` in src/cuda/optim.rs: 5 * 40 * 8 + 8 = 1608 bytes.

@@ -10,6 +10,8 @@
 // folds a strided slice of the row (coalesced, 4 loads in flight), then warp shuffles, then one
 // value per warp through shared memory.
 
+#include "common.cuh"
+
 enum { FG_RSUM = 0, FG_RMAX = 1, FG_RMIN = 2 };
 
 template <typename T, typename Op>

@@ -34,6 +34,8 @@
 // CPU does. Softmax multiplies by 1 / sum (the CPU divides in f64; both round to within an ulp of the
 // f32 result).
 
+#include "common.cuh"
+
 static __device__ __forceinline__ float fg_sm_exp(float x) { return expf(x); }
 static __device__ __forceinline__ double fg_sm_exp(double x) { return exp(x); }
 static __device__ __forceinline__ float fg_sm_log(float x) { return logf(x); }

@@ -13,6 +13,8 @@
 // reproducible (Sqr, Rsqrt, Recip, Sqrt, Affine, Clamp, Relu, Sign, Neg, Abs) it is reproduced
 // bit for bit (Affine with explicitly unfused double multiply and add, as the CPU computes it).
 
+#include "common.cuh"
+
 enum {
   FG_NEG = 0, FG_ABS, FG_SQR, FG_SIGN, FG_RELU, FG_EXP, FG_LOG, FG_SQRT, FG_RSQRT, FG_RECIP,
   FG_TANH, FG_SIGMOID, FG_GELU_TANH, FG_GELU_ERF, FG_SILU, FG_SIN, FG_COS, FG_AFFINE, FG_POWF,

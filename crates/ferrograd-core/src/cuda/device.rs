@@ -4,8 +4,8 @@
 
 use super::alloc::{AllocError, Allocation, CachingAllocator, MemoryStats};
 use super::driver::{DriverEvents, DriverMemory, COMPUTE, COPY};
-use super::kernels::{self, Arch, KernelError, KernelSource};
 use super::modules::Module;
+use super::nvrtc::{self, Arch, KernelError};
 use super::probe::{self, CudaDeviceInfo};
 use crate::{Error, Result};
 use cudarc::cublas::CudaBlas;
@@ -89,7 +89,7 @@ impl CudaDevice {
         let (maj, min) = info.compute_capability;
         let arch = Arch::from_compute_capability(maj, min)?;
         // NVRTC must be loadable before we promise a working device.
-        kernels::nvrtc_info()?;
+        nvrtc::nvrtc_info()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("cuCtx", e))?;
         let stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
         let copy_stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
@@ -279,7 +279,7 @@ impl CudaDevice {
         if let Some(m) = lock(&self.modules).get(module.name) {
             return Ok(m.clone());
         }
-        let compiled = kernels::get_or_compile(&KernelSource::new(module.name, module.src), self.arch)?;
+        let compiled = nvrtc::get_or_compile(&module.source(), self.arch)?;
         let m = self
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.to_vec()))

@@ -1,50 +1,63 @@
-//! The kernel sources, embedded in the binary. Each module is `common.cuh` followed by one file;
-//! `docs/kernel-abi.md` is the contract between these and the Rust launch sites.
+//! The kernel modules, embedded in the binary, and the one list of them ([`ALL`]) that
+//! `ferrograd kernels --precompile` and the NVRTC compile test walk.
+//!
+//! A module is a `const` [`Module`] (name, source, shared headers, defines) declared next to the
+//! code that launches it: the core op families here (their sources in `kernels/`), each fused op in
+//! its folder under `src/fused/`. Shared headers live in `kernels/include/` and are listed in
+//! [`headers`]; `docs/kernel-abi.md` is the contract between the sources and the launch sites.
 
-pub struct Module {
-    pub name: &'static str,
-    pub src: &'static str,
+pub use super::nvrtc::{Define, Header, Module};
+
+/// The shared headers a module may `#include "name"`.
+pub mod headers {
+    use super::Header;
+
+    macro_rules! header {
+        ($id:ident, $name:literal) => {
+            pub const $id: Header = Header { name: $name, src: include_str!(concat!("../../kernels/include/", $name)) };
+        };
+    }
+
+    // Types, layouts, conversions, block reductions: every module includes it.
+    header!(COMMON, "common.cuh");
 }
 
-macro_rules! module {
+use headers::COMMON;
+
+macro_rules! core_module {
     ($id:ident, $name:literal) => {
-        pub const $id: Module = Module {
-            name: $name,
-            src: concat!(
-                include_str!("../../kernels/common.cuh"),
-                "\n",
-                include_str!(concat!("../../kernels/", $name, ".cu"))
-            ),
-        };
+        pub const $id: Module =
+            Module::new($name, include_str!(concat!("../../kernels/", $name, ".cu"))).with_headers(&[COMMON]);
     };
 }
 
-module!(COPY, "copy");
-module!(UNARY, "unary");
-module!(BINARY, "binary");
-module!(REDUCE, "reduce");
-module!(SOFTMAX, "softmax");
-module!(LAYERNORM, "layernorm");
-module!(INDEX, "index");
-module!(RNG, "rng");
-module!(OPTIM, "optim");
-module!(CROSS_ENTROPY, "cross_entropy");
+core_module!(COPY, "copy");
+core_module!(CAST, "cast");
+core_module!(UNARY, "unary");
+core_module!(BINARY, "binary");
+core_module!(REDUCE, "reduce");
+core_module!(SOFTMAX, "softmax");
+core_module!(LAYERNORM, "layernorm");
+core_module!(INDEX, "index");
+core_module!(RNG, "rng");
+core_module!(OPTIM, "optim");
+core_module!(CROSS_ENTROPY, "cross_entropy");
 
-/// Every module, for `ferrograd kernels --precompile` and the NVRTC compile test.
+/// Every module of the library: one line per module, fused ops' included.
 pub const ALL: &[&Module] =
-    &[&COPY, &UNARY, &BINARY, &REDUCE, &SOFTMAX, &LAYERNORM, &INDEX, &RNG, &OPTIM, &CROSS_ENTROPY];
+    &[&COPY, &CAST, &UNARY, &BINARY, &REDUCE, &SOFTMAX, &LAYERNORM, &INDEX, &RNG, &OPTIM, &CROSS_ENTROPY];
 
-/// Compile every module for `arch` into the on-disk cache (`ferrograd kernels --precompile`).
-pub fn precompile(arch: super::kernels::Arch) -> crate::Result<super::kernels::PrecompileReport> {
-    let sources: Vec<super::kernels::KernelSource> =
-        ALL.iter().map(|m| super::kernels::KernelSource::new(m.name, m.src)).collect();
-    Ok(super::kernels::precompile_kernels(arch, &sources)?)
+/// Compile every module for `arch` into the on-disk cache, in parallel (`ferrograd kernels
+/// --precompile`).
+pub fn precompile(arch: super::nvrtc::Arch) -> crate::Result<super::nvrtc::PrecompileReport> {
+    let sources: Vec<_> = ALL.iter().map(|m| m.source()).collect();
+    Ok(super::nvrtc::precompile(arch, &sources)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::kernels::{compile_cubin, find_cuda_include, nvrtc_info, Arch, KernelSource};
+    use crate::cuda::nvrtc::{compile_cubin, find_cuda_include, nvrtc_info, Arch};
 
     /// Every kernel file compiles under NVRTC for Ampere and Hopper. Runs wherever libnvrtc is
     /// found (CI installs it from PyPI); FERROGRAD_REQUIRE_NVRTC=1 turns a skip into a failure.
@@ -58,10 +71,33 @@ mod tests {
         let include = find_cuda_include().unwrap_or_else(|e| panic!("{e}"));
         for m in ALL {
             for arch in [Arch::SM80, Arch::SM90] {
-                let cubin = compile_cubin(&KernelSource::new(m.name, m.src), arch, &include)
-                    .unwrap_or_else(|e| panic!("{} for {arch}: {e}", m.name));
+                let cubin =
+                    compile_cubin(&m.source(), arch, &include).unwrap_or_else(|e| panic!("{} for {arch}: {e}", m.name));
                 assert!(cubin.len() > 1000, "{} for {arch}: {} bytes", m.name, cubin.len());
                 println!("{} {arch}: {} bytes", m.name, cubin.len());
+            }
+        }
+    }
+
+    /// Module names are unique (the device caches loaded modules by name), and every
+    /// `#include "..."` of a module or of its headers is among the headers it declares.
+    #[test]
+    fn modules_have_unique_names_and_declare_their_includes() {
+        let mut names: Vec<&str> = ALL.iter().map(|m| m.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), ALL.len(), "two modules share a name");
+        for m in ALL {
+            let texts = std::iter::once(m.src).chain(m.headers.iter().map(|h| h.src));
+            for text in texts {
+                for line in text.lines().filter_map(|l| l.trim().strip_prefix("#include \"")) {
+                    let inc = line.split('"').next().unwrap_or("");
+                    assert!(
+                        m.headers.iter().any(|h| h.name == inc),
+                        "{} includes {inc} but does not declare it",
+                        m.name
+                    );
+                }
             }
         }
     }

@@ -200,7 +200,7 @@ impl BackendStorage for CudaStorage {
         let n = l.elem_count();
         let out = CudaStorage::uninit(self.dev(), n, dtype)?;
         if n > 0 {
-            launch!(self.dev(), modules::COPY, format!("cast_{}_{}", self.dtype(), dtype), cfg_1d(n);
+            launch!(self.dev(), modules::CAST, format!("cast_{}_{}", self.dtype(), dtype), cfg_1d(n);
                 KLayout::new(l)?, self.buf.ptr(), out.buf.ptr(), n as u64);
         }
         Ok(out)
