@@ -466,3 +466,31 @@ fn out_of_memory_is_an_error_and_keeps_tensors() -> Result<()> {
     assert_eq!(cd.memory_stats().device_allocs, s0.device_allocs, "cached blocks are reused");
     Ok(())
 }
+
+/// A model's kernel named like a core kernel (`fill_b32`, which `Tensor::full` launches) is its
+/// own: kernels are cached by (module, name), not by name alone.
+#[test]
+fn a_model_kernel_named_like_a_core_kernel_is_its_own() -> Result<()> {
+    use ferrograd_core::cuda::modules::Module;
+    const SHADOW: Module = Module::new(
+        "shadow_test",
+        r#"extern "C" __global__ void fill_b32(unsigned int* p, unsigned long long bits, unsigned long long n) {
+             for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) p[i] = 7u + (unsigned int)bits;
+           }"#,
+    );
+    let Some(dev) = gpu() else { return Ok(()) };
+    let cd = CudaDevice::get(0)?;
+    let out = Tensor::full(3.0, 40, DType::U32, dev)?;
+    assert_eq!(out.to_vec::<u32>()?, vec![3; 40], "core fill_b32");
+    let (mut p, mut bits, mut n) = (out.cuda_ptr()?, 100u64, 40u64);
+    let arg = |v: &mut u64| v as *mut u64 as *mut std::ffi::c_void;
+    // SAFETY: the arguments match the kernel above; `out` holds 40 u32.
+    unsafe { cd.launch_raw(&SHADOW, "fill_b32", 1, 32, 0, &mut [arg(&mut p), arg(&mut bits), arg(&mut n)])? };
+    assert_eq!(out.to_vec::<u32>()?, vec![107; 40], "the model's fill_b32");
+    assert_eq!(Tensor::full(5.0, 40, DType::U32, dev)?.to_vec::<u32>()?, vec![5; 40], "core fill_b32 again");
+    // Another module under a taken name is a typed error, not the wrong kernel.
+    const IMPOSTOR: Module = Module::new("shadow_test", "extern \"C\" __global__ void other() {}");
+    let e = unsafe { cd.launch_raw(&IMPOSTOR, "other", 1, 32, 0, &mut []) }.unwrap_err();
+    assert!(e.to_string().contains("two different kernel modules"), "{e}");
+    Ok(())
+}

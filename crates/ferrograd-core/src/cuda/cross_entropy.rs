@@ -2,8 +2,10 @@
 //! and one backward. Targets are checked and encoded on the host first (see
 //! `src/cpu/cross_entropy.rs`), which reads them back, as `checked_ids` does for the index ops.
 
+use super::device::CudaDevice;
+use super::launch::{cfg_rows, cfg_warp_rows, launch};
 use super::modules;
-use super::storage::{cfg_rows, launch, sm_count, CudaStorage};
+use super::storage::CudaStorage;
 use crate::backend::BackendStorage;
 use crate::cpu::cross_entropy::{acc_dtype, encode_targets};
 use crate::{shape_err, DType, Error, Layout, Result, WithDType};
@@ -13,12 +15,11 @@ use cudarc::driver::LaunchConfig;
 const WARP_COLS: usize = 1024;
 
 /// Launch shape for the kernels' path: 8 warps a block for warp-per-row, else `cfg_rows`.
-fn ce_cfg(rows: usize, cols: usize) -> LaunchConfig {
+fn ce_cfg(dev: &CudaDevice, rows: usize, cols: usize) -> LaunchConfig {
     if cols <= WARP_COLS {
-        let blocks = rows.div_ceil(8).clamp(1, sm_count() * 8) as u32;
-        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+        cfg_warp_rows(dev, rows)
     } else {
-        cfg_rows(rows, cols, 0)
+        cfg_rows(dev, rows, cols, 0)
     }
 }
 
@@ -96,7 +97,7 @@ impl CudaStorage {
             let (x, _kx) = contiguous_ptr(self, l)?;
             let (tp, _kt) = contiguous_ptr(t, tl)?;
             launch!(self.dev(), modules::CROSS_ENTROPY, format!("cross_entropy_fwd_{}", self.dtype()),
-                ce_cfg(rows, cols); x, tp, loss.buf.ptr(), lse.buf.ptr(), kept.buf.ptr(), rows as u64, cols as u64);
+                ce_cfg(self.dev(), rows, cols); x, tp, loss.buf.ptr(), lse.buf.ptr(), kept.buf.ptr(), rows as u64, cols as u64);
         }
         Ok((loss, lse, kept))
     }
@@ -133,7 +134,7 @@ impl CudaStorage {
             let (lp, _kl) = contiguous_ptr(lse, lsel)?;
             let sp = scale.buf.ptr_at(scalel.offset());
             launch!(self.dev(), modules::CROSS_ENTROPY, format!("cross_entropy_bwd_{}", self.dtype()),
-                ce_cfg(rows, cols); x, tp, lp, sp, dx.buf.ptr(), rows as u64, cols as u64);
+                ce_cfg(self.dev(), rows, cols); x, tp, lp, sp, dx.buf.ptr(), rows as u64, cols as u64);
         }
         Ok(dx)
     }

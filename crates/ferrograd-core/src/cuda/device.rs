@@ -4,6 +4,7 @@
 
 use super::alloc::{AllocError, Allocation, CachingAllocator, MemoryStats};
 use super::driver::{DriverEvents, DriverMemory, COMPUTE, COPY};
+use super::launch::DeviceFuncs;
 use super::modules::Module;
 use super::nvrtc::{self, Arch, KernelError};
 use super::probe::{self, CudaDeviceInfo};
@@ -17,13 +18,15 @@ pub struct CudaDevice {
     pub ordinal: usize,
     pub info: CudaDeviceInfo,
     pub arch: Arch,
+    /// Multiprocessors of this GPU: launch shapes fill this chip (`cuda/launch.rs`).
+    sms: usize,
     pub(crate) ctx: Arc<CudaContext>,
     compute_stream: Arc<CudaStream>,
     copy_stream: Arc<CudaStream>,
     pub(crate) blas: Mutex<CudaBlas>,
     alloc: Mutex<CachingAllocator<DriverMemory, DriverEvents>>,
-    funcs: Mutex<HashMap<String, CudaFunction>>,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Loaded modules and their kernels, by (module name, kernel name).
+    funcs: DeviceFuncs,
     pending: Mutex<super::event::Pending>,
 }
 
@@ -85,7 +88,6 @@ impl CudaDevice {
 
     fn open(ordinal: usize) -> Result<CudaDevice> {
         let info = probe::device_info(ordinal)?;
-        super::storage::set_sm_count(info.multiprocessors as usize);
         let (maj, min) = info.compute_capability;
         let arch = Arch::from_compute_capability(maj, min)?;
         // NVRTC must be loadable before we promise a working device.
@@ -105,6 +107,7 @@ impl CudaDevice {
         alloc.set_memory_limit(super::alloc::memory_limit_from_env()?);
         Ok(CudaDevice {
             ordinal,
+            sms: (info.multiprocessors as usize).max(1),
             info,
             arch,
             ctx,
@@ -112,8 +115,7 @@ impl CudaDevice {
             copy_stream,
             blas: Mutex::new(blas),
             alloc: Mutex::new(alloc),
-            funcs: Mutex::new(HashMap::new()),
-            modules: Mutex::new(HashMap::new()),
+            funcs: DeviceFuncs::default(),
             pending: Mutex::new(Default::default()),
         })
     }
@@ -215,18 +217,25 @@ impl CudaDevice {
         lock(&self.pending).wait_all()
     }
 
+    /// Multiprocessors of this GPU.
+    pub fn sm_count(&self) -> usize {
+        self.sms
+    }
+
     /// The kernel `name` from `module`, compiling (or loading from the disk cache) on first use.
+    /// Kernels are cached by (module, name): a model's kernel named like a core kernel is its own.
     pub(crate) fn func(&self, module: &Module, name: &str) -> Result<CudaFunction> {
-        if let Some(f) = lock(&self.funcs).get(name) {
-            return Ok(f.clone());
-        }
-        let m = self.load_module(module)?;
-        let f = m.load_function(name).map_err(|e| Error::Kernel {
-            name: name.to_string(),
-            msg: format!("not found in module {}: {e:?}", module.name),
-        })?;
-        lock(&self.funcs).insert(name.to_string(), f.clone());
-        Ok(f)
+        self.funcs.get(
+            module,
+            name,
+            |m| self.load_cuda_module(m),
+            |m, name| {
+                m.load_function(name).map_err(|e| Error::Kernel {
+                    name: name.to_string(),
+                    msg: format!("not found in module {}: {e:?}", module.name),
+                })
+            },
+        )
     }
 
     /// Launch `name` from an embedded `module` (a model's own fused kernels) on the compute stream.
@@ -276,15 +285,13 @@ impl CudaDevice {
 
     /// Compile (or fetch from the disk cache) and load `module` into this context, once.
     pub fn load_module(&self, module: &Module) -> Result<Arc<CudaModule>> {
-        if let Some(m) = lock(&self.modules).get(module.name) {
-            return Ok(m.clone());
-        }
+        self.funcs.module(module, |m| self.load_cuda_module(m))
+    }
+
+    fn load_cuda_module(&self, module: &Module) -> Result<Arc<CudaModule>> {
         let compiled = nvrtc::get_or_compile(&module.source(), self.arch)?;
-        let m = self
-            .ctx
+        self.ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.to_vec()))
-            .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))?;
-        lock(&self.modules).insert(module.name, m.clone());
-        Ok(m)
+            .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))
     }
 }
