@@ -5,9 +5,11 @@
 
 #include "common.cuh"
 
-#define FG_OPT_MAX 40
+#ifndef FG_OPT_MAX
+#error "FG_OPT_MAX comes from Rust (src/cuda/ops/optim.rs MAX)"
+#endif
 
-// Mirrored by `OptTable` in src/cuda/optim.rs: 5 * 40 * 8 + 8 = 1608 bytes.
+// Mirrored by `OptTable` in src/cuda/ops/optim.rs: 5 * FG_OPT_MAX * 8 + 8 bytes (1608 for 40).
 struct OptTable {
   unsigned long long p[FG_OPT_MAX];   // parameters (updated in place)
   unsigned long long g[FG_OPT_MAX];   // gradients

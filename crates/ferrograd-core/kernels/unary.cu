@@ -13,7 +13,7 @@
 // reproducible (Sqr, Rsqrt, Recip, Sqrt, Affine, Clamp, Relu, Sign, Neg, Abs) it is reproduced
 // bit for bit (Affine with explicitly unfused double multiply and add, as the CPU computes it).
 
-#include "common.cuh"
+#include "acc_math.cuh"
 
 enum {
   FG_NEG = 0, FG_ABS, FG_SQR, FG_SIGN, FG_RELU, FG_EXP, FG_LOG, FG_SQRT, FG_RSQRT, FG_RECIP,
@@ -21,46 +21,15 @@ enum {
   FG_CLAMP, FG_GELU_TANH_GRAD, FG_GELU_ERF_GRAD, FG_SILU_GRAD
 };
 
-// Math per accumulation type (float: the f32 library functions, double: the f64 ones). sin, cos
-// and pow are large (argument reduction) and rarely hot, so they stay out of line: one copy per
-// kernel instead of one per unrolled element, which keeps NVRTC time down.
-static __device__ __forceinline__ float fg_exp(float x) { return expf(x); }
-static __device__ __forceinline__ double fg_exp(double x) { return exp(x); }
-static __device__ __forceinline__ float fg_log(float x) { return logf(x); }
-static __device__ __forceinline__ double fg_log(double x) { return log(x); }
-static __device__ __forceinline__ float fg_sqrt(float x) { return sqrtf(x); }
-static __device__ __forceinline__ double fg_sqrt(double x) { return sqrt(x); }
-static __device__ __forceinline__ float fg_tanh(float x) { return tanhf(x); }
-static __device__ __forceinline__ double fg_tanh(double x) { return tanh(x); }
-static __device__ __forceinline__ float fg_erf(float x) { return erff(x); }
-static __device__ __forceinline__ double fg_erf(double x) { return erf(x); }
+// sin, cos and pow are large (argument reduction) and rarely hot, so they stay out of line: one copy
+// per kernel instead of one per unrolled element, which keeps NVRTC time down. The rest of the math
+// per accumulation type is acc_math.cuh's.
 static __device__ __noinline__ float fg_sin(float x) { return sinf(x); }
 static __device__ __noinline__ double fg_sin(double x) { return sin(x); }
 static __device__ __noinline__ float fg_cos(float x) { return cosf(x); }
 static __device__ __noinline__ double fg_cos(double x) { return cos(x); }
 static __device__ __noinline__ float fg_pow(float x, float e) { return powf(x, e); }
 static __device__ __noinline__ double fg_pow(double x, double e) { return pow(x, e); }
-static __device__ __forceinline__ float fg_fabs(float x) { return fabsf(x); }
-static __device__ __forceinline__ double fg_fabs(double x) { return fabs(x); }
-// Rust's f32::max / f64::max ignore a NaN operand, as fmax does.
-static __device__ __forceinline__ float fg_fmax(float a, float b) { return fmaxf(a, b); }
-static __device__ __forceinline__ double fg_fmax(double a, double b) { return fmax(a, b); }
-static __device__ __forceinline__ float fg_fmin(float a, float b) { return fminf(a, b); }
-static __device__ __forceinline__ double fg_fmin(double a, double b) { return fmin(a, b); }
-
-// The constants of op.rs, each in the precision the CPU uses for this ACC (std::f32::consts /
-// std::f64::consts are the nearest value of each type to the real constant).
-template <typename A> struct FgK;
-template <> struct FgK<float> {
-  static __device__ __forceinline__ float frac_2_sqrt_pi() { return 1.12837916709551257389615890312154517f; }
-  static __device__ __forceinline__ float sqrt_2() { return 1.41421356237309504880168872420969808f; }
-  static __device__ __forceinline__ float gelu_c() { return 0.044715f; }
-};
-template <> struct FgK<double> {
-  static __device__ __forceinline__ double frac_2_sqrt_pi() { return 1.12837916709551257389615890312154517; }
-  static __device__ __forceinline__ double sqrt_2() { return 1.41421356237309504880168872420969808; }
-  static __device__ __forceinline__ double gelu_c() { return 0.044715; }
-};
 
 template <typename A>
 static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double p1) {
@@ -79,10 +48,7 @@ static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double
     case FG_RECIP: return one / x;
     case FG_TANH: return fg_tanh(x);
     case FG_SIGMOID: return one / (one + fg_exp(-x));
-    case FG_GELU_TANH: {
-      const A k = K::frac_2_sqrt_pi() / K::sqrt_2();
-      return half * x * (one + fg_tanh(k * (x + K::gelu_c() * x * x * x)));
-    }
+    case FG_GELU_TANH: return fg_gelu_tanh(x);
     case FG_GELU_ERF: return half * x * (one + fg_erf(x / K::sqrt_2()));
     case FG_SILU: return x / (one + fg_exp(-x));
     case FG_SIN: return fg_sin(x);
@@ -91,12 +57,7 @@ static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double
     case FG_AFFINE: return (A)__dadd_rn(__dmul_rn((double)x, p0), p1);
     case FG_POWF: return fg_pow(x, (A)p0);
     case FG_CLAMP: return fg_fmin(fg_fmax(x, (A)p0), (A)p1);
-    case FG_GELU_TANH_GRAD: {
-      const A k = K::frac_2_sqrt_pi() / K::sqrt_2();
-      const A c = K::gelu_c();
-      const A t = fg_tanh(k * (x + c * x * x * x));
-      return half * (one + t) + half * x * (one - t * t) * k * (one + (A)3 * c * x * x);
-    }
+    case FG_GELU_TANH_GRAD: return fg_gelu_tanh_grad(x);
     case FG_GELU_ERF_GRAD: {
       const A pdf = fg_exp(-half * x * x) * K::frac_2_sqrt_pi() / ((A)2 * K::sqrt_2());
       return half * (one + fg_erf(x / K::sqrt_2())) + x * pdf;

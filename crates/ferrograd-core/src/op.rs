@@ -243,25 +243,6 @@ pub enum Op {
     Cat(Vec<Tensor>, usize),
     IndexSelect(Tensor, Tensor, usize),
     Gather(Tensor, Tensor, usize),
-    Softmax(Tensor),
-    LogSoftmax(Tensor),
-    /// x, weight, bias, saved mean, saved rstd
-    LayerNorm {
-        x: Tensor,
-        weight: Option<Tensor>,
-        bias: Option<Tensor>,
-        mean: Tensor,
-        rstd: Tensor,
-    },
-    /// Fused cross entropy (mean over kept rows). `targets` are the encoded class ids (u32 `[N]`,
-    /// `u32::MAX` for an ignored row; they get no gradient), `lse` the saved per-row log-sum-exp and
-    /// `count` the number of kept rows (a scalar), both in the accumulation dtype.
-    CrossEntropy {
-        logits: Tensor,
-        targets: Tensor,
-        lse: Tensor,
-        count: Tensor,
-    },
     /// A fused op (`src/fused/`): its own forward per device and its own backward.
     Fused(crate::fused::FusedRecord),
 }

@@ -15,7 +15,9 @@
 typedef unsigned long long fg_u64;
 typedef long long fg_i64;
 
-#define FG_MAX_DIMS 8
+#ifndef FG_MAX_DIMS
+#error "FG_MAX_DIMS comes from Rust (src/cuda/klayout.rs MAX_DIMS)"
+#endif
 
 // Mirrored by a #[repr(C)] Rust struct: 4 + 4 + 8 + 64 + 64 = 144 bytes.
 struct Layout {

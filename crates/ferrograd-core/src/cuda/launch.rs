@@ -41,6 +41,49 @@ pub fn cfg_warp_rows(dev: &CudaDevice, rows: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// Elements of its row a thread keeps in registers in the row-in-registers kernels, with a float
+/// accumulator (f32, f16, bf16) and with a double one (f64): `FG_ROW_CAP_FLOAT` /
+/// `FG_ROW_CAP_DOUBLE` of `row_reduce.cuh`, passed as defines. 32 floats fill 8 16-byte vectors of
+/// f32 within the 64 registers a 1024-thread block allows; doubles need more registers each.
+pub const ROW_CAP_FLOAT: usize = 32;
+pub const ROW_CAP_DOUBLE: usize = 8;
+
+/// Launch shape for the row-in-registers kernels (`kernels/include/row_reduce.cuh`:
+/// `softmax_rows_*`, `layer_norm_fwd_rows_*`), or `None` where they do not apply and the caller
+/// launches its general kernel with `cfg_rows`. `aligned`: every pointer the kernel reads or writes
+/// row-wise is 16-byte aligned. They apply when `cols` is a multiple of 16 / `elem_bytes` and at
+/// most 1024 * E (E = `fg_row_cap`: [`ROW_CAP_FLOAT`] elements a thread with a float accumulator,
+/// [`ROW_CAP_DOUBLE`] with a double): rows of up to 32 * E elements go to a power-of-two group of lanes within a warp
+/// (several rows a warp when short), 4 warps a block; longer rows to a block of one thread per
+/// 32 elements (at least cols / E, a power of two, 64..=1024). One block per row (per 4 warps' rows),
+/// no cap: measured on an H200 (f32, % of copy), capping the grid at one resident wave cost 10
+/// points at 8192 x 8192 (softmax 87 against 97) and 2..7 at 65536 x 1024.
+pub fn cfg_row_regs(
+    rows: usize,
+    cols: usize,
+    elem_bytes: usize,
+    acc_bytes: usize,
+    aligned: bool,
+) -> Option<LaunchConfig> {
+    let e = if acc_bytes == 8 { ROW_CAP_DOUBLE } else { ROW_CAP_FLOAT };
+    let v = 16 / elem_bytes.max(1); // elements per 16-byte access
+    if !aligned || cols == 0 || !cols.is_multiple_of(v) || cols > 1024 * e {
+        return None;
+    }
+    let (threads, blocks) = if cols <= 32 * e {
+        let lanes = (cols / v).div_ceil(e / v).next_power_of_two(); // lanes a row takes: 1..=32
+        (128, rows.div_ceil(32 / lanes * 4))
+    } else {
+        let threads = cols.div_ceil(32).next_power_of_two().clamp(64, 1024);
+        (threads.max(cols.div_ceil(e).next_power_of_two()), rows)
+    };
+    Some(LaunchConfig {
+        grid_dim: (blocks.clamp(1, i32::MAX as usize) as u32, 1, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
 /// The kernel-name suffix of width-only kernels (copies, gathers, fills): `b8 b16 b32 b64`.
 pub(crate) fn width_suffix(dtype: DType) -> &'static str {
     match dtype.size_in_bytes() {

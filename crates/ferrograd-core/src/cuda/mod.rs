@@ -4,7 +4,6 @@
 
 pub mod alloc;
 mod buffer;
-mod cross_entropy;
 pub mod device;
 mod driver;
 pub mod event;

@@ -8,44 +8,73 @@
 
 pub use super::nvrtc::{Define, Header, Module};
 
-/// The shared headers a module may `#include "name"`.
+/// The shared headers a module may `#include "name"` (each brings the defines its text needs).
 pub mod headers {
-    use super::Header;
+    use super::{Define, Header};
+    use crate::cuda::launch::{ROW_CAP_DOUBLE, ROW_CAP_FLOAT};
 
     macro_rules! header {
-        ($id:ident, $name:literal) => {
-            pub const $id: Header = Header { name: $name, src: include_str!(concat!("../../kernels/include/", $name)) };
+        ($id:ident, $name:literal $(, $defines:expr)?) => {
+            pub const $id: Header =
+                Header::new($name, include_str!(concat!("../../kernels/include/", $name))) $(.with_defines($defines))?;
         };
     }
 
-    // Types, layouts, conversions, block reductions: every module includes it.
-    header!(COMMON, "common.cuh");
+    // Types, the kernel `Layout`, conversions, block reductions: every module includes it.
+    header!(COMMON, "common.cuh", &[Define::int("FG_MAX_DIMS", crate::cuda::klayout::MAX_DIMS as i64)]);
+    // exp, log, tanh, ... in the accumulation type, op.rs's constants, tanh-GELU and its derivative.
+    header!(ACC_MATH, "acc_math.cuh");
+    // The running (max, sum of exp) pair of softmax and cross entropy.
+    header!(ONLINE_SOFTMAX, "online_softmax.cuh");
+    // Rows in registers: which rows a thread holds, reductions over a row's group of threads.
+    header!(
+        ROW_REDUCE,
+        "row_reduce.cuh",
+        &[
+            Define::int("FG_ROW_CAP_FLOAT", ROW_CAP_FLOAT as i64),
+            Define::int("FG_ROW_CAP_DOUBLE", ROW_CAP_DOUBLE as i64),
+        ]
+    );
+    // 16-byte row loads and stores, plain and cache-streaming.
+    header!(VEC_LOAD, "vec_load.cuh");
+
+    /// Every shared header, for the tests that read them all.
+    pub const ALL: &[Header] = &[COMMON, ACC_MATH, ONLINE_SOFTMAX, ROW_REDUCE, VEC_LOAD];
 }
 
-use headers::COMMON;
+use headers::{ACC_MATH, COMMON};
 
 macro_rules! core_module {
-    ($id:ident, $name:literal) => {
-        pub const $id: Module =
-            Module::new($name, include_str!(concat!("../../kernels/", $name, ".cu"))).with_headers(&[COMMON]);
+    ($id:ident, $name:literal, $headers:expr $(, $defines:expr)?) => {
+        pub const $id: Module = Module::new($name, include_str!(concat!("../../kernels/", $name, ".cu")))
+            .with_headers($headers) $(.with_defines($defines))?;
     };
 }
 
-core_module!(COPY, "copy");
-core_module!(CAST, "cast");
-core_module!(UNARY, "unary");
-core_module!(BINARY, "binary");
-core_module!(REDUCE, "reduce");
-core_module!(SOFTMAX, "softmax");
-core_module!(LAYERNORM, "layernorm");
-core_module!(INDEX, "index");
-core_module!(RNG, "rng");
-core_module!(OPTIM, "optim");
-core_module!(CROSS_ENTROPY, "cross_entropy");
+core_module!(COPY, "copy", &[COMMON]);
+core_module!(CAST, "cast", &[COMMON]);
+core_module!(UNARY, "unary", &[COMMON, ACC_MATH]);
+core_module!(BINARY, "binary", &[COMMON]);
+core_module!(REDUCE, "reduce", &[COMMON]);
+core_module!(INDEX, "index", &[COMMON]);
+core_module!(RNG, "rng", &[COMMON]);
+core_module!(OPTIM, "optim", &[COMMON], &[Define::int("FG_OPT_MAX", super::ops::optim::MAX as i64)]);
 
-/// Every module of the library: one line per module, fused ops' included.
-pub const ALL: &[&Module] =
-    &[&COPY, &CAST, &UNARY, &BINARY, &REDUCE, &SOFTMAX, &LAYERNORM, &INDEX, &RNG, &OPTIM, &CROSS_ENTROPY];
+/// Every module of the library, fused ops' included: one line per module. What
+/// `ferrograd kernels --precompile` and the NVRTC compile test walk.
+pub const ALL: &[&Module] = &[
+    &COPY,
+    &CAST,
+    &UNARY,
+    &BINARY,
+    &REDUCE,
+    &INDEX,
+    &RNG,
+    &OPTIM,
+    &crate::fused::softmax::MODULE,
+    &crate::fused::layer_norm::MODULE,
+    &crate::fused::cross_entropy::MODULE,
+];
 
 /// Compile every module for `arch` into the on-disk cache, in parallel (`ferrograd kernels
 /// --precompile`).

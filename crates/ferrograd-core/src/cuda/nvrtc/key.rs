@@ -95,7 +95,7 @@ mod tests {
         assert_eq!(base, key("k", "src", &[], &opts, V13, Arch::SM90));
         let fast = nvrtc_options(Arch::SM90, &KernelSource::new("k", "").with_options(CompileOptions::FAST_MATH));
         let defined = nvrtc_options(Arch::SM90, &KernelSource::new("k", "").with_defines(&[Define::int("N", 8)]));
-        let h = |name, src| Header { name, src };
+        let h = Header::new;
         let others = [
             key("j", "src", &[], &opts, V13, Arch::SM90),
             key("k", "src2", &[], &opts, V13, Arch::SM90),

@@ -10,12 +10,24 @@
 use super::arch::Arch;
 
 /// A header a module may include by name (`#include "row_reduce.cuh"`): NVRTC gets its text
-/// directly, so nothing is read from disk at run time.
+/// directly, so nothing is read from disk at run time. A header brings the defines its text needs
+/// (`common.cuh` needs `FG_MAX_DIMS`), so every module that includes it gets them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Header {
     /// The name the source includes it by.
     pub name: &'static str,
     pub src: &'static str,
+    pub defines: &'static [Define],
+}
+
+impl Header {
+    pub const fn new(name: &'static str, src: &'static str) -> Header {
+        Header { name, src, defines: &[] }
+    }
+
+    pub const fn with_defines(self, defines: &'static [Define]) -> Header {
+        Header { defines, ..self }
+    }
 }
 
 /// A `-D NAME=VALUE` define from Rust. `suffix` is appended to the value (`u` for an unsigned
@@ -147,7 +159,8 @@ pub(crate) fn nvrtc_options(arch: Arch, kernel: &KernelSource<'_>) -> Vec<String
         out.push("--use_fast_math".to_string());
     }
     out.extend(kernel.options.extra.iter().map(|s| s.to_string()));
-    out.extend(kernel.defines.iter().map(Define::option));
+    let headers = kernel.headers.iter().flat_map(|h| h.defines);
+    out.extend(headers.chain(kernel.defines).map(Define::option));
     out
 }
 
@@ -173,11 +186,13 @@ mod tests {
 
     #[test]
     fn a_module_hands_everything_to_its_source() {
-        const H: &[Header] = &[Header { name: "a.cuh", src: "#define A 1\n" }];
+        const H: &[Header] = &[Header::new("a.cuh", "#define A 1\n").with_defines(&[Define::int("C", 3)])];
         const D: &[Define] = &[Define::int("B", 2)];
         const M: Module = Module::new("m", "A B").with_headers(H).with_defines(D);
         let s = M.source();
         assert_eq!((s.name, s.src, s.headers, s.defines), ("m", "A B", H, D));
         assert_eq!(M.source_len(), 3 + 12);
+        // The header's defines come first, then the module's.
+        assert_eq!(&nvrtc_options(Arch::SM80, &s)[2..], ["-DC=3", "-DB=2"]);
     }
 }

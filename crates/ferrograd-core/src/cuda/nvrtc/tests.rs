@@ -183,11 +183,11 @@ fn shared_headers_and_defines_reach_nvrtc() {
         return;
     }
     const HEADERS: &[Header] = &[
-        Header {
-            name: "twice.cuh",
-            src: "#pragma once\n#include \"base.cuh\"\n__device__ float twice(float x) { return BASE * x; }\n",
-        },
-        Header { name: "base.cuh", src: "#pragma once\n#define BASE 2.0f\n" },
+        Header::new(
+            "twice.cuh",
+            "#pragma once\n#include \"base.cuh\"\n__device__ float twice(float x) { return BASE * x; }\n",
+        ),
+        Header::new("base.cuh", "#pragma once\n#define BASE 2.0f\n"),
     ];
     const DEFINES: &[Define] = &[Define::int("FG_N", 3), Define::uint("FG_BIG", u32::MAX)];
     let src = "#include \"twice.cuh\"\n\

@@ -6,7 +6,6 @@ mod binary;
 mod cast;
 mod copy;
 mod index;
-mod norm;
 pub(crate) mod optim;
 mod reduce;
 mod rng;
@@ -17,10 +16,8 @@ use crate::backend::{BackendStorage, MatmulDims};
 use crate::op::{ArgReduceOp, BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result};
 
-pub(crate) use reduce::acc_dtype;
-
 /// Both operands of a binary op share dtype and device.
-fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
+pub(crate) fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
     if a.dtype() != b.dtype() {
         return Err(Error::DTypeMismatch { op, lhs: a.dtype(), rhs: b.dtype() });
     }
@@ -73,32 +70,6 @@ impl BackendStorage for CudaStorage {
 
     fn arg_reduce(&self, l: &Layout, op: ArgReduceOp, dim: usize) -> Result<Self> {
         reduce::arg_reduce(self, l, op, dim)
-    }
-
-    fn softmax_last(&self, l: &Layout, log: bool) -> Result<Self> {
-        norm::softmax_last(self, l, log)
-    }
-
-    fn layer_norm(
-        &self,
-        l: &Layout,
-        weight: Option<(&Self, &Layout)>,
-        bias: Option<(&Self, &Layout)>,
-        eps: f64,
-    ) -> Result<(Self, Self, Self)> {
-        norm::layer_norm(self, l, weight, bias, eps)
-    }
-
-    fn layer_norm_backward(
-        &self,
-        l: &Layout,
-        weight: Option<(&Self, &Layout)>,
-        mean: &Self,
-        rstd: &Self,
-        dy: &Self,
-        dyl: &Layout,
-    ) -> Result<(Self, Self, Self)> {
-        norm::layer_norm_backward(self, l, weight, mean, rstd, dy, dyl)
     }
 
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout, dims: MatmulDims) -> Result<Self> {

@@ -9,7 +9,8 @@ use crate::storage::Storage;
 use crate::{Error, Result, Tensor};
 use cudarc::driver::DeviceRepr;
 
-const MAX: usize = 40;
+/// Tensors one launch updates (`FG_OPT_MAX` in kernels/optim.cu, passed as a define).
+pub(crate) const MAX: usize = 40;
 
 #[repr(C)]
 #[derive(Clone, Copy)]

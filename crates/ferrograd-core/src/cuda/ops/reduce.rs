@@ -6,15 +6,6 @@ use crate::cuda::storage::CudaStorage;
 use crate::op::{ArgReduceOp, ReduceOp};
 use crate::{DType, Layout, Result};
 
-/// The dtype reductions accumulate in on CUDA (docs/kernel-abi.md): float for the float dtypes
-/// below f64, double for f64 and every integer dtype (exact for their sums up to 2^53).
-pub(crate) fn acc_dtype(d: DType) -> DType {
-    match d {
-        DType::F32 | DType::F16 | DType::BF16 => DType::F32,
-        _ => DType::F64,
-    }
-}
-
 /// Fold each row of a contiguous `[rows, cols]` matrix at `x` into `out` (ACC dtype).
 #[allow(clippy::too_many_arguments)]
 fn reduce_rows(
@@ -72,7 +63,7 @@ fn rows_over(s: &CudaStorage, l: &Layout, dims: &[usize]) -> Result<(usize, usiz
 
 pub(super) fn reduce(s: &CudaStorage, l: &Layout, op: ReduceOp, dims: &[usize]) -> Result<CudaStorage> {
     let (rows, cols, ptr, _keep) = rows_over(s, l, dims)?;
-    let acc = acc_dtype(s.dtype());
+    let acc = s.dtype().acc();
     let out = CudaStorage::uninit(s.dev(), rows, acc)?;
     reduce_rows(s, ptr, s.dtype(), &out, rows, cols, op as i32, false)?;
     if acc == s.dtype() {
