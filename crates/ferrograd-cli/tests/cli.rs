@@ -256,7 +256,7 @@ fn kernels_lists_modules_and_precompile_needs_a_gpu_or_arch() {
     let o = ferrograd(&["kernels"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
-    for m in ["copy", "softmax", "layernorm"] {
+    for m in ["copy", "softmax", "layer_norm"] {
         assert!(out.lines().any(|l| l.trim_start().starts_with(m)), "{m} not listed:\n{out}");
     }
     assert!(out.lines().any(|l| l.starts_with("cache: ")), "{out}");

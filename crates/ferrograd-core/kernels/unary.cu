@@ -3,9 +3,8 @@
 // `UnaryOp::eval_f64` (f64, and the integer dtypes through `T::from_f64(eval_f64(x.to_f64()))`),
 // called from src/cpu/mod.rs `CpuStorage::float_unary`.
 //
-// Op codes (UnaryOp order): Neg 0, Abs 1, Sqr 2, Sign 3, Relu 4, Exp 5, Log 6, Sqrt 7, Rsqrt 8,
-// Recip 9, Tanh 10, Sigmoid 11, GeluTanh 12, GeluErf 13, Silu 14, Sin 15, Cos 16, Affine 17,
-// Powf 18, Clamp 19, GeluTanhGrad 20, GeluErfGrad 21, SiluGrad 22.
+// Op codes: the enum below, equal to src/op.rs `UnaryCode` (a test compares them); Affine takes
+// p0 = mul, p1 = add, Powf p0 = the exponent, Clamp p0 = min, p1 = max.
 //
 // The op is a kernel argument, uniform over the launch: it is switched on once per pack of
 // elements, not templated, so that each dtype is one kernel (NVRTC time grows with every
@@ -15,10 +14,11 @@
 
 #include "acc_math.cuh"
 
-enum {
-  FG_NEG = 0, FG_ABS, FG_SQR, FG_SIGN, FG_RELU, FG_EXP, FG_LOG, FG_SQRT, FG_RSQRT, FG_RECIP,
-  FG_TANH, FG_SIGMOID, FG_GELU_TANH, FG_GELU_ERF, FG_SILU, FG_SIN, FG_COS, FG_AFFINE, FG_POWF,
-  FG_CLAMP, FG_GELU_TANH_GRAD, FG_GELU_ERF_GRAD, FG_SILU_GRAD
+enum FgUnaryOp {
+  FG_NEG = 0, FG_ABS = 1, FG_SQR = 2, FG_SIGN = 3, FG_RELU = 4, FG_EXP = 5, FG_LOG = 6, FG_SQRT = 7,
+  FG_RSQRT = 8, FG_RECIP = 9, FG_TANH = 10, FG_SIGMOID = 11, FG_GELU_TANH = 12, FG_GELU_ERF = 13,
+  FG_SILU = 14, FG_SIN = 15, FG_COS = 16, FG_AFFINE = 17, FG_POWF = 18, FG_CLAMP = 19,
+  FG_GELU_TANH_GRAD = 20, FG_GELU_ERF_GRAD = 21, FG_SILU_GRAD = 22
 };
 
 // sin, cos and pow are large (argument reduction) and rarely hot, so they stay out of line: one copy
