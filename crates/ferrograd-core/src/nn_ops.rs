@@ -4,6 +4,7 @@
 
 use crate::backend::BackendStorage;
 use crate::backprop::track;
+use crate::cuda::error_flag::{reported_as, IndexOp};
 use crate::op::Op;
 use crate::rng::Rng;
 use crate::{shape_err, DType, Dim, Error, Result, Tensor};
@@ -150,7 +151,11 @@ impl Tensor {
         }
         let mut dims = ids.dims().to_vec();
         dims.push(self.dims()[1]);
-        self.index_select(&ids.flatten_all()?, 0).map_err(|e| renamed(e, "embedding"))?.reshape(dims)
+        let flat = ids.flatten_all()?;
+        // A bad id says `embedding`: at once on the CPU (renamed), at the next read on CUDA.
+        reported_as(IndexOp::Embedding, || self.index_select(&flat, 0))
+            .map_err(|e| renamed(e, "embedding"))?
+            .reshape(dims)
     }
 
     /// PyTorch's gather: `out[i][j] = self[i][ids[i][j]]` for dim 1; output has the index shape.

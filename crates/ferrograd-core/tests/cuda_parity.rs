@@ -325,9 +325,9 @@ fn indexing_and_structure() -> Result<()> {
         let s2 = Tensor::rand_with(&mut rng, 0.0, 9.0, (5, 2, 4), DType::F32, Device::Cpu)?.to_dtype(d)?;
         check("scatter_add", dev, &[x.clone(), gi.clone(), s2], 1.0, |t| t[0].scatter_add(1, &t[1], &t[2]));
     }
+    // Out-of-range ids are checked on the device: tests/cuda_device_checks.rs (its own binary, as
+    // the error reaches whichever host read comes next).
     let g = on(&Tensor::zeros((3, 2), DType::F32, Device::Cpu)?, dev);
-    let bad = on(&Tensor::from_vec(vec![0u32, 3], 2, Device::Cpu)?, dev);
-    assert!(matches!(g.index_select(&bad, 0), Err(Error::IndexOutOfRange { index: 3, size: 3, .. })));
     let cpu = Tensor::zeros((3, 2), DType::F32, Device::Cpu)?;
     assert!(matches!(g.add(&cpu), Err(Error::DeviceMismatch { .. })));
     Ok(())
@@ -397,12 +397,8 @@ fn cross_entropy_fused() -> Result<()> {
             grad_of(&t[0], |v| v.cross_entropy(&t[1], Some(-100)))
         });
     }
-    // Out-of-range targets are typed errors on the device too.
+    // Out-of-range targets: tests/cuda_device_checks.rs.
     let x = on(&Tensor::zeros((2, 4), DType::F32, Device::Cpu)?, dev);
-    let bad = on(&Tensor::from_vec(vec![1u32, 7], 2, Device::Cpu)?, dev);
-    assert!(matches!(x.cross_entropy(&bad, None), Err(Error::IndexOutOfRange { index: 7, size: 4, .. })));
-    let neg = on(&Tensor::from_vec(vec![-5i32, 1], 2, Device::Cpu)?, dev);
-    assert!(matches!(x.cross_entropy(&neg, Some(-100)), Err(Error::IndexOutOfRange { index: -5, size: 4, .. })));
     let cpu_t = Tensor::from_vec(vec![1u32, 2], 2, Device::Cpu)?;
     assert!(matches!(x.cross_entropy(&cpu_t, None), Err(Error::DeviceMismatch { .. })));
     Ok(())

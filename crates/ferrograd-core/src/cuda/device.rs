@@ -28,6 +28,8 @@ pub struct CudaDevice {
     /// Loaded modules and their kernels, by (module name, kernel name).
     funcs: DeviceFuncs,
     pending: Mutex<super::event::Pending>,
+    /// Where kernels report a bad index for the next host read (`cuda/error_flag.rs`).
+    pub(crate) error_flag: super::error_flag::ErrorFlag,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -105,7 +107,9 @@ impl CudaDevice {
             DriverEvents::new(ctx.clone(), [stream.cu_stream(), copy_stream.cu_stream()]),
         );
         alloc.set_memory_limit(super::alloc::memory_limit_from_env()?);
+        let error_flag = super::error_flag::ErrorFlag::new(&ctx)?;
         Ok(CudaDevice {
+            error_flag,
             ordinal,
             sms: (info.multiprocessors as usize).max(1),
             info,
@@ -210,11 +214,13 @@ impl CudaDevice {
         self.ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))
     }
 
-    /// Block until all queued work on both streams is done.
+    /// Block until all queued work on both streams is done; a bad index a kernel met since the
+    /// last host read is reported here (`Error::IndexOutOfRange`).
     pub fn synchronize(&self) -> Result<()> {
         self.stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
         self.copy_stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
-        lock(&self.pending).wait_all()
+        lock(&self.pending).wait_all()?;
+        self.take_device_error()
     }
 
     /// Multiprocessors of this GPU.

@@ -2,10 +2,13 @@
 //! loading), so a machine without CUDA builds and runs the same binary; each entry point checks
 //! that the library exists first because cudarc panics on a missing one.
 
+#[cfg(test)]
+mod abi;
 pub mod alloc;
 mod buffer;
 pub mod device;
 mod driver;
+pub(crate) mod error_flag;
 pub mod event;
 pub mod klayout;
 pub(crate) mod launch;

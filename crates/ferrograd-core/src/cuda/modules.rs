@@ -37,12 +37,14 @@ pub mod headers {
     );
     // 16-byte row loads and stores, plain and cache-streaming.
     header!(VEC_LOAD, "vec_load.cuh");
+    // How a kernel reports a bad index through the device's error flag.
+    header!(ERROR_FLAG, "error_flag.cuh");
 
     /// Every shared header, for the tests that read them all.
-    pub const ALL: &[Header] = &[COMMON, ACC_MATH, ONLINE_SOFTMAX, ROW_REDUCE, VEC_LOAD];
+    pub const ALL: &[Header] = &[COMMON, ACC_MATH, ONLINE_SOFTMAX, ROW_REDUCE, VEC_LOAD, ERROR_FLAG];
 }
 
-use headers::{ACC_MATH, COMMON};
+use headers::{ACC_MATH, COMMON, ERROR_FLAG};
 
 macro_rules! core_module {
     ($id:ident, $name:literal, $headers:expr $(, $defines:expr)?) => {
@@ -56,7 +58,7 @@ core_module!(CAST, "cast", &[COMMON]);
 core_module!(UNARY, "unary", &[COMMON, ACC_MATH]);
 core_module!(BINARY, "binary", &[COMMON]);
 core_module!(REDUCE, "reduce", &[COMMON]);
-core_module!(INDEX, "index", &[COMMON]);
+core_module!(INDEX, "index", &[COMMON, ERROR_FLAG], &[Define::uint("FG_ID_NONE", super::ops::index::NO_ID)]);
 core_module!(RNG, "rng", &[COMMON]);
 core_module!(OPTIM, "optim", &[COMMON], &[Define::int("FG_OPT_MAX", super::ops::optim::MAX as i64)]);
 

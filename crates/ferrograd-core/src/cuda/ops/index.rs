@@ -1,12 +1,14 @@
-//! Launches of `kernels/index.cu`: index_select, gather and their adjoints index_add, scatter_add.
+//! Launches of `kernels/index.cu`: the index check, index_select, gather and their adjoints
+//! index_add, scatter_add.
 
 use super::same_dtype;
 use crate::cpu::index::check_gather;
+use crate::cuda::error_flag::{reported_op, IndexOp};
 use crate::cuda::klayout::KLayout;
 use crate::cuda::launch::{cfg_1d, launch, width_suffix};
 use crate::cuda::modules;
 use crate::cuda::storage::CudaStorage;
-use crate::{DType, Error, Layout, Result, WithDType};
+use crate::{DType, Error, Layout, Result};
 
 /// (outer, size, inner) of `dims` around `dim`.
 fn split_at(dims: &[usize], dim: usize) -> (usize, usize, usize) {
@@ -21,7 +23,7 @@ pub(super) fn index_select(
     dim: usize,
 ) -> Result<CudaStorage> {
     let (outer, size, inner) = split_at(l.dims(), dim);
-    let idx = checked_ids(ids, il, size, "index_select")?;
+    let idx = checked_ids(ids, il, size, None, IndexOp::IndexSelect)?;
     let (x, _k) = s.contiguous_ptr(l)?;
     let n = outer * idx.len() * inner;
     let dev = s.dev();
@@ -35,7 +37,7 @@ pub(super) fn index_select(
 
 pub(super) fn gather(s: &CudaStorage, l: &Layout, ids: &CudaStorage, il: &Layout, dim: usize) -> Result<CudaStorage> {
     check_gather("gather", l.dims(), il.dims(), dim)?;
-    let idx = checked_ids(ids, il, l.dims()[dim], "gather")?;
+    let idx = checked_ids(ids, il, l.dims()[dim], None, IndexOp::Gather)?;
     let n = il.elem_count();
     let dev = s.dev();
     let out = CudaStorage::uninit(dev, n, s.dtype())?;
@@ -59,7 +61,7 @@ pub(super) fn index_add(
     same_dtype("index_add", s, src)?;
     atomic_dtype("index_add", s.dtype())?;
     let (outer, size, inner) = split_at(l.dims(), dim);
-    let idx = checked_ids(ids, il, size, "index_add")?;
+    let idx = checked_ids(ids, il, size, None, IndexOp::IndexAdd)?;
     let mut want = l.dims().to_vec();
     want[dim] = idx.len();
     if sl.dims() != want.as_slice() {
@@ -91,7 +93,7 @@ pub(super) fn scatter_add(
     if sl.dims() != il.dims() {
         return Err(Error::ShapeMismatch { op: "scatter_add", lhs: il.dims().to_vec(), rhs: sl.dims().to_vec() });
     }
-    let idx = checked_ids(ids, il, l.dims()[dim], "scatter_add")?;
+    let idx = checked_ids(ids, il, l.dims()[dim], None, IndexOp::ScatterAdd)?;
     let out = super::copy::copy_strided(s, l)?;
     let (sp, _k) = src.contiguous_ptr(sl)?;
     let n = sl.elem_count();
@@ -112,21 +114,34 @@ fn atomic_dtype(op: &'static str, d: DType) -> Result<()> {
     }
 }
 
-/// Indices checked on the host against `size` and uploaded as u32 (the kernels' index type).
-fn checked_ids(ids: &CudaStorage, l: &Layout, size: usize, op: &'static str) -> Result<CudaStorage> {
+/// The encoded id of an index that is out of range (reported through the error flag) or ignored
+/// (cross entropy's ignore index): `FG_ID_NONE` in kernels/index.cu, passed as a define. The index
+/// kernels write 0 for it (select, gather) or add nothing (index_add, scatter_add).
+pub(crate) const NO_ID: u32 = u32::MAX;
+
+/// Integer ids of any dtype, read through `l`, checked on the device against `size` and written
+/// as the u32 ids the kernels take. An id outside `[0, size)` becomes [`NO_ID`] and is reported
+/// through the device's error flag as `op` at the next host read; `ignore` (cross entropy's ignore
+/// index) becomes [`NO_ID`] silently. Nothing here waits for the device.
+pub(crate) fn checked_ids(
+    ids: &CudaStorage,
+    l: &Layout,
+    size: usize,
+    ignore: Option<i64>,
+    op: IndexOp,
+) -> Result<CudaStorage> {
+    let op = reported_op(op);
     if ids.dtype().is_float() {
-        return Err(Error::UnsupportedDType { op, dtype: ids.dtype() });
+        return Err(Error::UnsupportedDType { op: op.name(), dtype: ids.dtype() });
     }
-    let host = ids.to_cpu_view(l)?.to_f64_vec(&Layout::contiguous(l.elem_count()));
-    let v = host
-        .into_iter()
-        .map(|x| {
-            if x < 0.0 || x as usize >= size {
-                Err(Error::IndexOutOfRange { op, index: x as i64, size })
-            } else {
-                Ok(x as u32)
-            }
-        })
-        .collect::<Result<Vec<u32>>>()?;
-    CudaStorage::from_cpu(ids.dev(), &u32::to_cpu_storage(v))
+    let n = l.elem_count();
+    let dev = ids.dev();
+    let out = CudaStorage::uninit(dev, n, DType::U32)?;
+    if n > 0 {
+        let (claim, record) = dev.error_flag.args();
+        launch!(dev, modules::INDEX, format!("ids_{}", ids.dtype()), cfg_1d(dev, n);
+            KLayout::new(l)?, ids.buf.ptr(), out.buf.ptr(), n as u64, size as u64, ignore.is_some() as i32,
+            ignore.unwrap_or(0), op as i32, claim, record);
+    }
+    Ok(out)
 }

@@ -5,7 +5,7 @@
 mod binary;
 mod cast;
 mod copy;
-mod index;
+pub(crate) mod index;
 pub(crate) mod optim;
 mod reduce;
 mod rng;

@@ -3,7 +3,9 @@
 
 use super::{MODULE, WARP_COLS};
 use crate::cuda::device::CudaDevice;
+use crate::cuda::error_flag::IndexOp;
 use crate::cuda::launch::{cfg_rows, cfg_warp_rows, launch};
+use crate::cuda::ops::index::checked_ids;
 use crate::cuda::CudaStorage;
 use crate::fused::rows::last_dim_rows;
 use crate::{shape_err, DType, Error, Layout, Result};
@@ -28,17 +30,16 @@ fn check_encoded(op: &'static str, t: &CudaStorage, tl: &Layout, rows: usize) ->
     Ok(())
 }
 
-/// Integer targets checked against `classes` and encoded as u32 with `IGNORED` for the ignored
-/// rows. (For now read back and checked on the host, as the index ops do.)
+/// Integer targets checked on the device against `classes` and encoded as u32 ids, `IGNORED` for
+/// an ignored row. A bad target is reported through the device's error flag at the next host read
+/// (its row is then treated as ignored); nothing here waits for the device.
 pub(super) fn encode_targets(
     t: &CudaStorage,
     l: &Layout,
     classes: usize,
     ignore_index: Option<i64>,
 ) -> Result<CudaStorage> {
-    let host = t.to_cpu_view(l)?;
-    let ids = super::cpu::encode_targets(&host, &Layout::contiguous(l.elem_count()), classes, ignore_index)?;
-    CudaStorage::from_cpu(t.dev(), &ids)
+    checked_ids(t, l, classes, ignore_index, IndexOp::CrossEntropyTarget)
 }
 
 /// Forward over `[N, C]` logits with encoded targets: `(loss_rows, lse, kept)`, `[N]` in ACC.

@@ -19,8 +19,9 @@ use crate::op::{BinaryOp, ReduceOp};
 use crate::{shape_err, DType, Error, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
-/// The encoded target of a row that the ignore index removes from the loss.
-pub(crate) const IGNORED: u32 = u32::MAX;
+/// The encoded target of a row that the ignore index removes from the loss: the index kernels'
+/// "no id" (`FG_ID_NONE`, `FG_CE_IGNORED`), so that the device's target check and the kernels agree.
+pub(crate) const IGNORED: u32 = crate::cuda::ops::index::NO_ID;
 
 /// Rows up to this many columns go one warp per row, longer rows one block per row.
 pub(crate) const WARP_COLS: usize = 1024;
@@ -31,7 +32,8 @@ pub const MODULE: Module = Module::new("cross_entropy", include_str!("cross_entr
     .with_defines(&[Define::int("FG_CE_WARP_COLS", WARP_COLS as i64), Define::uint("FG_CE_IGNORED", IGNORED)]);
 
 /// Input: integer targets `[N]`; output: the encoded ids (u32 `[N]`). A target outside
-/// `[0, classes)` that is not the ignore index is `Error::IndexOutOfRange`.
+/// `[0, classes)` that is not the ignore index is `Error::IndexOutOfRange`: at once on the CPU, at
+/// the next host read on CUDA (the device checks it; the host never reads the targets).
 struct EncodeTargets {
     classes: usize,
     ignore_index: Option<i64>,
