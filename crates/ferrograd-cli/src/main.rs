@@ -74,6 +74,36 @@ enum BenchCommand {
     Optim(OptimArgs),
     /// How much of a batch copy the data loader's prefetch hides behind compute.
     Overlap(OverlapArgs),
+    /// Fused attention forward and forward+backward TFLOP/s and peak memory (twin:
+    /// F.scaled_dot_product_attention).
+    Attention(AttentionArgs),
+}
+
+#[derive(Args, Debug)]
+struct AttentionArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Element type: bf16, f16 or f32.
+    #[arg(long, default_value = "bf16", value_parser = parse_matmul_dtype)]
+    dtype: DType,
+    /// Batch size B.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Heads H (B * H = 64 by default).
+    #[arg(long, default_value_t = 16)]
+    heads: usize,
+    /// Sequence lengths, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096,8192")]
+    seqs: Vec<usize>,
+    /// Head dims, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "64,128")]
+    head_dims: Vec<usize>,
+    /// Causal settings, comma-separated: full, causal.
+    #[arg(long, value_delimiter = ',', default_value = "full,causal", value_parser = parse_causal)]
+    causal: Vec<bool>,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(Args, Debug)]
@@ -237,6 +267,14 @@ struct KernelsArgs {
     device: Device,
 }
 
+fn parse_causal(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "full" => Ok(false),
+        "causal" => Ok(true),
+        other => Err(format!("`{other}`: expected full or causal")),
+    }
+}
+
 fn parse_matmul_dtype(s: &str) -> Result<DType, String> {
     match s.trim() {
         "f32" => Ok(DType::F32),
@@ -319,6 +357,21 @@ fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
             },
             out,
         ),
+        Command::Bench(BenchCommand::Attention(a)) => attention::run(
+            &attention::Config {
+                device: a.device,
+                dtype: a.dtype,
+                batch: a.batch,
+                heads: a.heads,
+                seqs: a.seqs,
+                head_dims: a.head_dims,
+                causal: a.causal,
+                json: a.common.json,
+                plot: a.common.plot,
+                seed: a.common.seed,
+            },
+            out,
+        ),
         Command::Bench(BenchCommand::Overlap(a)) => {
             overlap::run(&overlap::Config { device: a.device, mib: a.mib, matmul: a.matmul, json: a.json }, out)
         }
@@ -346,6 +399,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::Launch(_)) => "try smaller tensors (--elems)",
         Command::Bench(BenchCommand::Optim(_)) => "try fewer tensors (--tensors)",
         Command::Bench(BenchCommand::Overlap(_)) => "try a smaller batch (--mib) or matmul (--matmul)",
+        Command::Bench(BenchCommand::Attention(_)) => "try shorter sequences (--seqs) or fewer heads (--heads)",
         _ => "free memory held by other processes (nvidia-smi lists them)",
     }
 }

@@ -53,9 +53,23 @@ pub struct MonsterArgs {
     /// Write the JSON report here.
     #[arg(long)]
     pub report: Option<PathBuf>,
-    /// On CUDA, train through the generic autograd path instead of the fused two-kernel step.
-    #[arg(long)]
+    /// On CUDA, train through the generic autograd path (the same as --step unfused).
+    #[arg(long, conflicts_with = "step")]
     pub unfused: bool,
+    /// The CUDA training step: persistent (the whole run in one kernel; the default where the GPU
+    /// and the model allow it), fused (two kernels a step) or unfused (the generic autograd path).
+    #[arg(long, value_enum)]
+    pub step: Option<StepArg>,
+    /// Matrix-product precision of the persistent kernel: f32 (3xTF32, f32-accurate), tf32, bf16.
+    #[arg(long, default_value = "f32")]
+    pub precision: String,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepArg {
+    Persistent,
+    Fused,
+    Unfused,
 }
 
 #[derive(Subcommand, Debug)]
@@ -102,7 +116,11 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
     cfg.seed = a.seed;
     cfg.init = a.init;
     cfg.save = a.save;
-    cfg.fused = !a.unfused;
+    let step = if a.unfused { StepArg::Unfused } else { a.step.unwrap_or(StepArg::Persistent) };
+    cfg.fused = step != StepArg::Unfused;
+    cfg.persistent = step == StepArg::Persistent;
+    cfg.precision =
+        a.precision.parse().map_err(|_| format!("--precision {:?}: expected f32, tf32 or bf16", a.precision))?;
     if let Some(p) = &cfg.init {
         if !p.exists() {
             return Err(format!("--init {}: no such file", p.display()).into());
@@ -131,6 +149,9 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
     })?;
     if let Some(b) = bar {
         b.finish();
+    }
+    if let Some(why) = &report.step_fallback {
+        writeln!(out, "note: persistent kernel not used ({why}); trained with the fused step")?;
     }
     for l in log {
         writeln!(out, "{l}")?;
@@ -167,7 +188,7 @@ fn progress(epochs: usize) -> Option<ProgressBar> {
 fn table(r: &Report, out: &mut dyn Write) -> CliResult<()> {
     let rows = [
         ("device", r.device.clone()),
-        ("training step", r.step_kind.clone()),
+        ("training step", r.precision.as_ref().map_or(r.step_kind.clone(), |p| format!("{}, {p}", r.step_kind))),
         ("copies x epochs", format!("{} x {} = {} steps", r.copies, r.epochs, r.steps)),
         ("entries resident", format!("{}", r.total_entries)),
         ("training time", format!("{:.3} s", r.training_time_s)),
@@ -178,6 +199,18 @@ fn table(r: &Report, out: &mut dyn Write) -> CliResult<()> {
     ];
     for (k, v) in rows {
         writeln!(out, "  {k:<18} {v}")?;
+    }
+    if let Some(p) = &r.phases {
+        let parts: Vec<String> = p.phases.iter().map(|ph| format!("{} {:.2}", ph.name, ph.mean_us)).collect();
+        writeln!(
+            out,
+            "  {:<18} {} (us per step, mean over {} blocks of {} threads, {} KiB shared memory each)",
+            "step phases",
+            parts.join(", "),
+            p.grid,
+            p.block,
+            p.smem_bytes / 1024
+        )?;
     }
     Ok(())
 }

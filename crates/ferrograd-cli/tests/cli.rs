@@ -519,3 +519,16 @@ fn out_of_memory_shows_the_figures_and_what_to_try() {
     assert!(err.contains("next: try smaller matrices (--sizes)"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn monster_walk_names_a_bad_precision_or_step() {
+    let o = ferrograd(&["monster-walk", "--device", "cpu", "--copies", "1", "--epochs", "1", "--precision", "f16"]);
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(err.contains("--precision") && err.contains("f16"), "{err}");
+    let o = ferrograd(&["monster-walk", "--step", "fast"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("persistent"), "{err}");
+    let o = ferrograd(&["monster-walk", "--step", "fused", "--unfused"]);
+    assert!(!o.status.success());
+}

@@ -140,10 +140,15 @@ fn family(kernel: &str) -> &str {
 fn kernel_abi_doc_names_every_kernel() {
     for m in ALL {
         for decl in m.src.split("FG_KERNEL ").skip(1) {
-            let name = decl.split(['(', ' ']).next().unwrap_or("");
+            // A name built by a macro (`FG_ATTN_NAME(fg_attn_dq_d, FG_ATTN_D, SUF)`) is its stem,
+            // documented as `fg_attn_dq_d{D}_...`.
+            let name = match decl.split_once('(') {
+                Some((head, args)) if head.starts_with("FG_") => args.split([',', ')']).next().unwrap_or("").trim(),
+                _ => decl.split(['(', ' ']).next().unwrap_or(""),
+            };
             let fam = family(name);
             assert!(
-                ABI_DOC.contains(&format!("`{fam}_")) || ABI_DOC.contains(&format!("`{fam}(")),
+                ["_", "(", "{"].iter().any(|c| ABI_DOC.contains(&format!("`{fam}{c}"))),
                 "docs/kernel-abi.md does not document `{fam}` (module {})",
                 m.name
             );

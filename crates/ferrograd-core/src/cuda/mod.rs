@@ -6,6 +6,7 @@
 mod abi;
 pub mod alloc;
 mod buffer;
+mod cooperative;
 pub mod device;
 mod driver;
 pub(crate) mod error_flag;
@@ -24,6 +25,7 @@ mod timer;
 pub mod transfer;
 
 pub use buffer::set_poison_allocations;
+pub use cooperative::MappedF32;
 pub use device::CudaDevice;
 pub use matmul::{matmul_precision, set_matmul_precision, MatmulPrecision};
 pub use memory::{memory_status, DeviceMemoryStatus};

@@ -76,12 +76,19 @@ pub const ALL: &[&Module] = &[
     &crate::fused::softmax::MODULE,
     &crate::fused::layer_norm::MODULE,
     &crate::fused::cross_entropy::MODULE,
+    // src/fused/attention: one module per head dim.
+    crate::fused::attention::MODULES[0],
+    crate::fused::attention::MODULES[1],
+    crate::fused::attention::MODULES[2],
+    crate::fused::attention::MODULES[3],
+    crate::fused::attention::MODULES[4],
 ];
 
-/// Compile every module for `arch` into the on-disk cache, in parallel (`ferrograd kernels
+/// Compile every module for `arch`, and `extra` (other crates' modules, such as
+/// `ferrograd_models::MODULES`), into the on-disk cache, all in parallel (`ferrograd kernels
 /// --precompile`).
-pub fn precompile(arch: super::nvrtc::Arch) -> crate::Result<super::nvrtc::PrecompileReport> {
-    let sources: Vec<_> = ALL.iter().map(|m| m.source()).collect();
+pub fn precompile(arch: super::nvrtc::Arch, extra: &[&Module]) -> crate::Result<super::nvrtc::PrecompileReport> {
+    let sources: Vec<_> = ALL.iter().chain(extra).map(|m| m.source()).collect();
     Ok(super::nvrtc::precompile(arch, &sources)?)
 }
 

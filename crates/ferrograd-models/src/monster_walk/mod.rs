@@ -6,11 +6,13 @@
 //! - `plan`: how many copies fit, measured from the allocator.
 //! - `model`: the 71-47-23-11-5-11-23-47-71 autoencoder and its PyTorch-named weights.
 //! - `fused`: the CUDA training step in two kernel launches.
+//! - `persistent`: the whole run in one cooperative kernel (`crate::persistent`), the default on a GPU.
 //! - `train`: the training run and its report.
 
 pub mod data;
 pub mod fused;
 pub mod model;
+pub mod persistent;
 pub mod plan;
 pub mod train;
 pub mod walk;

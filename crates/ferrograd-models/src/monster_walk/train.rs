@@ -5,6 +5,7 @@ use super::data::CopyData;
 use super::model::Autoencoder;
 use super::plan::{measure_copy, plan, MemoryPlan, PlanRequest};
 use super::walk::{ENTRIES, RINGS, SAMPLES, STEPS};
+use crate::persistent::{PhaseProfile, Precision};
 use ferrograd_core::cuda::{modules, CudaDevice};
 use ferrograd_core::optim::{adam_step, AdamConfig};
 use ferrograd_core::{DType, Device, Error, Result, Tensor};
@@ -25,6 +26,11 @@ pub struct TrainConfig {
     /// On CUDA, train with the fused two-kernel step (the default) instead of the generic
     /// autograd path (kept for comparison and as the reference).
     pub fused: bool,
+    /// With `fused`: run the whole training in one persistent kernel where the GPU and the model
+    /// allow (the default), else the fused step, with the reason in the report.
+    pub persistent: bool,
+    /// The persistent kernel's matrix-product precision (f32 = 3xTF32 by default).
+    pub precision: Precision,
 }
 
 impl TrainConfig {
@@ -40,6 +46,8 @@ impl TrainConfig {
             init: None,
             save: None,
             fused: true,
+            persistent: true,
+            precision: Precision::F32,
         }
     }
 }
@@ -78,8 +86,18 @@ pub struct Report {
     pub lr: f64,
     pub parameters: usize,
     pub data_build_time_s: f64,
-    /// "fused" (two kernels a step) or "autograd" (the generic op-by-op path).
+    /// "persistent" (one kernel for the run), "fused" (two kernels a step) or "autograd" (the
+    /// generic op-by-op path).
     pub step_kind: String,
+    /// The persistent kernel's precision (f32 = 3xTF32, tf32, bf16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<String>,
+    /// Why the persistent kernel was not used although it was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_fallback: Option<String>,
+    /// Where a persistent step's time goes (the kernel's own clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<PhaseProfile>,
 }
 
 fn memory_used(device: Device) -> Option<usize> {
@@ -146,6 +164,46 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
         .collect();
     let adam = AdamConfig { lr: cfg.lr, ..AdamConfig::default() };
     let fused = cfg.fused && cfg.device.is_cuda();
+    let (persistent, step_fallback) = match fused && cfg.persistent {
+        true => {
+            match super::persistent::MonsterPersistent::new(&model, cfg.device, cfg.batch.min(SAMPLES), cfg.precision)?
+            {
+                Ok(p) => (Some(p), None),
+                Err(why) => (None, Some(why)),
+            }
+        }
+        false => (None, None),
+    };
+    if let Some(mut p) = persistent {
+        let (copies_n, nb) = (copies.len(), batches.len());
+        let o = p.train(&model, &batches, cfg.epochs, &adam, |epoch, loss, secs| {
+            on_epoch(&EpochStats {
+                epoch,
+                epochs: cfg.epochs,
+                steps: epoch * nb,
+                loss,
+                samples_per_s: (epoch * copies_n * SAMPLES) as f64 / secs.max(1e-9),
+                device_memory_used: memory_used(cfg.device),
+            })
+        })?;
+        if let Some(path) = &cfg.save {
+            model.save(path)?;
+        }
+        let samples = (cfg.epochs * copies.len() * SAMPLES) as f64;
+        let report = Report {
+            training_time_s: o.training_time_s,
+            samples_per_s: samples / o.training_time_s,
+            entries_per_s: samples * RINGS as f64 / o.training_time_s,
+            first_loss: o.first_loss,
+            final_loss: o.final_loss,
+            steps: o.steps,
+            step_kind: "persistent".into(),
+            precision: Some(p.precision().describe().into()),
+            phases: Some(o.phases),
+            ..report_base(cfg, &copies, &mp, measured, data_build_time_s, &model)
+        };
+        return Ok((report, mp));
+    }
     let mut stepper: Box<dyn Stepper> = if fused {
         Box::new(super::fused::FusedTrainer::new(&model, cfg.device, cfg.batch.min(SAMPLES), adam)?)
     } else {
@@ -183,6 +241,29 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
     }
     let samples = (cfg.epochs * copies.len() * SAMPLES) as f64;
     let report = Report {
+        training_time_s,
+        samples_per_s: samples / training_time_s,
+        entries_per_s: samples * RINGS as f64 / training_time_s,
+        first_loss,
+        final_loss,
+        steps: step as usize,
+        step_kind: if fused { "fused" } else { "autograd" }.into(),
+        step_fallback,
+        ..report_base(cfg, &copies, &mp, measured, data_build_time_s, &model)
+    };
+    Ok((report, mp))
+}
+
+/// The report's fields that do not depend on how the steps ran.
+fn report_base(
+    cfg: &TrainConfig,
+    copies: &[CopyData],
+    mp: &MemoryPlan,
+    measured: usize,
+    data_build_time_s: f64,
+    model: &Autoencoder,
+) -> Report {
+    Report {
         name: "monster-walk".into(),
         tensor_shape: vec![STEPS, STEPS, RINGS],
         copies: copies.len(),
@@ -190,22 +271,24 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
         memory_planned_bytes: mp.planned_bytes,
         memory_measured_bytes: measured,
         device: describe(cfg.device),
-        training_time_s,
-        samples_per_s: samples / training_time_s,
-        entries_per_s: samples * RINGS as f64 / training_time_s,
-        first_loss,
-        final_loss,
+        training_time_s: 0.0,
+        samples_per_s: 0.0,
+        entries_per_s: 0.0,
+        first_loss: f64::NAN,
+        final_loss: f64::NAN,
         seed: cfg.seed,
         ferrograd_version: env!("CARGO_PKG_VERSION").into(),
         epochs: cfg.epochs,
-        steps: step as usize,
+        steps: 0,
         batch: cfg.batch,
         lr: cfg.lr,
         parameters: model.parameter_count(),
         data_build_time_s,
-        step_kind: if fused { "fused" } else { "autograd" }.into(),
-    };
-    Ok((report, mp))
+        step_kind: String::new(),
+        precision: None,
+        step_fallback: None,
+        phases: None,
+    }
 }
 
 /// One optimizer step over a batch, and the loss it saw.
