@@ -459,7 +459,7 @@ fn every_bench_draws_a_valid_png_with_plot() {
 fn plot_to_an_unwritable_path_fails_before_benchmarking() {
     one_line_error(
         &["bench", "matmul", "--device", "cpu", "--sizes", "8", "--plot", "/nonexistent-dir/x.png"],
-        "cannot create /nonexistent-dir/x.png",
+        "--plot /nonexistent-dir/x.png: directory /nonexistent-dir does not exist",
     );
 }
 

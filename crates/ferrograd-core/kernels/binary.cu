@@ -24,7 +24,7 @@ static __device__ __forceinline__ A fg_binary_eval(int op, A a, A b) {
     case FG_DIV: return a / b;
     case FG_MAXIMUM: return (a != a || a >= b) ? a : b;
     case FG_MINIMUM: return (a != a || a <= b) ? a : b;
-    case FG_MASK_POSITIVE: return b > A(0) ? a : A(0);
+    case FG_MASK_POSITIVE: return (b > A(0) || b != b) ? a : A(0);  // NaN x passes g, as PyTorch
     default: {  // FG_REM
       A r = fmod(a, b);
       return (r != A(0) && ((r < A(0)) != (b < A(0)))) ? r + b : r;

@@ -40,7 +40,7 @@ static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double
     case FG_ABS: return fg_fabs(x);
     case FG_SQR: return x * x;
     case FG_SIGN: return x > (A)0 ? one : (x < (A)0 ? -one : (A)0);
-    case FG_RELU: return x > (A)0 ? x : (A)0;
+    case FG_RELU: return (x > (A)0 || x != x) ? x : (A)0;  // NaN propagates (PyTorch)
     case FG_EXP: return fg_exp(x);
     case FG_LOG: return fg_log(x);
     case FG_SQRT: return fg_sqrt(x);
@@ -56,7 +56,7 @@ static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double
     // `(x as f64 * mul + add) as T`: two roundings in f64, never fused.
     case FG_AFFINE: return (A)__dadd_rn(__dmul_rn((double)x, p0), p1);
     case FG_POWF: return fg_pow(x, (A)p0);
-    case FG_CLAMP: return fg_fmin(fg_fmax(x, (A)p0), (A)p1);
+    case FG_CLAMP: return x != x ? x : fg_fmin(fg_fmax(x, (A)p0), (A)p1);  // NaN propagates
     case FG_GELU_TANH_GRAD: return fg_gelu_tanh_grad(x);
     case FG_GELU_ERF_GRAD: {
       const A pdf = fg_exp(-half * x * x) * K::frac_2_sqrt_pi() / ((A)2 * K::sqrt_2());

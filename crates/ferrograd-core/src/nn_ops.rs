@@ -87,8 +87,8 @@ impl Tensor {
     fn cat0(tensors: &[Tensor]) -> Result<Tensor> {
         let first = &tensors[0];
         let mut dims = first.dims().to_vec();
-        dims[0] = tensors.iter().map(|t| t.dims()[0]).sum();
-        let n = dims.iter().product();
+        dims[0] = tensors.iter().try_fold(0usize, |acc, t| acc.checked_add(t.dims()[0])).unwrap_or(usize::MAX);
+        let n = crate::Shape::from(&dims).checked_elem_count("cat")?;
         let mut dst = crate::storage::Storage::zeros(n, first.dtype(), first.device())?;
         let mut offset = 0;
         for t in tensors {
@@ -138,9 +138,10 @@ impl Tensor {
         if ids.rank() != 1 {
             return Err(shape_err!("index_select", "indices must be 1-D, got shape {:?}", ids.dims()));
         }
-        let s = self.storage().index_select(self.layout(), &ids.storage(), ids.layout(), d)?;
         let mut dims = self.dims().to_vec();
         dims[d] = ids.elem_count();
+        crate::Shape::from(&dims).checked_elem_count("index_select")?;
+        let s = self.storage().index_select(self.layout(), &ids.storage(), ids.layout(), d)?;
         Ok(Tensor::from_storage(s, dims, track(&[self]).then(|| Op::IndexSelect(self.clone(), ids.detach(), d))))
     }
 

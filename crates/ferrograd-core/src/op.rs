@@ -193,8 +193,9 @@ impl UnaryOp {
                     0.0
                 }
             }
+            // NaN propagates, as in PyTorch (a NaN mapped to 0 would hide a diverged model).
             UnaryOp::Relu => {
-                if x > 0.0 {
+                if x > 0.0 || x.is_nan() {
                     x
                 } else {
                     0.0
@@ -214,7 +215,14 @@ impl UnaryOp {
             UnaryOp::Cos => x.cos(),
             UnaryOp::Affine { mul, add } => x * mul + add,
             UnaryOp::Powf(e) => x.powf(e),
-            UnaryOp::Clamp { min, max } => x.max(min).min(max),
+            // `f64::max` ignores a NaN operand; torch.clamp propagates it.
+            UnaryOp::Clamp { min, max } => {
+                if x.is_nan() {
+                    x
+                } else {
+                    x.max(min).min(max)
+                }
+            }
             UnaryOp::GeluTanhGrad => {
                 let inner = sqrt_2_over_pi * (x + GELU_C * x * x * x);
                 let t = inner.tanh();
@@ -240,7 +248,13 @@ impl UnaryOp {
             UnaryOp::Neg => -x,
             UnaryOp::Abs => x.abs(),
             UnaryOp::Sqr => x * x,
-            UnaryOp::Relu => x.max(0.0),
+            UnaryOp::Relu => {
+                if x > 0.0 || x.is_nan() {
+                    x
+                } else {
+                    0.0
+                }
+            }
             UnaryOp::Exp => x.exp(),
             UnaryOp::Log => x.ln(),
             UnaryOp::Sqrt => x.sqrt(),
@@ -255,7 +269,13 @@ impl UnaryOp {
             UnaryOp::Cos => x.cos(),
             UnaryOp::Affine { mul, add } => (x as f64 * mul + add) as f32,
             UnaryOp::Powf(e) => x.powf(e as f32),
-            UnaryOp::Clamp { min, max } => x.max(min as f32).min(max as f32),
+            UnaryOp::Clamp { min, max } => {
+                if x.is_nan() {
+                    x
+                } else {
+                    x.max(min as f32).min(max as f32)
+                }
+            }
             _ => self.eval_f64(x as f64) as f32,
         }
     }
@@ -273,7 +293,9 @@ pub enum BinaryOp {
     Minimum = 5,
     /// Floored remainder (sign of the divisor), as Python's `%` and `torch.remainder`.
     Rem = 6,
-    /// `a` where `b > 0`, else 0: ReLU's backward (`g`, `x`) in one pass. Not differentiated.
+    /// `a` where `b > 0` or `b` is NaN, else 0: ReLU's backward (`g`, `x`) in one pass, passing
+    /// the gradient through where the forward passed a NaN (PyTorch's `threshold_backward`
+    /// zeroes only where `x <= 0`). Not differentiated.
     MaskPositive = 7,
 }
 

@@ -49,9 +49,21 @@ impl Storage {
 
     pub fn full(v: f64, n: usize, dtype: DType, device: Device) -> Result<Storage> {
         match device {
-            Device::Cpu => Ok(Storage::Cpu(CpuStorage::full(v, n, dtype))),
+            Device::Cpu => Ok(Storage::Cpu(CpuStorage::full(v, n, dtype)?)),
             Device::Cuda(o) => Ok(Storage::Cuda(CudaStorage::full(&CudaDevice::get(o)?, v, n, dtype)?)),
         }
+    }
+
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            Storage::Cpu(c) => c.len(),
+            Storage::Cuda(c) => c.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Move host data to `device`.

@@ -14,7 +14,7 @@
 //! are N(0, 1), never zeros.
 
 use super::check::{self, rel_err, require};
-use super::{finish_json, finish_plot, open_json, print_rows, Environment, Report, Row};
+use super::{check_bytes, f32_bytes, finish_json, finish_plot, print_rows, Environment, Report, Row};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
 use ferrograd_core::fused::bench::Workload;
@@ -159,13 +159,31 @@ fn ops_for(first: bool) -> Vec<Op> {
     }
 }
 
-pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+/// The flags, and each shape's tensors (x, y, dst, two outputs live at once, and their float64
+/// check rows) against the host's memory on the CPU. Issue 11: `--shapes 3x6148914691236517206`
+/// made tensors over 2 elements of storage; `--shapes 100000x100000` aborted with SIGABRT.
+pub fn check(cfg: &Config) -> CliResult<()> {
     if cfg.shapes.is_empty() {
         return Err("--shapes needs at least one ROWSxCOLS".into());
     }
+    for &(r, c) in &cfg.shapes {
+        let bytes = r.checked_mul(c).and_then(|n| f32_bytes(n, 6));
+        check_bytes(
+            cfg.device,
+            || format!("bench elementwise --shapes {r}x{c} (six f32 tensors of that shape)"),
+            bytes,
+        )?;
+    }
+    Ok(())
+}
+
+pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+    check(cfg)?;
     super::open_device("elementwise", cfg.device)?;
-    let json = open_json(&cfg.json)?;
-    crate::plot::check_path(&cfg.plot)?;
+    for &(r, c) in &cfg.shapes {
+        let bytes = r.checked_mul(c).and_then(|n| f32_bytes(n, 6));
+        super::fit_device(cfg.device, || format!("bench elementwise --shapes {r}x{c}"), bytes)?;
+    }
     let env = Environment::for_device(cfg.device);
     let clock = Clock::new(cfg.device)?;
     let what = env.gpu.clone().unwrap_or_else(|| env.cpu.clone());
@@ -220,7 +238,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         .notes
         .push(format!("seed {}; x, y ~ N(0,1); layer_norm weight ~ U[0.5,1.5), bias ~ N(0,1), eps 1e-5", cfg.seed));
     finish_plot(&cfg.plot, &report, Some("pct_of_copy"), out)?;
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }
 
 /// Run `op` once (poisoned outputs on CUDA) and compare the sampled rows with a float64 reference.

@@ -68,7 +68,7 @@ impl CudaStorage {
     /// Download the whole buffer (blocks until the data is on the host). The device's error flag
     /// is checked then: a bad index met by a kernel queued before is reported here.
     pub fn to_cpu(&self) -> Result<CpuStorage> {
-        let mut out = CpuStorage::full(0.0, self.len(), self.dtype());
+        let mut out = CpuStorage::full(0.0, self.len(), self.dtype())?;
         super::transfer::dtoh(self.dev(), &self.buf, out.as_bytes_mut())?;
         self.dev().take_device_error()?;
         Ok(out)

@@ -4,9 +4,8 @@ use super::key::{hex, CacheKey};
 use sha2::{Digest, Sha256};
 use std::ffi::OsString;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Directory of the on-disk cache; empty disables it.
@@ -80,32 +79,15 @@ impl DiskCache {
         Ok(decode_entry(key, &bytes))
     }
 
-    /// Write to a temporary file in the same directory, flush it to disk, then rename over the
-    /// final name: readers in other processes see the old entry or the new one, never half of
-    /// one, and two processes writing the same key both leave a valid file.
+    /// Write through the project's one atomic write (`crate::io::write_atomic`: an exclusive
+    /// temporary file in the same directory, fsync, rename): readers in other processes see the
+    /// old entry or the new one, never half of one, two processes writing the same key both leave
+    /// a valid file, and a symlink planted in the cache directory is never followed.
     pub fn put(&self, key: &CacheKey, cubin: &[u8], compile_time: Duration) -> io::Result<PathBuf> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
         fs::create_dir_all(&self.dir)?;
         let path = self.path_for(key);
-        let tmp = self.dir.join(format!(
-            ".{}.{}.{}.tmp",
-            key.to_hex(),
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
         let entry = encode_entry(key, cubin, compile_time);
-        let written = (|| {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&entry)?;
-            f.sync_all()?;
-            drop(f);
-            fs::rename(&tmp, &path)
-        })();
-        if let Err(e) = written {
-            // Best effort: a stray temp file is harmless, the error is what matters.
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
-        }
+        crate::io::write_atomic(&path, &entry).map_err(|e| io::Error::other(e.to_string()))?;
         Ok(path)
     }
 }

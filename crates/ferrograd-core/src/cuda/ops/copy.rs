@@ -54,7 +54,7 @@ impl CudaStorage {
         if n == 0 {
             return Ok(s);
         }
-        let one = CpuStorage::full(v, 1, dtype);
+        let one = CpuStorage::full(v, 1, dtype)?;
         let mut bits = [0u8; 8];
         bits[..dtype.size_in_bytes()].copy_from_slice(one.as_bytes());
         let bits = u64::from_le_bytes(bits);

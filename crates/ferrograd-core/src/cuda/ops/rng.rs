@@ -25,12 +25,12 @@ impl CudaStorage {
     ) -> Result<CudaStorage> {
         if !dtype.is_float() {
             let cpu = if normal {
-                CpuStorage::from_f64_iter((0..n as u64).map(|i| a + b * crate::rng::normal_at(seed, offset, i)), dtype)
+                CpuStorage::from_f64_iter((0..n).map(|i| a + b * crate::rng::normal_at(seed, offset, i as u64)), dtype)?
             } else {
                 CpuStorage::from_f64_iter(
-                    (0..n as u64).map(|i| a + (b - a) * crate::rng::uniform_at(seed, offset, i)),
+                    (0..n).map(|i| a + (b - a) * crate::rng::uniform_at(seed, offset, i as u64)),
                     dtype,
-                )
+                )?
             };
             return Self::from_cpu(dev, &cpu);
         }

@@ -19,7 +19,7 @@ pub(super) fn encode_targets(
     if t.dtype().is_float() {
         return Err(Error::UnsupportedDType { op: "cross_entropy targets", dtype: t.dtype() });
     }
-    Ok(CpuStorage::U32(encode(&t.to_f64_vec(l), classes, ignore_index)?))
+    Ok(CpuStorage::U32(encode(&t.to_f64_vec(l)?, classes, ignore_index)?))
 }
 
 /// Check integer targets (as f64, exact for every index dtype) against `c` classes and encode them:
@@ -43,7 +43,7 @@ fn encoded(t: &CpuStorage, tl: &Layout, rows: usize, op: &'static str) -> Result
     if tl.elem_count() != rows {
         return Err(shape_err!(op, "{} encoded targets for {rows} rows", tl.elem_count()));
     }
-    Ok(crate::cpu::strided::map(v, tl, |x| x))
+    crate::cpu::strided::map(v, tl, |x| x)
 }
 
 /// Forward: `(loss_rows, lse, kept)`, each `[N]` in ACC. `lse = max + ln(sum(exp(x - max)))` (an
@@ -58,8 +58,8 @@ pub(super) fn cross_entropy_fwd(
 ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
     let (rows, c) = last_dim_rows(l);
     let tids = encoded(t, tl, rows, "cross_entropy")?;
-    let x = s.to_f64_vec(l);
-    let mut out = vec![(0f64, 0f64, 0f64); rows];
+    let x = s.to_f64_vec(l)?;
+    let mut out = crate::cpu::alloc::filled((0f64, 0f64, 0f64), rows)?;
     out.par_iter_mut().enumerate().for_each(|(r, o)| {
         let row = &x[r * c..(r + 1) * c];
         let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -73,9 +73,9 @@ pub(super) fn cross_entropy_fwd(
     });
     let acc = s.dtype().acc();
     Ok((
-        CpuStorage::from_f64_iter(out.iter().map(|o| o.0), acc),
-        CpuStorage::from_f64_iter(out.iter().map(|o| o.1), acc),
-        CpuStorage::from_f64_iter(out.iter().map(|o| o.2), acc),
+        CpuStorage::from_f64_iter(out.iter().map(|o| o.0), acc)?,
+        CpuStorage::from_f64_iter(out.iter().map(|o| o.1), acc)?,
+        CpuStorage::from_f64_iter(out.iter().map(|o| o.2), acc)?,
     ))
 }
 
@@ -97,9 +97,9 @@ pub(super) fn cross_entropy_bwd(
     if lsel.elem_count() != rows || scalel.elem_count() != 1 {
         return Err(shape_err!("cross_entropy_backward", "saved lse / scale do not match {rows} rows"));
     }
-    let lse = lse.to_f64_vec(lsel);
-    let scale = scale.to_f64_vec(scalel)[0];
-    let mut dx = s.to_f64_vec(l);
+    let lse = lse.to_f64_vec(lsel)?;
+    let scale = scale.to_f64_vec(scalel)?[0];
+    let mut dx = s.to_f64_vec(l)?;
     if c > 0 {
         dx.par_chunks_mut(c).enumerate().for_each(|(r, row)| match tids[r] {
             IGNORED => row.iter_mut().for_each(|v| *v = 0.0),
@@ -111,5 +111,5 @@ pub(super) fn cross_entropy_bwd(
             }
         });
     }
-    Ok(CpuStorage::from_f64_iter(dx.into_iter(), s.dtype()))
+    CpuStorage::from_f64_iter(dx.into_iter(), s.dtype())
 }

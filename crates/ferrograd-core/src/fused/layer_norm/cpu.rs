@@ -1,19 +1,19 @@
 //! The CPU reference: rows in parallel, each computed in f64 (the twin of `layer_norm.cu`).
 
 use crate::backend::BackendStorage;
-use crate::cpu::{cpu_dispatch, CpuStorage};
+use crate::cpu::{alloc, cpu_dispatch, CpuStorage};
 use crate::fused::rows::last_dim_rows;
 use crate::{shape_err, DType, Error, Layout, Result, WithDType};
 use rayon::prelude::*;
 
-fn from_f64(like: DType, v: Vec<f64>) -> CpuStorage {
+fn from_f64(like: DType, v: Vec<f64>) -> Result<CpuStorage> {
     CpuStorage::from_f64_iter(v.into_iter(), like)
 }
 
 fn param(p: Option<(&CpuStorage, &Layout)>, c: usize, what: &'static str) -> Result<Option<Vec<f64>>> {
     match p {
         None => Ok(None),
-        Some((s, l)) if l.elem_count() == c => Ok(Some(s.to_f64_vec(l))),
+        Some((s, l)) if l.elem_count() == c => Ok(Some(s.to_f64_vec(l)?)),
         Some((_, l)) => Err(shape_err!("layer_norm", "{what} has shape {:?}, expected [{c}]", l.dims())),
     }
 }
@@ -29,9 +29,9 @@ pub(super) fn layer_norm(
     let (rows, c) = last_dim_rows(l);
     let w = param(weight, c, "weight")?;
     let b = param(bias, c, "bias")?;
-    let mut x = s.to_f64_vec(l);
-    let mut mean = vec![0f64; rows];
-    let mut rstd = vec![0f64; rows];
+    let mut x = s.to_f64_vec(l)?;
+    let mut mean = alloc::zeroed::<f64>(rows)?;
+    let mut rstd = alloc::zeroed::<f64>(rows)?;
     if c > 0 {
         x.par_chunks_mut(c).zip(mean.par_iter_mut()).zip(rstd.par_iter_mut()).for_each(|((row, m), r)| {
             let mu = row.iter().sum::<f64>() / c as f64;
@@ -52,7 +52,7 @@ pub(super) fn layer_norm(
         });
     }
     let sd = s.dtype().acc();
-    Ok((from_f64(s.dtype(), x), from_f64(sd, mean), from_f64(sd, rstd)))
+    Ok((from_f64(s.dtype(), x)?, from_f64(sd, mean)?, from_f64(sd, rstd)?))
 }
 
 #[allow(clippy::needless_range_loop)] // three arrays share the index
@@ -75,14 +75,14 @@ pub(super) fn layer_norm_backward(
         });
     }
     let w = param(weight, c, "weight")?;
-    let x = s.to_f64_vec(l);
-    let g = dy.to_f64_vec(dyl);
+    let x = s.to_f64_vec(l)?;
+    let g = dy.to_f64_vec(dyl)?;
     let mean = cpu_dispatch!(mean, v => v.iter().map(|x| x.to_f64()).collect::<Vec<_>>());
     let rstd = cpu_dispatch!(rstd, v => v.iter().map(|x| x.to_f64()).collect::<Vec<_>>());
     if mean.len() != rows || rstd.len() != rows {
         return Err(shape_err!("layer_norm_backward", "saved statistics have {} rows, expected {rows}", mean.len()));
     }
-    let mut dx = vec![0f64; rows * c];
+    let mut dx = alloc::zeroed::<f64>(rows * c)?;
     if c > 0 {
         // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),  dxhat = dy * w
         dx.par_chunks_mut(c).enumerate().for_each(|(r, out)| {
@@ -113,5 +113,5 @@ pub(super) fn layer_norm_backward(
             db[j] += g[r * c + j];
         }
     }
-    Ok((from_f64(dtype, dx), from_f64(pd, dw), from_f64(pd, db)))
+    Ok((from_f64(dtype, dx)?, from_f64(pd, dw)?, from_f64(pd, db)?))
 }

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 pub(super) fn softmax_last(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
     s.dtype().check_float("softmax")?;
     let (_, c) = last_dim_rows(l);
-    let mut x = s.to_f64_vec(l);
+    let mut x = s.to_f64_vec(l)?;
     if c > 0 {
         x.par_chunks_mut(c).for_each(|row| {
             let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -25,5 +25,5 @@ pub(super) fn softmax_last(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuS
             }
         });
     }
-    Ok(CpuStorage::from_f64_iter(x.into_iter(), s.dtype()))
+    CpuStorage::from_f64_iter(x.into_iter(), s.dtype())
 }
