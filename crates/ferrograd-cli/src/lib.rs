@@ -28,7 +28,7 @@ mod plot;
 mod timing;
 
 use clap::{Args, Parser, Subcommand};
-use ferrograd_core::cuda::kernels::Arch;
+use ferrograd_core::cuda::nvrtc::Arch;
 use ferrograd_core::{DType, Device};
 use std::io::IsTerminal;
 use std::io::{self, Write};

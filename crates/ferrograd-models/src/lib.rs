@@ -4,3 +4,9 @@
 pub mod gpt;
 pub mod monster_walk;
 pub mod persistent;
+
+use ferrograd_core::cuda::modules::Module;
+
+/// The models' own kernel modules (the core's are `ferrograd_core::cuda::modules::ALL`): what
+/// `ferrograd kernels --precompile` compiles beside the core's and the compile test walks.
+pub const MODULES: &[&Module] = &[&monster_walk::fused::MODULE, &persistent::trainer::MODULE];

@@ -1,10 +1,8 @@
 //! The CPU backend: one `Vec` per dtype, rayon for parallel loops, the `gemm` crate for matmul.
 
-mod alloc;
-pub(crate) mod cross_entropy;
+pub(crate) mod alloc;
 pub(crate) mod index;
 mod matmul;
-mod norm;
 mod reduce;
 pub mod strided;
 
@@ -218,14 +216,6 @@ fn cmp_f64(op: CmpOp, a: f64, b: f64) -> u8 {
     }) as u8
 }
 
-fn float_only(op: &'static str, s: &CpuStorage) -> Result<()> {
-    if s.dtype().is_float() {
-        Ok(())
-    } else {
-        Err(Error::UnsupportedDType { op, dtype: s.dtype() })
-    }
-}
-
 impl BackendStorage for CpuStorage {
     fn dtype(&self) -> DType {
         match self {
@@ -353,35 +343,6 @@ impl BackendStorage for CpuStorage {
 
     fn arg_reduce(&self, l: &Layout, op: ArgReduceOp, dim: usize) -> Result<Self> {
         reduce::arg_reduce(self, l, op, dim)
-    }
-
-    fn softmax_last(&self, l: &Layout, log: bool) -> Result<Self> {
-        float_only("softmax", self)?;
-        norm::softmax_last(self, l, log)
-    }
-
-    fn layer_norm(
-        &self,
-        l: &Layout,
-        weight: Option<(&Self, &Layout)>,
-        bias: Option<(&Self, &Layout)>,
-        eps: f64,
-    ) -> Result<(Self, Self, Self)> {
-        float_only("layer_norm", self)?;
-        norm::layer_norm(self, l, weight, bias, eps)
-    }
-
-    fn layer_norm_backward(
-        &self,
-        l: &Layout,
-        weight: Option<(&Self, &Layout)>,
-        mean: &Self,
-        rstd: &Self,
-        dy: &Self,
-        dyl: &Layout,
-    ) -> Result<(Self, Self, Self)> {
-        float_only("layer_norm_backward", self)?;
-        norm::layer_norm_backward(self, l, weight, mean, rstd, dy, dyl)
     }
 
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout, dims: MatmulDims) -> Result<Self> {

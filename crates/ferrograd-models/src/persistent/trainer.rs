@@ -12,7 +12,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub const MODULE: Module = Module { name: "mlp_persistent", src: include_str!("../../kernels/mlp_persistent.cu") };
+pub const MODULE: Module = Module::new("mlp_persistent", include_str!("../../kernels/mlp_persistent.cu"));
 
 /// A NaN the kernel never writes: a ring slot still holding it has not been reached yet.
 const PENDING: u32 = 0x7fba_dbad;

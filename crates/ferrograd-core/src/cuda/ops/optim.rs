@@ -1,15 +1,16 @@
 //! Launch sites of the fused optimizer kernels (`kernels/optim.cu`): tensors go in batches of 40
 //! whose pointers ride in the kernel parameters.
 
-use super::device::CudaDevice;
-use super::modules;
-use super::storage::{cfg_1d, launch};
+use crate::cuda::device::CudaDevice;
+use crate::cuda::launch::{cfg_1d, launch};
+use crate::cuda::modules;
 use crate::optim::{AdamConfig, SgdConfig};
 use crate::storage::Storage;
 use crate::{Error, Result, Tensor};
 use cudarc::driver::DeviceRepr;
 
-const MAX: usize = 40;
+/// Tensors one launch updates (`FG_OPT_MAX` in kernels/optim.cu, passed as a define).
+pub(crate) const MAX: usize = 40;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -65,7 +66,7 @@ pub(crate) fn adam(
     bc2: f32,
 ) -> Result<()> {
     batches([params, grads, m, v], |t, widest| {
-        launch!(dev, modules::OPTIM, "adam_f32", cfg_1d(widest);
+        launch!(dev, modules::OPTIM, "adam_f32", cfg_1d(dev, widest);
             t, c.lr as f32, c.beta1 as f32, c.beta2 as f32, (1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32,
             c.eps as f32, c.weight_decay as f32, bc1, bc2,
             c.decoupled as i32);
@@ -83,7 +84,7 @@ pub(crate) fn sgd(
 ) -> Result<()> {
     let bufs = if c.momentum != 0.0 { bufs } else { &[] };
     batches([params, grads, bufs, &[]], |t, widest| {
-        launch!(dev, modules::OPTIM, "sgd_f32", cfg_1d(widest);
+        launch!(dev, modules::OPTIM, "sgd_f32", cfg_1d(dev, widest);
             t, c.lr as f32, c.momentum as f32, c.dampening as f32, c.weight_decay as f32, c.nesterov as i32,
             first as i32);
         Ok(())

@@ -1,30 +1,30 @@
-//! Fused cross entropy over the rows of `[N, C]` logits (the CPU twin of kernels/cross_entropy.cu).
-//! Each row is computed in f64; the per-row outputs are stored in ACC (f32 for f32 / f16 / bf16
-//! logits, f64 for f64), as the CUDA kernels store them.
-//!
-//! Targets are first encoded (`encode_targets`) as u32 class ids, with `IGNORED` marking the rows
-//! whose target is the ignore index; both backends take them in that form.
+//! The CPU reference (the twin of `cross_entropy.cu`): each row in f64, the per-row outputs
+//! stored in the accumulation dtype (f32 for f32 / f16 / bf16 logits, f64 for f64), as the CUDA
+//! kernels store them; and the targets' encoding, checked at once.
 
-use super::CpuStorage;
+use super::IGNORED;
 use crate::backend::BackendStorage;
-use crate::{shape_err, DType, Error, Layout, Result};
+use crate::cpu::CpuStorage;
+use crate::fused::rows::last_dim_rows;
+use crate::{shape_err, Error, Layout, Result};
 use rayon::prelude::*;
 
-/// The encoded target of a row that `ignore_index` removes from the loss.
-pub(crate) const IGNORED: u32 = u32::MAX;
-
-/// The dtype per-row results and the saved log-sum-exp are kept in.
-pub(crate) fn acc_dtype(x: DType) -> DType {
-    if x == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
+/// Integer targets (any integer dtype, read through `l`) checked and encoded as u32 ids.
+pub(super) fn encode_targets(
+    t: &CpuStorage,
+    l: &Layout,
+    classes: usize,
+    ignore_index: Option<i64>,
+) -> Result<CpuStorage> {
+    if t.dtype().is_float() {
+        return Err(Error::UnsupportedDType { op: "cross_entropy targets", dtype: t.dtype() });
     }
+    Ok(CpuStorage::U32(encode(&t.to_f64_vec(l)?, classes, ignore_index)?))
 }
 
 /// Check integer targets (as f64, exact for every index dtype) against `c` classes and encode them:
 /// the ignore index becomes `IGNORED`, anything else outside `[0, c)` is `IndexOutOfRange`.
-pub(crate) fn encode_targets(t: &[f64], c: usize, ignore_index: Option<i64>) -> Result<Vec<u32>> {
+fn encode(t: &[f64], c: usize, ignore_index: Option<i64>) -> Result<Vec<u32>> {
     t.iter()
         .map(|&x| {
             if ignore_index.is_some_and(|ix| x == ix as f64) {
@@ -38,35 +38,28 @@ pub(crate) fn encode_targets(t: &[f64], c: usize, ignore_index: Option<i64>) -> 
         .collect()
 }
 
-fn rows_of(l: &Layout, op: &'static str) -> Result<(usize, usize)> {
-    match l.dims() {
-        [n, c] => Ok((*n, *c)),
-        d => Err(shape_err!(op, "logits must be [N, C], got {d:?}")),
-    }
-}
-
 fn encoded(t: &CpuStorage, tl: &Layout, rows: usize, op: &'static str) -> Result<Vec<u32>> {
     let v = t.as_slice::<u32>().map_err(|_| Error::UnsupportedDType { op, dtype: t.dtype() })?;
     if tl.elem_count() != rows {
         return Err(shape_err!(op, "{} encoded targets for {rows} rows", tl.elem_count()));
     }
-    super::strided::map(v, tl, |x| x)
+    crate::cpu::strided::map(v, tl, |x| x)
 }
 
 /// Forward: `(loss_rows, lse, kept)`, each `[N]` in ACC. `lse = max + ln(sum(exp(x - max)))` (an
 /// infinite or all -inf row subtracts 0 instead of its max, as softmax does, so an all -inf ignored
 /// row gives no NaN), `loss_row = ln(sum) - (x[t] - max)` (exactly how `-log_softmax(x)[t]` rounds)
 /// or 0 for an ignored row, `kept` 1 or 0.
-pub fn cross_entropy_fwd(
+pub(super) fn cross_entropy_fwd(
     s: &CpuStorage,
     l: &Layout,
     t: &CpuStorage,
     tl: &Layout,
 ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
-    let (rows, c) = rows_of(l, "cross_entropy")?;
+    let (rows, c) = last_dim_rows(l);
     let tids = encoded(t, tl, rows, "cross_entropy")?;
     let x = s.to_f64_vec(l)?;
-    let mut out = super::alloc::filled((0f64, 0f64, 0f64), rows)?;
+    let mut out = crate::cpu::alloc::filled((0f64, 0f64, 0f64), rows)?;
     out.par_iter_mut().enumerate().for_each(|(r, o)| {
         let row = &x[r * c..(r + 1) * c];
         let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -78,7 +71,7 @@ pub fn cross_entropy_fwd(
             k => (ln_sum - (row[k as usize] - max), lse, 1.0),
         };
     });
-    let acc = acc_dtype(s.dtype());
+    let acc = s.dtype().acc();
     Ok((
         CpuStorage::from_f64_iter(out.iter().map(|o| o.0), acc)?,
         CpuStorage::from_f64_iter(out.iter().map(|o| o.1), acc)?,
@@ -89,7 +82,7 @@ pub fn cross_entropy_fwd(
 /// Backward: `dx[r][j] = scale * (exp(x[r][j] - lse[r]) - [j == t[r]])`, 0 on ignored rows, in the
 /// logits' dtype. `scale` is one element (the upstream gradient over the kept count).
 #[allow(clippy::too_many_arguments)]
-pub fn cross_entropy_bwd(
+pub(super) fn cross_entropy_bwd(
     s: &CpuStorage,
     l: &Layout,
     t: &CpuStorage,
@@ -99,7 +92,7 @@ pub fn cross_entropy_bwd(
     scale: &CpuStorage,
     scalel: &Layout,
 ) -> Result<CpuStorage> {
-    let (rows, c) = rows_of(l, "cross_entropy_backward")?;
+    let (rows, c) = last_dim_rows(l);
     let tids = encoded(t, tl, rows, "cross_entropy_backward")?;
     if lsel.elem_count() != rows || scalel.elem_count() != 1 {
         return Err(shape_err!("cross_entropy_backward", "saved lse / scale do not match {rows} rows"));

@@ -1,10 +1,10 @@
 // cross_entropy.cu: fused cross entropy over the rows of [rows, cols] logits, forward and backward.
-// CPU twin: src/cpu/cross_entropy.rs (each row in f64; here in ACC: float for f32 / f16 / bf16,
-// double for f64).
+// CPU twin: src/fused/cross_entropy/cpu.rs (each row in f64; here in ACC: float for f32 / f16 /
+// bf16, double for f64).
 //
-// Targets arrive encoded by the host (src/cpu/cross_entropy.rs `encode_targets`): a u32 class id per
-// row, already checked against cols, or FG_CE_IGNORED (0xffffffff) for a row whose target is the
-// ignore index.
+// Targets arrive encoded (src/fused/cross_entropy/mod.rs `encode_targets`): a u32 class id per row,
+// already checked against cols, or FG_CE_IGNORED (0xffffffff) for a row whose target is the ignore
+// index.
 //
 // cross_entropy_fwd_{f32,f64,f16,bf16}(const T* x, const unsigned int* t, ACC* loss, ACC* lse,
 //                                      ACC* kept, u64 rows, u64 cols)
@@ -25,46 +25,13 @@
 // cols <= FG_CE_WARP_COLS go one warp per row (warp w of block b takes rows b * W + w, strided by
 // gridDim.x * W, W = blockDim.x / 32; no shared memory, no barriers); longer rows one block per row
 // (grid-stride over rows). The choice depends on cols only, so it is uniform over the grid; the Rust
-// side (src/cuda/cross_entropy.rs `ce_cfg`) picks the launch shape that suits it.
+// side (src/fused/cross_entropy/cuda.rs `ce_cfg`) picks the launch shape that suits it.
 
-#define FG_CE_WARP_COLS 1024
-#define FG_CE_IGNORED 0xffffffffu
+#include "online_softmax.cuh"
 
-static __device__ __forceinline__ float fg_ce_exp(float x) { return expf(x); }
-static __device__ __forceinline__ double fg_ce_exp(double x) { return exp(x); }
-static __device__ __forceinline__ float fg_ce_log(float x) { return logf(x); }
-static __device__ __forceinline__ double fg_ce_log(double x) { return log(x); }
-
-// Add one element to an online (m, s) pair (NaN ignored by the max as f64::max does, but it makes
-// s NaN, as on the CPU).
-template <typename A>
-static __device__ __forceinline__ void fg_ce_push(A& m, A& s, A v) {
-  if (v > m) {
-    s = s * fg_ce_exp(m - v) + (A)1;
-    m = v;
-  } else if (v != -fg_inf<A>()) {
-    s += fg_ce_exp(v - m);
-  }
-}
-
-template <typename A>
-static __device__ __forceinline__ void fg_ce_merge(A& m, A& s, A m2, A s2) {
-  const A M = m > m2 ? m : m2;
-  const A f1 = m == M ? (A)1 : fg_ce_exp(m - M);
-  const A f2 = m2 == M ? (A)1 : fg_ce_exp(m2 - M);
-  s = s * f1 + s2 * f2;
-  m = M;
-}
-
-// Merge (m, s) over the 32 lanes of a warp; every lane gets the same result (each step is symmetric).
-template <typename A>
-static __device__ __forceinline__ void fg_ce_warp_merge(A& m, A& s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const A m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    fg_ce_merge(m, s, m2, s2);
-  }
-}
+#if !defined(FG_CE_WARP_COLS) || !defined(FG_CE_IGNORED)
+#error "FG_CE_WARP_COLS and FG_CE_IGNORED come from Rust (src/fused/cross_entropy/cuda.rs)"
+#endif
 
 // The rows this thread works on: a unit (a warp, or the whole block) per row.
 struct FgCeGeom {
@@ -110,13 +77,13 @@ static __device__ __forceinline__ void fg_ce_fwd(const T* __restrict__ x, const 
     for (; j + 3 * (fg_u64)q.g < cols; j += 4 * (fg_u64)q.g) {
       const A a = fg_to_acc(xr[j]), b = fg_to_acc(xr[j + q.g]);
       const A c = fg_to_acc(xr[j + 2 * (fg_u64)q.g]), d = fg_to_acc(xr[j + 3 * (fg_u64)q.g]);
-      fg_ce_push(m, s, a);
-      fg_ce_push(m, s, b);
-      fg_ce_push(m, s, c);
-      fg_ce_push(m, s, d);
+      fg_online_push(m, s, a);
+      fg_online_push(m, s, b);
+      fg_online_push(m, s, c);
+      fg_online_push(m, s, d);
     }
-    for (; j < cols; j += q.g) fg_ce_push(m, s, fg_to_acc(xr[j]));
-    fg_ce_warp_merge(m, s);
+    for (; j < cols; j += q.g) fg_online_push(m, s, fg_to_acc(xr[j]));
+    fg_online_warp_merge(m, s, FgGreater());
     if (q.block && nw > 1) {
       __syncthreads();  // the previous row's readers are done with shm / shs
       if (lane == 0) {
@@ -126,18 +93,18 @@ static __device__ __forceinline__ void fg_ce_fwd(const T* __restrict__ x, const 
       __syncthreads();
       m = lane < nw ? shm[lane] : ninf;
       s = lane < nw ? shs[lane] : (A)0;
-      fg_ce_warp_merge(m, s);
+      fg_online_warp_merge(m, s, FgGreater());
     }
     // An all -inf row (or one holding +inf) has no finite max: sum against 0 (uniform over the unit).
     const bool finite = m > ninf && m < fg_inf<A>();
     const A mf = finite ? m : (A)0;
     if (!finite) {
       A u = (A)0;
-      for (fg_u64 k = q.t; k < cols; k += q.g) u += fg_ce_exp(fg_to_acc(xr[k]) - mf);
+      for (fg_u64 k = q.t; k < cols; k += q.g) u += fg_exp(fg_to_acc(xr[k]) - mf);
       s = q.block ? fg_block_reduce(u, FgSum(), shs) : fg_warp_reduce(u, FgSum());
     }
     if (q.t == 0) {
-      const A ls = fg_ce_log(s);
+      const A ls = fg_log(s);
       const unsigned int c = t[r];
       lse[r] = mf + ls;
       if (c == FG_CE_IGNORED) {
@@ -176,12 +143,12 @@ static __device__ __forceinline__ void fg_ce_bwd(const T* __restrict__ x, const 
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const fg_u64 jj = j + k * (fg_u64)q.g;
-        const A p = fg_ce_exp(v[k] - l);
+        const A p = fg_exp(v[k] - l);
         dr[jj] = fg_from_acc<T>(sc * (jj == c ? p - (A)1 : p));
       }
     }
     for (; j < cols; j += q.g) {
-      const A p = fg_ce_exp(fg_to_acc(xr[j]) - l);
+      const A p = fg_exp(fg_to_acc(xr[j]) - l);
       dr[j] = fg_from_acc<T>(sc * (j == c ? p - (A)1 : p));
     }
   }

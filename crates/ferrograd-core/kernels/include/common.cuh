@@ -1,10 +1,13 @@
-// common.cuh: shared by every kernel file (the Rust side compiles `common.cuh + file.cu` as one
-// NVRTC program; docs/kernel-abi.md is the contract).
+// common.cuh: included by every kernel file (`#include "common.cuh"`; the Rust side hands NVRTC the
+// text of the shared headers a module declares, src/cuda/modules.rs; docs/kernel-abi.md is the
+// contract).
 // CPU twins: src/layout.rs (`Layout`, row-major element order), src/dtype.rs (`WithDType::from_f64`
 // / `to_f64`: saturating float->int, `half` crate rounding for f16/bf16).
 //
 // Everything here is `__device__ __forceinline__` (or a type / macro): each .cu file becomes its own
 // module and they must not clash.
+
+#pragma once
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -12,7 +15,9 @@
 typedef unsigned long long fg_u64;
 typedef long long fg_i64;
 
-#define FG_MAX_DIMS 8
+#ifndef FG_MAX_DIMS
+#error "FG_MAX_DIMS comes from Rust (src/cuda/klayout.rs MAX_DIMS)"
+#endif
 
 // Mirrored by a #[repr(C)] Rust struct: 4 + 4 + 8 + 64 + 64 = 144 bytes.
 struct Layout {

@@ -1,5 +1,5 @@
-// layernorm.cu: layer norm over the last dim, forward and backward.
-// CPU twins: src/cpu/norm.rs `layer_norm` (mean, biased variance by a second pass over the row,
+// layer_norm.cu: layer norm over the last dim, forward and backward.
+// CPU twins: src/fused/layer_norm/cpu.rs `layer_norm` (mean, biased variance by a second pass over the row,
 // rstd = 1 / sqrt(var + eps), y = (x - mean) * rstd * w + b) and `layer_norm_backward`
 // (dxhat = dy * w; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat));
 // dw = sum_r dy * xhat, db = sum_r dy).
@@ -7,125 +7,41 @@
 // Both kernels: x (and dy, y, dx) contiguous [rows, cols], blockDim a multiple of 32 up to 1024,
 // statistics in ACC (float for f32 / f16 / bf16, double for f64).
 
+#include "row_reduce.cuh"
+#include "vec_load.cuh"
+
 template <typename A> static __device__ __forceinline__ A fg_ln_rsqrt(A v);
 template <> __device__ __forceinline__ float fg_ln_rsqrt<float>(float v) { return 1.0f / sqrtf(v); }
 template <> __device__ __forceinline__ double fg_ln_rsqrt<double>(double v) { return 1.0 / sqrt(v); }
 
 // ---------------------------------------------------------------------------------------------
-// layernorm_fwd_{dt}(const T* x, const T* w, const T* b, T* y, ACC* mean, ACC* rstd, u64 rows,
-//                    u64 cols, double eps, int has_w, int has_b) and layernorm_fwd_rows_{dt}(same)
+// layer_norm_fwd_{dt}(const T* x, const T* w, const T* b, T* y, ACC* mean, ACC* rstd, u64 rows,
+//                    u64 cols, double eps, int has_w, int has_b) and layer_norm_fwd_rows_{dt}(same)
 // Two-pass statistics like the CPU (sum, then sum of squared deviations). Any grid, any blockDim that
 // is a multiple of 32 up to 1024. As in softmax.cu, two entry points that keep their own register
-// counts: `layernorm_fwd_*` always runs path 2, `layernorm_fwd_rows_*` path 1 where it applies, else
-// path 2; the Rust side launches the latter only where path 1 applies (`cfg_norm_rows`).
+// counts: `layer_norm_fwd_*` always runs path 2, `layer_norm_fwd_rows_*` path 1 where it applies, else
+// path 2; the Rust side (src/fused/layer_norm/cuda.rs) launches the latter only where path 1 applies
+// (src/cuda/launch.rs `cfg_row_regs`).
 // 1. Row in registers, when x, y (and w, b where given) are 16-byte aligned, cols is a multiple of
 //    V = 16 / sizeof(T) and 0 < cols <= blockDim.x * E (E = fg_row_cap): x is read once with 16-byte
 //    loads, both passes of the statistics run on registers, then y = (x - mean) * rstd * w + b is
 //    written with 16-byte stores; w and b are read (16 bytes at a time) per row where they are used
 //    (they stay in L1 / L2). cols <= 32 * E: a group of g threads within a warp per row, 32 / g rows
-//    per warp (the same geometry as softmax.cu), shuffles only; longer rows: a block per row
+//    per warp (row_reduce.cuh, the same geometry as softmax.cu), shuffles only; longer rows: a block per row
 //    (grid-stride over rows), one barrier per reduction.
 // 2. One block per row (grid-stride over rows), each thread on the columns j = threadIdx.x
 //    (mod blockDim.x); with dynamic shared memory >= cols * sizeof(ACC) the row is cached on the
 //    first read, else x is re-read (from L2). cols == 0 gives mean = rstd = 0.
 // ---------------------------------------------------------------------------------------------
 
-// Elements of its row each thread keeps in registers (ACC): 32 floats (8 x 16 bytes of f32, 4 of
-// f16 / bf16) or 8 doubles (double math needs more registers), within the 64 registers that a
-// 1024-thread launch allows (ptxas -v, NVRTC 13.0: no spills in softmax_rows_*; layernorm_fwd_rows_*
-// spills 16 bytes for f32 on sm_90, 8 / 24 bytes for f32 / f16 / bf16 on sm_80).
-template <typename T>
-static __device__ __forceinline__ constexpr int fg_row_cap() {
-  return sizeof(typename FgAcc<T>::type) == 8 ? 8 : 32;
-}
-
-// V consecutive elements of T at p (aligned to V * sizeof(T) bytes) widened to ACC.
-template <typename T, int V>
-static __device__ __forceinline__ void fg_row_ld(const T* __restrict__ p, typename FgAcc<T>::type (&o)[V]) {
-  const FgPack<T, V> q = *reinterpret_cast<const FgPack<T, V>*>(p);
-#pragma unroll
-  for (int i = 0; i < V; ++i) o[i] = fg_to_acc(q.v[i]);
-}
-
-template <typename T, int V>
-static __device__ __forceinline__ void fg_row_st(T* __restrict__ p, const typename FgAcc<T>::type (&a)[V]) {
-  FgPack<T, V> q;
-#pragma unroll
-  for (int i = 0; i < V; ++i) q.v[i] = fg_from_acc<T>(a[i]);
-  *reinterpret_cast<FgPack<T, V>*>(p) = q;
-}
-
-// The same for x and y, which are touched once: cache-streaming hints (evict first), which keep w
-// and b cached across rows. Used for f32 only (fg_ln_stream), where they were measured (H200, % of
-// copy: 94 against 88 at 8192 x 8192, 94 against 90 at 65536 x 1024); with f16 / bf16 they make
-// ptxas spill, f64 was not measured with them.
+// x and y are touched once: cache-streaming hints (vec_load.cuh's fg_row_ldcs / fg_row_stcs, evict
+// first) keep w and b cached across rows. Used for f32 only (fg_ln_stream), where they were measured
+// (H200, % of copy: 94 against 88 at 8192 x 8192, 94 against 90 at 65536 x 1024); with f16 / bf16
+// they make ptxas spill, f64 was not measured with them.
 template <typename T> constexpr bool fg_ln_stream = sizeof(T) == 4;
-template <typename T, int V>
-static __device__ __forceinline__ void fg_row_ldcs(const T* __restrict__ p, typename FgAcc<T>::type (&o)[V]) {
-  static_assert(sizeof(T) * V == 16, "16-byte accesses only");
-  const uint4 b = __ldcs(reinterpret_cast<const uint4*>(p));
-  FgPack<T, V> q;
-  memcpy(&q, &b, 16);
-#pragma unroll
-  for (int i = 0; i < V; ++i) o[i] = fg_to_acc(q.v[i]);
-}
 
 template <typename T, int V>
-static __device__ __forceinline__ void fg_row_stcs(T* __restrict__ p, const typename FgAcc<T>::type (&a)[V]) {
-  FgPack<T, V> q;
-#pragma unroll
-  for (int i = 0; i < V; ++i) q.v[i] = fg_from_acc<T>(a[i]);
-  uint4 b;
-  memcpy(&b, &q, 16);
-  __stcs(reinterpret_cast<uint4*>(p), b);
-}
-
-// Where this thread's rows are: a group of `g` threads per row (within a warp, or the whole block),
-// `t` = the thread's index in its group, rows r0 + sub, r0 + sub + step, ... (r0 and step are uniform
-// over the warp, or the block, so loops over r0 are too).
-struct FgRowGeom {
-  unsigned int g, t, sub;
-  fg_u64 r0, step;
-};
-
-// nvec = vectors in a row, n = vector slots per thread, block: one row per block (else per group).
-static __device__ __forceinline__ FgRowGeom fg_row_geom(unsigned int nvec, unsigned int n, bool block) {
-  FgRowGeom q;
-  if (block) {
-    q.g = blockDim.x;
-    q.t = threadIdx.x;
-    q.sub = 0;
-    q.r0 = blockIdx.x;
-    q.step = gridDim.x;
-  } else {
-    const unsigned int need = (nvec + n - 1) / n;  // 1..32
-    q.g = need <= 1 ? 1u : 1u << (32 - __clz(need - 1));
-    const unsigned int lane = threadIdx.x & 31, per = 32 / q.g, wpb = blockDim.x >> 5;
-    q.t = lane & (q.g - 1);
-    q.sub = lane / q.g;
-    q.r0 = ((fg_u64)blockIdx.x * wpb + (threadIdx.x >> 5)) * per;
-    q.step = (fg_u64)gridDim.x * wpb * per;
-  }
-  return q;
-}
-
-// Reduce over the row's group: xor shuffles below min(g, 32) (a group within a warp is aligned), then
-// for a block of several warps `sh` (32 A, not used by the previous reduction: callers alternate two
-// buffers, so one barrier suffices: a thread writes a buffer only after the barrier of the reduction
-// in between, which every reader of the buffer's previous contents passed after reading it).
-template <typename A, typename Op>
-static __device__ __forceinline__ A fg_row_reduce(A v, Op op, unsigned int g, A* sh) {
-  for (unsigned int o = (g < 32 ? g : 32) >> 1; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (g <= 32) return v;
-  const unsigned int nw = g >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) sh[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = lane < nw ? sh[lane] : op.template identity<A>();
-  return fg_warp_reduce(v, op);
-}
-
-template <typename T, int V>
-static __device__ __forceinline__ void fg_layernorm_regs(const T* __restrict__ x, const T* __restrict__ w,
+static __device__ __forceinline__ void fg_layer_norm_regs(const T* __restrict__ x, const T* __restrict__ w,
                                                          const T* __restrict__ b, T* __restrict__ y,
                                                          typename FgAcc<T>::type* __restrict__ mean,
                                                          typename FgAcc<T>::type* __restrict__ rstd, fg_u64 rows,
@@ -195,7 +111,7 @@ static __device__ __forceinline__ void fg_layernorm_regs(const T* __restrict__ x
 }
 
 template <typename T>
-static __device__ __forceinline__ void fg_layernorm_long(const T* __restrict__ x, const T* __restrict__ w,
+static __device__ __forceinline__ void fg_layer_norm_long(const T* __restrict__ x, const T* __restrict__ w,
                                                          const T* __restrict__ b, T* __restrict__ y,
                                                          typename FgAcc<T>::type* __restrict__ mean,
                                                          typename FgAcc<T>::type* __restrict__ rstd, fg_u64 rows,
@@ -238,7 +154,7 @@ static __device__ __forceinline__ void fg_layernorm_long(const T* __restrict__ x
 }
 
 template <typename T>
-static __device__ __forceinline__ void fg_layernorm_rows(const T* __restrict__ x, const T* __restrict__ w,
+static __device__ __forceinline__ void fg_layer_norm_rows(const T* __restrict__ x, const T* __restrict__ w,
                                                          const T* __restrict__ b, T* __restrict__ y,
                                                          typename FgAcc<T>::type* __restrict__ mean,
                                                          typename FgAcc<T>::type* __restrict__ rstd, fg_u64 rows,
@@ -251,27 +167,27 @@ static __device__ __forceinline__ void fg_layernorm_rows(const T* __restrict__ x
   constexpr unsigned int E = fg_row_cap<T>();  // elements per thread
   if (vec && cols > 0 && cols <= (fg_u64)blockDim.x * E) {
     const unsigned int c = (unsigned int)cols;
-    fg_layernorm_regs<T, V>(x, w, b, y, mean, rstd, rows, c, eps, has_w, has_b, c > 32u * E, sh);
+    fg_layer_norm_regs<T, V>(x, w, b, y, mean, rstd, rows, c, eps, has_w, has_b, c > 32u * E, sh);
     return;
   }
-  fg_layernorm_long<T>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);
+  fg_layer_norm_long<T>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);
 }
 
 #define FG_LN_FWD(SUF, T)                                                                      \
-  FG_KERNEL layernorm_fwd_##SUF(const T* x, const T* w, const T* b, T* y, FgAcc<T>::type* mean,  \
+  FG_KERNEL layer_norm_fwd_##SUF(const T* x, const T* w, const T* b, T* y, FgAcc<T>::type* mean,  \
                                 FgAcc<T>::type* rstd, fg_u64 rows, fg_u64 cols, double eps, int has_w, \
                                 int has_b) {                                                   \
-    fg_layernorm_long<T>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);               \
+    fg_layer_norm_long<T>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);               \
   }                                                                                            \
-  FG_KERNEL layernorm_fwd_rows_##SUF(const T* x, const T* w, const T* b, T* y, FgAcc<T>::type* mean, \
+  FG_KERNEL layer_norm_fwd_rows_##SUF(const T* x, const T* w, const T* b, T* y, FgAcc<T>::type* mean, \
                                      FgAcc<T>::type* rstd, fg_u64 rows, fg_u64 cols, double eps,  \
                                      int has_w, int has_b) {                                   \
-    fg_layernorm_rows<T>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);               \
+    fg_layer_norm_rows<T>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);               \
   }
 FG_FOR_FLOAT(FG_LN_FWD)
 
 // ---------------------------------------------------------------------------------------------
-// layernorm_bwd_{dt}(const T* x, const T* w, const ACC* mean, const ACC* rstd, const T* dy, T* dx,
+// layer_norm_bwd_{dt}(const T* x, const T* w, const ACC* mean, const ACC* rstd, const T* dy, T* dx,
 //                    ACC* dw, ACC* db, u64 rows, u64 cols, int has_w)
 // dw / db are zeroed ACC buffers of length cols, accumulated with atomicAdd.
 //
@@ -292,7 +208,7 @@ __device__ __forceinline__ unsigned int fg_nsmid() {
 }
 
 template <typename T>
-static __device__ __forceinline__ void fg_layernorm_bwd(const T* __restrict__ x, const T* __restrict__ w,
+static __device__ __forceinline__ void fg_layer_norm_bwd(const T* __restrict__ x, const T* __restrict__ w,
                                                         const typename FgAcc<T>::type* __restrict__ mean,
                                                         const typename FgAcc<T>::type* __restrict__ rstd,
                                                         const T* __restrict__ dy, T* __restrict__ dx,
@@ -376,9 +292,9 @@ static __device__ __forceinline__ void fg_layernorm_bwd(const T* __restrict__ x,
 }
 
 #define FG_LN_BWD(SUF, T)                                                                      \
-  FG_KERNEL layernorm_bwd_##SUF(const T* x, const T* w, const FgAcc<T>::type* mean,              \
+  FG_KERNEL layer_norm_bwd_##SUF(const T* x, const T* w, const FgAcc<T>::type* mean,              \
                                 const FgAcc<T>::type* rstd, const T* dy, T* dx, FgAcc<T>::type* dw, \
                                 FgAcc<T>::type* db, fg_u64 rows, fg_u64 cols, int has_w) {      \
-    fg_layernorm_bwd<T>(x, w, mean, rstd, dy, dx, dw, db, rows, cols, has_w);                  \
+    fg_layer_norm_bwd<T>(x, w, mean, rstd, dy, dx, dw, db, rows, cols, has_w);                  \
   }
 FG_FOR_FLOAT(FG_LN_BWD)

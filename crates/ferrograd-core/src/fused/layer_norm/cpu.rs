@@ -1,73 +1,37 @@
-//! Row-wise fused ops over the last dim: softmax, log-softmax, layer norm and its backward.
-//! Rows are independent, so they run in parallel; each row is computed in f64.
+//! The CPU reference: rows in parallel, each computed in f64 (the twin of `layer_norm.cu`).
 
-use super::{cpu_dispatch, CpuStorage};
 use crate::backend::BackendStorage;
+use crate::cpu::{alloc, cpu_dispatch, CpuStorage};
+use crate::fused::rows::last_dim_rows;
 use crate::{shape_err, DType, Error, Layout, Result, WithDType};
 use rayon::prelude::*;
 
-fn rows_of(l: &Layout) -> (usize, usize) {
-    let c = l.dims().last().copied().unwrap_or(1);
-    (l.elem_count().checked_div(c).unwrap_or(0), c)
-}
-
-fn to_f64_contig(s: &CpuStorage, l: &Layout) -> Result<Vec<f64>> {
-    s.to_f64_vec(l)
-}
-
-fn from_f64_like(like: DType, v: Vec<f64>) -> Result<CpuStorage> {
+fn from_f64(like: DType, v: Vec<f64>) -> Result<CpuStorage> {
     CpuStorage::from_f64_iter(v.into_iter(), like)
-}
-
-fn stats_dtype(x: DType) -> DType {
-    if x == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    }
-}
-
-pub fn softmax_last(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
-    let (_, c) = rows_of(l);
-    let mut x = to_f64_contig(s, l)?;
-    if c > 0 {
-        x.par_chunks_mut(c).for_each(|row| {
-            let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            // An all -inf row has no finite max; subtracting 0 keeps the result NaN-free for masks.
-            let max = if max.is_finite() { max } else { 0.0 };
-            let sum: f64 = row.iter().map(|&v| (v - max).exp()).sum();
-            if log {
-                let lse = sum.ln();
-                row.iter_mut().for_each(|v| *v = *v - max - lse);
-            } else {
-                row.iter_mut().for_each(|v| *v = (*v - max).exp() / sum);
-            }
-        });
-    }
-    from_f64_like(s.dtype(), x)
 }
 
 fn param(p: Option<(&CpuStorage, &Layout)>, c: usize, what: &'static str) -> Result<Option<Vec<f64>>> {
     match p {
         None => Ok(None),
-        Some((s, l)) if l.elem_count() == c => Ok(Some(to_f64_contig(s, l)?)),
+        Some((s, l)) if l.elem_count() == c => Ok(Some(s.to_f64_vec(l)?)),
         Some((_, l)) => Err(shape_err!("layer_norm", "{what} has shape {:?}, expected [{c}]", l.dims())),
     }
 }
 
-pub fn layer_norm(
+pub(super) fn layer_norm(
     s: &CpuStorage,
     l: &Layout,
     weight: Option<(&CpuStorage, &Layout)>,
     bias: Option<(&CpuStorage, &Layout)>,
     eps: f64,
 ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
-    let (rows, c) = rows_of(l);
+    s.dtype().check_float("layer_norm")?;
+    let (rows, c) = last_dim_rows(l);
     let w = param(weight, c, "weight")?;
     let b = param(bias, c, "bias")?;
-    let mut x = to_f64_contig(s, l)?;
-    let mut mean = super::alloc::zeroed::<f64>(rows)?;
-    let mut rstd = super::alloc::zeroed::<f64>(rows)?;
+    let mut x = s.to_f64_vec(l)?;
+    let mut mean = alloc::zeroed::<f64>(rows)?;
+    let mut rstd = alloc::zeroed::<f64>(rows)?;
     if c > 0 {
         x.par_chunks_mut(c).zip(mean.par_iter_mut()).zip(rstd.par_iter_mut()).for_each(|((row, m), r)| {
             let mu = row.iter().sum::<f64>() / c as f64;
@@ -87,12 +51,12 @@ pub fn layer_norm(
             *r = rs;
         });
     }
-    let sd = stats_dtype(s.dtype());
-    Ok((from_f64_like(s.dtype(), x)?, from_f64_like(sd, mean)?, from_f64_like(sd, rstd)?))
+    let sd = s.dtype().acc();
+    Ok((from_f64(s.dtype(), x)?, from_f64(sd, mean)?, from_f64(sd, rstd)?))
 }
 
 #[allow(clippy::needless_range_loop)] // three arrays share the index
-pub fn layer_norm_backward(
+pub(super) fn layer_norm_backward(
     s: &CpuStorage,
     l: &Layout,
     weight: Option<(&CpuStorage, &Layout)>,
@@ -101,7 +65,8 @@ pub fn layer_norm_backward(
     dy: &CpuStorage,
     dyl: &Layout,
 ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
-    let (rows, c) = rows_of(l);
+    s.dtype().check_float("layer_norm_backward")?;
+    let (rows, c) = last_dim_rows(l);
     if dyl.dims() != l.dims() {
         return Err(Error::ShapeMismatch {
             op: "layer_norm_backward",
@@ -110,14 +75,14 @@ pub fn layer_norm_backward(
         });
     }
     let w = param(weight, c, "weight")?;
-    let x = to_f64_contig(s, l)?;
-    let g = to_f64_contig(dy, dyl)?;
+    let x = s.to_f64_vec(l)?;
+    let g = dy.to_f64_vec(dyl)?;
     let mean = cpu_dispatch!(mean, v => v.iter().map(|x| x.to_f64()).collect::<Vec<_>>());
     let rstd = cpu_dispatch!(rstd, v => v.iter().map(|x| x.to_f64()).collect::<Vec<_>>());
     if mean.len() != rows || rstd.len() != rows {
         return Err(shape_err!("layer_norm_backward", "saved statistics have {} rows, expected {rows}", mean.len()));
     }
-    let mut dx = super::alloc::zeroed::<f64>(rows * c)?;
+    let mut dx = alloc::zeroed::<f64>(rows * c)?;
     if c > 0 {
         // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),  dxhat = dy * w
         dx.par_chunks_mut(c).enumerate().for_each(|(r, out)| {
@@ -148,5 +113,5 @@ pub fn layer_norm_backward(
             db[j] += g[r * c + j];
         }
     }
-    Ok((from_f64_like(dtype, dx)?, from_f64_like(pd, dw)?, from_f64_like(pd, db)?))
+    Ok((from_f64(dtype, dx)?, from_f64(pd, dw)?, from_f64(pd, db)?))
 }
