@@ -5,8 +5,8 @@
 use crate::persistent::MlpSpec;
 
 /// Threads per block and warps per block (the kernel's MLP_THREADS / MLP_WARPS).
-pub const THREADS: usize = 256;
-pub const WARPS: usize = 8;
+pub const THREADS: usize = 512;
+pub const WARPS: usize = 16;
 /// The kernel's MLP_MAX_LAYERS and the widest layer it handles (8 tiles of 16 outputs).
 pub const MAX_LAYERS: usize = 16;
 pub const MAX_WIDTH: usize = 128;
@@ -117,7 +117,8 @@ impl Layout {
             off += rows_cap * ks(width);
         }
         off += slack;
-        let slice = round_up(pp.div_ceil(grid), 4);
+        // The reduce-scatter covers the parameters and the loss sum after them (index pp).
+        let slice = round_up((pp + 4).div_ceil(grid), 4);
         let ngroups = (THREADS / (slice / 4)).max(1);
         d.red_off = off as i32;
         off += ngroups * slice;
@@ -127,7 +128,8 @@ impl Layout {
         off += round_up(WARPS, 4);
         let smem_floats = round_up(off, 4);
         d.pp = pp as i32;
-        d.pstride = round_up(pp + 1, 4) as i32;
+        // Partial rows start on 128-byte lines, so every slice of a row touches the fewest sectors.
+        d.pstride = round_up(pp + 4, 32) as i32;
         d.slice = slice as i32;
         d.ngroups = ngroups as i32;
         d.smem_floats = smem_floats as i32;
@@ -216,9 +218,12 @@ mod tests {
         assert_eq!(l.pp, 11_264);
         assert_eq!(DESC_FLOATS, 144);
         assert_eq!(l.desc.slice, 88);
-        assert_eq!(l.desc.ngroups, 11);
+        assert_eq!(l.desc.ngroups, 23);
+        assert_eq!(l.desc.pstride, 11_296);
         assert_eq!(l.desc.dw_items, 31);
-        assert_eq!(l.smem_bytes, 39_976 * 4);
+        assert_eq!(l.smem_bytes, 41_040 * 4);
+        // The slices cover the parameters and the loss column (pp .. pp + 4).
+        assert!(132 * l.desc.slice as usize >= l.pp + 4);
         assert!(l.smem_bytes <= 227 * 1024);
         assert_eq!(l.desc_words().len(), DESC_FLOATS);
         // Every offset is 16-byte aligned and every stride is 4 mod 8.

@@ -18,12 +18,12 @@ pub const MODULE: Module = Module { name: "mlp_persistent", src: include_str!(".
 const PENDING: u32 = 0x7fba_dbad;
 /// Phases the kernel times with clock64() (in its order).
 const PHASES: [&str; 6] = [
-    "forward + backward chains",
-    "weight gradients -> L2",
+    "forward (+ refresh wait)",
+    "backward + weight gradients",
     "grid barrier 1",
-    "reduce + Adam",
+    "reduce-scatter + Adam",
     "grid barrier 2",
-    "weight refresh from L2",
+    "refresh issue + loss ring",
 ];
 
 /// The kernel's `struct AdamArgs` (doubles first: no padding on either side).
