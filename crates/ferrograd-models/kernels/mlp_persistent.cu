@@ -45,16 +45,19 @@
 //      features x 3 column tiles, K = the block's rows) of layers whose D is ready (l' >= l), in
 //      a fixed order; the rest (dW_0 at least) in a last phase. Items go to the block's partial
 //      row in L2 as they finish (st.cg), so the writes overlap the chain. Monster Walk: phases of
-//      9+7, 6+6, 3+2, 3+1, 3+1, 6+1, 9+4, 0+9 units+items.
-//   3. grid barrier #1 (counter, as cooperative groups' grid.sync()).
-//   4. reduce-scatter + Adam: block b sums its slice (88 floats of the 11,268-float gradient row
-//      incl. the loss) over the G partial rows, every load of a thread issued at once (<= 8 in
-//      flight; 6 for Monster Walk's 23 row groups), in a fixed order (deterministic); updates its
-//      m, v and master weights and writes the new weights to `params`.
-//   5. grid barrier #2; the loss goes to the host ring only now (a gpu-scope fence after a store
-//      to mapped host memory would wait for its PCIe round trip); the refresh of W from `params`
-//      is issued as three cp.async groups (W_0, W_1, the rest) and waited for in step 1.
-// Synchronization per step: 2 grid barriers, L + L = 16 block barriers (Monster Walk).
+//      9+7, 6+6, 3+2, 3+1, 3+1, 6+1, 9+4+the rest of layers >= 1, then layer 0's items.
+//   3. the gradient row is two regions: A = every layer but the first, plus the loss sum (index
+//      pp); B = W_0. Region A is complete after the last backward phase, so during the last phase
+//      (dW_0 on the first 10 warps) the last MLP_RWARPS = 6 warps pass grid barrier A (its own
+//      counter, bar[1]) and reduce-scatter region A (block b sums its slice, 60 floats for Monster
+//      Walk, over the G partial rows, <= 8 loads a thread in flight, in a fixed order:
+//      deterministic), then run Adam on it: updating m, v, master weights, `params`.
+//   4. grid barrier B (bar[0]): every dW_0 is in L2; all 512 threads reduce region B (28 floats a
+//      block) and run its Adam.
+//   5. grid barrier #2 (bar[0]); the loss goes to the host ring only now (a gpu-scope fence after a
+//      store to mapped host memory would wait for its PCIe round trip); the refresh of W from
+//      `params` is issued as three cp.async groups (W_0, W_1, the rest) and waited for in step 1.
+// Synchronization per step: 3 grid barriers (A overlapped with dW_0), L + L = 16 block barriers.
 //
 // Per-step budget (Monster Walk on an H200, SM clock ~1.84 GHz; estimates, to be measured):
 //   math: 1,170 m16n8k8 products an SM a step (40 rows: forward 440, backward 290, dW 440;
@@ -68,8 +71,8 @@
 //     31 KB under the forward): ~3.8 us.
 //   total ~9.6 us (f32) / ~7.9 us (tf32) / ~6.4 us (bf16) a step, 0.08 / 0.06 / 0.05 s a run.
 // What would cut more (not done): clusters with distributed shared memory to pre-sum partials
-// and multicast the refresh (halves the 18 MB of L2 traffic a step); a per-layer reduce so all
-// but W_0's slices are reduced under the backward; ldmatrix-friendly strides.
+// and multicast the refresh (halves the 18 MB of L2 traffic a step); a reduce per layer (today
+// two regions) so more of it hides under the backward; ldmatrix-friendly strides.
 //
 // Precision (template P): F32 = 3xTF32 (a = hi + lo with hi = a rounded to TF32, lo = a - hi;
 // a*b ~ hi*hi + hi*lo + lo*hi, error ~2^-21 relative per product, f32 accumulation: the exact-f32
@@ -89,6 +92,8 @@
 #define MLP_MAX_LAYERS 16
 #define MLP_THREADS 512
 #define MLP_WARPS 16
+// Warps that reduce the gradients of layers >= 1 while the others compute layer 0's (the last phase).
+#define MLP_RWARPS 6
 #define PREC_F32 0
 #define PREC_TF32 1
 #define PREC_BF16 2
@@ -104,9 +109,9 @@ struct MlpLayer {
 };
 struct MlpDesc {
   int layers, pp, pstride, rows_cap;
-  int slice, ngroups, w_base, a0_off0;
+  int slice_a, ngroups_a, w_base, a0_off0;
   int a0_off1, red_off, adam_off, wloss_off;
-  int smem_floats, dw_items, unused0, unused1;
+  int smem_floats, dw_items, slice_b, ngroups_b;
   MlpLayer l[MLP_MAX_LAYERS];
 };
 struct AdamArgs {
@@ -147,6 +152,17 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// Arrive at a grid barrier counter: every write this thread has seen (its block's, through the
+// block barrier before) becomes visible to whoever acquires the new count.
+__device__ __forceinline__ void arrive_release(unsigned* p) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
+}
+__device__ __forceinline__ void wait_acquire(const unsigned* p, unsigned target) {
+  while (static_cast<int>(ld_acquire(p) - target) < 0) {
+  }
+}
+// Barrier among the MLP_RWARPS reducer warps only (id 1; id 0 is __syncthreads).
+__device__ __forceinline__ void reducer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(MLP_RWARPS * 32) : "memory"); }
 
 // Grid-wide barrier (every block is resident: cooperative launch), as cooperative_groups'
 // grid.sync() does it on sm_70+: after the block barrier, thread 0 adds its arrival with release
@@ -157,9 +173,8 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, unsigned& target) {
   __syncthreads();
   target += gridDim.x;
   if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(bar) : "memory");
-    while (static_cast<int>(ld_acquire(bar) - target) < 0) {
-    }
+    arrive_release(bar);
+    wait_acquire(bar, target);
   }
   __syncthreads();
 }
@@ -485,6 +500,88 @@ __device__ __forceinline__ void stamp(unsigned long long* ph, int i, unsigned lo
   }
 }
 
+// One block's share of a region of the gradient row: floats [g0, g0 + slice).
+struct Slice {
+  int g0, slice;
+  int own;      // parameters it updates
+  int own_red;  // floats it sums: the parameters and, in region A, maybe the loss column
+  int ng;       // row groups of the reduction (threads / (slice / 4))
+  int ad;       // offset of its Adam state in pm / mm / vm
+};
+
+// Block b's slice of region A ([w1, pp + 4): every layer but the first, and the loss column) or
+// of region B ([0, w1): W_0). Recomputed where needed (cheap) rather than kept in registers.
+__device__ __forceinline__ Slice region_slice(const MlpDesc& d, bool a) {
+  const int pp = d.pp, w1 = d.layers > 1 ? d.l[1].woff : pp, b = blockIdx.x;
+  Slice S;
+  if (a) {
+    S.slice = d.slice_a;
+    S.g0 = w1 + b * S.slice;
+    S.own = max(0, min(S.slice, pp - S.g0));
+    S.own_red = max(0, min(S.slice, pp + 4 - S.g0));
+    S.ng = d.ngroups_a;
+    S.ad = 0;
+  } else {
+    S.slice = d.slice_b;
+    S.g0 = b * S.slice;
+    S.own = S.own_red = max(0, min(S.slice, w1 - S.g0));
+    S.ng = d.ngroups_b;
+    S.ad = d.slice_a;
+  }
+  return S;
+}
+
+// red[grp][i] = sum over the partial rows bb = grp, grp + ng, ... (< active) of row bb's float
+// g0 + i: thread `t` of `nthr`, up to 8 rows in flight at once, summed in row order, so the
+// result does not depend on timing (deterministic).
+__device__ __forceinline__ void reduce_slice(const float* __restrict__ partial, int pst, int active, const Slice& S,
+                                             float* red, int t, int nthr) {
+  const int q4 = S.slice / 4, ng = S.ng;
+  for (int w = t; w < q4 * ng; w += nthr) {
+    const int c = w % q4, grp = w / q4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (4 * c < S.own_red) {
+      const float* src = partial + S.g0 + 4 * c;
+      for (int bb0 = grp; bb0 < active; bb0 += 8 * ng) {
+        float4 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int bb = bb0 + j * ng;
+          v[j] = bb < active ? ld_cg4(src + (size_t)bb * pst) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc.x += v[j].x;
+          acc.y += v[j].y;
+          acc.z += v[j].z;
+          acc.w += v[j].w;
+        }
+      }
+    }
+    reinterpret_cast<float4*>(red + grp * S.slice)[c] = acc;
+  }
+}
+
+// Adam on the slice's parameters from the summed gradient in `red` (the formula of kernels/optim.cu
+// adam_f32 and of the fused Monster Walk step); the new weights go to `params` for every block.
+__device__ __forceinline__ void adam_slice(const Slice& S, const float* red, float* pm, float* mm, float* vm,
+                                           float* __restrict__ params, float* __restrict__ grad_out,
+                                           const AdamArgs& ad, float step, float sbc2, int t, int nthr) {
+  for (int i = t; i < S.own; i += nthr) {
+    float gsum = 0.f;
+    for (int grp = 0; grp < S.ng; ++grp) gsum += red[grp * S.slice + i];
+    const int k = S.ad + i;
+    const float mi = ad.b1 * mm[k] + ad.omb1 * gsum;
+    const float vi = ad.b2 * vm[k] + ad.omb2 * (gsum * gsum);
+    const float p = pm[k] - step * (mi / (sqrtf(vi) / sbc2 + ad.eps));
+    mm[k] = mi;
+    vm[k] = vi;
+    pm[k] = p;
+    params[S.g0 + i] = p;
+    if (grad_out) grad_out[S.g0 + i] = gsum;
+  }
+}
+
 template <int P>
 __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restrict__ batches, int nb, int nsteps,
                           int t0, float* __restrict__ params, float* __restrict__ m_io, float* __restrict__ v_io,
@@ -515,26 +612,30 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
       }
     }
   }
-  const int L = d.layers, pp = d.pp, slice = d.slice;
-  // This block's slice of the gradient row (the loss sum at index pp included) and of the
-  // optimizer: master weights, m and v stay in shared memory.
-  const int s0 = b * slice;
-  const int own = max(0, min(slice, pp - s0));         // parameters
-  const int own_red = max(0, min(slice, pp + 4 - s0)); // floats reduced (parameters + loss)
-  // The loss column's offset in the slice (-1: another block's) and the thread that sums it.
-  const int loss_i = (pp >= s0 && pp < s0 + slice) ? pp - s0 : -1;
-  const int loss_tid = loss_i >= 0 ? loss_i % MLP_THREADS : -1;
+  const int L = d.layers, pp = d.pp;
+  // The gradient row in two regions: B = W_0 = [0, w1), finished last; A = [w1, pp + 4), every
+  // other layer and the loss sum (index pp), reduced while W_0's gradients are computed. Each
+  // block owns one slice of each, and the Adam state (master weights, m, v) of its parameters
+  // stays in shared memory.
+  const int w1 = L > 1 ? d.l[1].woff : pp, w2 = L > 2 ? d.l[2].woff : pp;
+  // The reducer threads (the last MLP_RWARPS warps; rt < 0 elsewhere) and the one that sums the
+  // loss column (in region A's slice of one block).
+  const int rt = tid - (MLP_WARPS - MLP_RWARPS) * 32, rthreads = MLP_RWARPS * 32;
+  const int loss_i = pp - region_slice(d, true).g0;
+  const bool loss_owner = loss_i >= 0 && loss_i < d.slice_a && rt == loss_i % rthreads;
+  const int adam_n = d.slice_a + d.slice_b;
   float* pm = sm + d.adam_off;
-  float* mm = pm + slice;
-  float* vm = mm + slice;
-  for (int i = tid; i < own; i += MLP_THREADS) {
-    pm[i] = params[s0 + i];
-    mm[i] = m_io[s0 + i];
-    vm[i] = v_io[s0 + i];
+  float* mm = pm + adam_n;
+  float* vm = mm + adam_n;
+  for (int r = 0; r < 2; ++r) {
+    const Slice S = region_slice(d, r == 0);
+    for (int i = tid; i < S.own; i += MLP_THREADS) {
+      pm[S.ad + i] = params[S.g0 + i];
+      mm[S.ad + i] = m_io[S.g0 + i];
+      vm[S.ad + i] = v_io[S.g0 + i];
+    }
   }
   float* W = sm + d.w_base;
-  // The refresh groups: W_0, W_1, the rest (empty groups where the net is shallower).
-  const int w1 = L > 1 ? d.l[1].woff : pp, w2 = L > 2 ? d.l[2].woff : pp;
   const int out_last = d.l[L - 1].out;
   if (nsteps > 0) prefetch_rows(d, sm + d.a0_off0, batch_ref(batches, 0), warp, lane);
   for (int i = tid; i < pp / 4; i += MLP_THREADS) cp_async16(W + 4 * i, params + 4 * i);
@@ -542,14 +643,15 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
   cp_async_wait_all();
   __syncthreads();
 
-  unsigned target = 0;
-  double b1t = pow(ad.b1d, (double)t0), b2t = pow(ad.b2d, (double)t0);
+  unsigned target = 0, target_a = 0;  // counts of bar[0] (barriers B and 2) and bar[1] (barrier A)
+  double b1t = pow(ad.b1d, (double)t0), b2t = pow(ad.b2d, (double)t0);  // beta^t, t = steps done
   unsigned long long ph[6] = {0, 0, 0, 0, 0, 0};
   unsigned long long clk = clock64();
   float* wloss = sm + d.wloss_off;
-  float* red = sm + d.red_off;
+  float* red_a = sm + d.red_off;
+  float* red_b = red_a + d.ngroups_a * d.slice_a;
   float* mypart = partial + (size_t)b * d.pstride;
-  float step_loss = 0.f;  // the step's loss, in thread loss_tid of its owner block
+  float step_loss = 0.f;  // the step's loss, in the loss_owner thread
 
   for (int s = 0; s < nsteps; ++s) {
     const BatchRef br = batch_ref(batches, s % nb);
@@ -559,6 +661,8 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
     const int my = my_tiles(br.rows), ngr = (my + 2) / 3;
     const float* A0 = sm + ((s & 1) ? d.a0_off1 : d.a0_off0);
     const float scale = 2.0f / (float)(br.rows * out_last);
+    b1t *= ad.b1d;
+    b2t *= ad.b2d;
 
     // The next step's rows stream in during this one (their buffer was last read before barrier
     // #1 of the previous step). Always one group, so the wait counts below stay fixed.
@@ -584,14 +688,20 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
     for (int o = 16; o > 0; o >>= 1) loss += __shfl_xor_sync(0xffffffffu, loss, o);
     if (lane == 0) wloss[warp] = loss;
     __syncthreads();
+    if (tid == 0 && my > 0) {
+      float sum = 0.f;
+      for (int w = 0; w < MLP_WARPS; ++w) sum += wloss[w];
+      mypart[pp] = sum;  // the block's loss sum, reduced with region A
+    }
     stamp(ph, 0, clk);
 
-    // 2. backward; weight-gradient items fill the warps the backward units leave idle.
+    // 2. backward; weight-gradient items fill the warps the backward units leave idle, and the
+    //    last backward phase takes every item left of layers >= 1 (region A is complete after it).
     int avail = 0, done = 0;
     for (int l = L - 1; l >= 1; --l) {
       avail += dw_count(d.l[l]);  // D_l is ready: layer l's items are available
       const int units = ((d.l[l].in + 15) >> 4) * ngr;
-      const int take = my > 0 ? min(avail - done, max(0, MLP_WARPS - units)) : 0;
+      const int take = my > 0 ? (l == 1 ? avail - done : min(avail - done, max(0, MLP_WARPS - units))) : 0;
       for (int u = warp; u < units + take; u += MLP_WARPS) {
         if (u < units) {
           const int m = u / ngr, q = u - m * ngr, k = q * my / ngr, nt = (q + 1) * my / ngr - k;
@@ -605,77 +715,55 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
       done += take;
       __syncthreads();  // D_{l-1} is written
     }
-    if (my > 0) {
-      for (int it = done + warp; it < d.dw_items; it += MLP_WARPS) dw_work<P>(d, sm, A0, it, my, mypart, g, t);
-      if (tid == 0) {
-        float sum = 0.f;
-        for (int w = 0; w < MLP_WARPS; ++w) sum += wloss[w];
-        mypart[pp] = sum;
+    // One layer: no backward phase ran, so no block barrier orders tid 0's loss sum (mypart[pp],
+    // region A) before the reducer thread's release at barrier A.
+    if (L == 1) __syncthreads();
+    // 3. the last phase: layer 0's weight gradients on the first warps; on the last MLP_RWARPS,
+    //    as soon as every block's region A is in L2 (barrier A on bar[1]), its reduce-scatter
+    //    and Adam, the loss of the step included.
+    target_a += G;
+    if (warp < MLP_WARPS - MLP_RWARPS) {
+      if (my > 0) {
+        for (int it = done + warp; it < d.dw_items; it += MLP_WARPS - MLP_RWARPS)
+          dw_work<P>(d, sm, A0, it, my, mypart, g, t);
+      }
+    } else {
+      if (rt == 0) {
+        arrive_release(bar + 1);
+        wait_acquire(bar + 1, target_a);
+      }
+      reducer_sync();
+      const Slice SA = region_slice(d, true);
+      if (SA.own_red > 0) {
+        reduce_slice(partial, d.pstride, active, SA, red_a, rt, rthreads);
+        reducer_sync();
+        adam_slice(SA, red_a, pm, mm, vm, params, (grad_out && s + 1 == nsteps) ? grad_out : nullptr, ad,
+                   ad.lr / (float)(1.0 - b1t), sqrtf((float)(1.0 - b2t)), rt, rthreads);
+        if (loss_owner) {
+          float l = 0.f;
+          for (int grp = 0; grp < SA.ng; ++grp) l += red_a[grp * SA.slice + loss_i];
+          step_loss = l * (1.0f / (float)(br.rows * out_last));
+        }
       }
     }
     stamp(ph, 1, clk);
 
-    // 3. every block's gradient is in L2.
+    // 4. every block's W_0 gradient is in L2 (barrier B on bar[0]): its reduce-scatter and Adam.
     grid_sync(bar, target);
     stamp(ph, 2, clk);
-
-    // 4. reduce-scatter and Adam on this block's slice.
-    b1t *= ad.b1d;
-    b2t *= ad.b2d;
-    if (own_red > 0) {
-      const int q4 = slice / 4, ng = d.ngroups, pst = d.pstride;
-      for (int w = tid; w < q4 * ng; w += MLP_THREADS) {
-        const int c = w % q4, grp = w / q4;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (4 * c < own_red) {
-          const float* src = partial + s0 + 4 * c;
-          // Up to 8 rows in flight at once, summed in row order (deterministic).
-          for (int bb0 = grp; bb0 < active; bb0 += 8 * ng) {
-            float4 v[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const int bb = bb0 + j * ng;
-              v[j] = bb < active ? ld_cg4(src + (size_t)bb * pst) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              acc.x += v[j].x;
-              acc.y += v[j].y;
-              acc.z += v[j].z;
-              acc.w += v[j].w;
-            }
-          }
-        }
-        reinterpret_cast<float4*>(red + grp * slice)[c] = acc;
-      }
+    const Slice SB = region_slice(d, false);
+    if (SB.own_red > 0) {
+      reduce_slice(partial, d.pstride, active, SB, red_b, tid, MLP_THREADS);
       __syncthreads();
-      const float bc1 = (float)(1.0 - b1t), bc2 = (float)(1.0 - b2t);
-      const float step = ad.lr / bc1, sbc2 = sqrtf(bc2);
-      for (int i = tid; i < own; i += MLP_THREADS) {
-        float gsum = 0.f;
-        for (int grp = 0; grp < ng; ++grp) gsum += red[grp * slice + i];
-        // The formula of kernels/optim.cu adam_f32 (and the fused Monster Walk step).
-        const float mi = ad.b1 * mm[i] + ad.omb1 * gsum;
-        const float vi = ad.b2 * vm[i] + ad.omb2 * (gsum * gsum);
-        const float p = pm[i] - step * (mi / (sqrtf(vi) / sbc2 + ad.eps));
-        mm[i] = mi;
-        vm[i] = vi;
-        pm[i] = p;
-        params[s0 + i] = p;
-        if (grad_out && s + 1 == nsteps) grad_out[s0 + i] = gsum;
-      }
-      if (tid == loss_tid) {
-        float l = 0.f;
-        for (int grp = 0; grp < ng; ++grp) l += red[grp * slice + loss_i];
-        step_loss = l * (1.0f / (float)(br.rows * out_last));
-      }
+      adam_slice(SB, red_b, pm, mm, vm, params, (grad_out && s + 1 == nsteps) ? grad_out : nullptr, ad,
+                 ad.lr / (float)(1.0 - b1t), sqrtf((float)(1.0 - b2t)), tid, MLP_THREADS);
     }
     stamp(ph, 3, clk);
 
     // 5. every slice is updated: the loss to the host, then refresh this block's copy of W.
     grid_sync(bar, target);
     stamp(ph, 4, clk);
-    if (tid == loss_tid) *reinterpret_cast<volatile float*>(loss_ring + s) = step_loss;
+    if (loss_owner) *reinterpret_cast<volatile float*>(loss_ring + s) = step_loss;
     if (s + 1 < nsteps) {
       refresh(W, params, 0, w1);
       refresh(W, params, w1, w2);
@@ -684,9 +772,12 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
     stamp(ph, 5, clk);
   }
   cp_async_wait_all();
-  for (int i = tid; i < own; i += MLP_THREADS) {
-    m_io[s0 + i] = mm[i];
-    v_io[s0 + i] = vm[i];
+  for (int r = 0; r < 2; ++r) {
+    const Slice S = region_slice(d, r == 0);
+    for (int i = tid; i < S.own; i += MLP_THREADS) {
+      m_io[S.g0 + i] = mm[S.ad + i];
+      v_io[S.g0 + i] = vm[S.ad + i];
+    }
   }
   if (prof && tid == 0) {
     for (int i = 0; i < 6; ++i) prof[b * 8 + i] = ph[i];
