@@ -100,6 +100,19 @@ impl Tensor {
     /// Cross entropy of logits `[N, C]` against class indices `[N]` (any integer dtype), averaged
     /// over the targets that are not `ignore_index`.
     pub fn cross_entropy(&self, targets: &Tensor, ignore_index: Option<i64>) -> Result<Tensor> {
+        self.cross_entropy_impl(targets, ignore_index, self.dtype())
+    }
+
+    /// [`Tensor::cross_entropy`] whose mean stays in the kernels' accumulation dtype (f32 for f16
+    /// and bf16 logits, else the logits' own): the loss as autocast computes it, without an f32
+    /// copy of the logits (half-precision logits are read as they are; the gradient comes back in
+    /// their dtype).
+    pub fn cross_entropy_acc(&self, targets: &Tensor, ignore_index: Option<i64>) -> Result<Tensor> {
+        let acc = if self.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+        self.cross_entropy_impl(targets, ignore_index, acc)
+    }
+
+    fn cross_entropy_impl(&self, targets: &Tensor, ignore_index: Option<i64>, out: DType) -> Result<Tensor> {
         if self.rank() != 2 || targets.dims() != [self.dims()[0]] {
             return Err(shape_err!(
                 "cross_entropy",
@@ -126,7 +139,7 @@ impl Tensor {
         let (loss_rows, lse) = (Tensor::from_storage(loss_rows, n, None), Tensor::from_storage(lse, n, None));
         let count = Tensor::from_storage(kept, n, None).sum_all()?;
         // Mean over kept rows; no kept row gives 0 / 0 = NaN, as PyTorch does.
-        let mean = loss_rows.sum_all()?.div(&count)?.to_dtype(self.dtype())?;
+        let mean = loss_rows.sum_all()?.div(&count)?.to_dtype(out)?;
         let rec = track(&[self]).then(|| Op::CrossEntropy { logits: self.clone(), targets: tids, lse, count });
         Ok(mean.view(mean.layout().clone(), rec))
     }
