@@ -376,6 +376,12 @@ fn cross_entropy_fused() -> Result<()> {
             check(&what("backward transposed"), dev, &[xt.clone(), tu.clone()], 4.0, |t| {
                 grad_of(&t[0], |v| v.t()?.cross_entropy(&t[1], None))
             });
+            check(&what("acc transposed"), dev, &[xt.clone(), ti.clone()], 2.0, |t| {
+                t[0].t()?.cross_entropy_acc(&t[1], Some(-100))
+            });
+            check(&what("acc backward"), dev, &[x.clone(), tu.clone()], 4.0, |t| {
+                grad_of(&t[0], |v| v.cross_entropy_acc(&t[1], None))
+            });
         }
     }
     // An ignored row of all -inf: no NaN; every row ignored: NaN loss, zero gradient.

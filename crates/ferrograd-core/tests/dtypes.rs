@@ -419,3 +419,33 @@ fn backward_in_every_float_dtype_matches_f64() -> Result<()> {
     }
     Ok(())
 }
+
+/// `cross_entropy_acc` on half-precision logits: the mean in f32 (what `cross_entropy` of the
+/// logits cast to f32 gives, without that cast), the gradient in the logits' dtype and equal to
+/// the f32 path's gradient rounded to it; f32 and f64 logits give what `cross_entropy` gives.
+#[test]
+fn cross_entropy_acc_keeps_the_mean_in_the_accumulation_dtype() -> Result<()> {
+    let mut rng = Rng::new(5);
+    let (n, c) = (6, 37);
+    let x = Tensor::randn_with(&mut rng, 0.0, 2.0, (n, c), DType::F32, CPU)?;
+    let t = Tensor::from_vec((0..n as u32).map(|i| (i * 11 + 2) % c as u32).collect::<Vec<_>>(), n, CPU)?;
+    for d in floats() {
+        let xd = x.to_dtype(d)?.requires_grad();
+        let acc = if d == DType::F64 { DType::F64 } else { DType::F32 };
+        let loss = xd.cross_entropy_acc(&t, None)?;
+        assert_eq!(loss.dtype(), acc, "{d}");
+        let up = xd.detach().to_dtype(acc)?.requires_grad();
+        let want = up.cross_entropy(&t, None)?;
+        let (a, b) = (loss.item_f64()?, want.item_f64()?);
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "{d}: {a} vs {b}");
+        let g = loss.backward()?.get(&xd).expect("gradient").clone();
+        assert_eq!(g.dtype(), d, "gradient dtype");
+        let gw = want.backward()?.get(&up).expect("gradient").to_dtype(d)?.to_f64_vec()?;
+        let scale = gw.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let tol = if matches!(d, DType::F16 | DType::BF16) { 1e-2 } else { 1e-6 };
+        for (p, q) in g.to_f64_vec()?.iter().zip(&gw) {
+            assert!((p - q).abs() <= tol * scale, "{d}: gradient {p} vs {q}");
+        }
+    }
+    Ok(())
+}

@@ -4,7 +4,9 @@
 //! [`HfView`] shows the model with the real vocabulary, as files and outputs see it.
 
 use super::config::GptConfig;
-use super::ops::{attention, causal_mask, layer_norm, linear, linear_gelu, lm_logits, lm_loss, to_matmul_dtype};
+use super::ops::{
+    attention, causal_mask, layer_norm, linear, linear_gelu, lm_logits, lm_loss, residual, to_matmul_dtype,
+};
 use ferrograd_core::{shape_err, DType, Device, Error, Result, Rng, Tensor};
 use ferrograd_nn::module::join_name;
 use ferrograd_nn::Module;
@@ -226,7 +228,8 @@ impl Gpt {
         let part = |qkv: &Tensor, i: usize| qkv.narrow(2, i, 1)?.squeeze(2); // [B, T, H, D]
         let y = match cache {
             None => {
-                // One cast of the whole buffer under autocast, not one per view.
+                // Under autocast the GEMM wrote the buffer in the low dtype already (a no-op then);
+                // otherwise one cast of the whole buffer, not one per view.
                 let qkv = to_matmul_dtype(&qkv)?;
                 let [q, k, v] = [0, 1, 2].map(|i| part(&qkv, i).and_then(|p| p.permute(&[0, 2, 1, 3])));
                 attention(&q?, &k?, &v?, 0, || self.train_mask(t))?
@@ -247,10 +250,10 @@ impl Gpt {
         };
         // [B, H, T, D] -> [B, T, C]
         let y = y.permute(&[0, 2, 1, 3])?.reshape((b, t, c))?;
-        let x = x.add(&linear(&y, &blk.attn_proj_w, Some(&blk.attn_proj_b))?)?;
+        let x = residual(x, &linear(&y, &blk.attn_proj_w, Some(&blk.attn_proj_b))?)?;
         let m = layer_norm(&x, &blk.ln_2_w, &blk.ln_2_b, eps)?;
         let m = linear_gelu(&m, &blk.c_fc_w, &blk.c_fc_b)?;
-        x.add(&linear(&m, &blk.mlp_proj_w, Some(&blk.mlp_proj_b))?)
+        residual(&x, &linear(&m, &blk.mlp_proj_w, Some(&blk.mlp_proj_b))?)
     }
 
     /// The final hidden states `[B, T, C]` (after `ln_f`) of `ids` `[B, T]`.

@@ -8,16 +8,18 @@
 //! | [`attention`]   | `Tensor::scaled_dot_product_attention`   | (done: FlashAttention-2 style on CUDA)     |
 //! | [`layer_norm`]  | `Tensor::layer_norm`                     | (same method, moved into `fused/`)          |
 //! | [`lm_logits`] | `x wte^T` over the padded vocabulary, real columns viewed | (same; a fused classifier takes the view) |
-//! | [`lm_loss`]     | cast to f32 + `cross_entropy`            | fused classifier: loss and dlogits in one pass |
+//! | [`lm_loss`]     | `cross_entropy_acc` on the bf16 logits   | fused classifier: loss and dlogits in one pass |
+//! | [`residual`]    | cast to f32 + add                        | the GEMM epilogue adding the residual      |
 //!
 //! Weights are in Hugging Face's Conv1D layout, `[in, out]` (`y = x W + b`); a fused linear that
 //! takes PyTorch's `[out, in]` is called with `w.t()` (a view, no copy).
 //!
-//! Precision follows `ferrograd_nn::amp`: under an autocast scope the matmuls run in the low
-//! dtype (inputs and weights cast down, f32 accumulation) and come back as f32; attention reads
-//! q, k, v in the low dtype and its output stays there (it feeds the output projection's GEMM);
-//! norms, the loss and the residual stream stay in f32. Without autocast everything runs in the input's
-//! dtype (f32, or f64 in gradient checks).
+//! Precision follows `ferrograd_nn::amp` as PyTorch's autocast does: under an autocast scope the
+//! matmuls run in the low dtype (inputs and weights cast down, f32 accumulation) and their outputs
+//! stay there, bias and GELU included (each linear's output feeds the next GEMM or attention, so
+//! nothing is cast back and forth, and the activations autograd keeps are half the size); norms,
+//! the loss (computed from the low-dtype logits, see [`lm_loss`]) and the residual stream are f32.
+//! Without autocast everything runs in the input's dtype (f32, or f64 in gradient checks).
 
 use ferrograd_core::fused::attention::CUDA_HEAD_DIMS;
 use ferrograd_core::{AttentionOpts, DType, Result, Tensor};
@@ -37,11 +39,12 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     // broadcast weight whose gradient would then be reduced over the batch.
     let x2 = x.reshape((rows, k))?;
     let y = match matmul_dtype(x) {
-        Some(low) => x2.to_dtype(low)?.matmul(&w.to_dtype(low)?)?.to_dtype(DType::F32)?,
+        Some(low) => x2.to_dtype(low)?.matmul(&w.to_dtype(low)?)?,
         None => x2.matmul(w)?,
     };
+    // Under autocast the bias joins in the GEMM's dtype (PyTorch's bias epilogue does the same).
     let y = match b {
-        Some(b) => y.add(b)?,
+        Some(b) => y.add(&b.to_dtype(y.dtype())?)?,
         None => y,
     };
     let mut out = dims;
@@ -51,9 +54,16 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     y.reshape(out)
 }
 
-/// `gelu_tanh(x W + b)`: GPT-2's MLP up-projection.
+/// `gelu_tanh(x W + b)`: GPT-2's MLP up-projection (under autocast in the low dtype, computed in
+/// f32 inside the kernel).
 pub fn linear_gelu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     linear(x, w, Some(b))?.gelu_tanh()
+}
+
+/// `x + y`: the residual stream `x` keeps its dtype (f32 under autocast); a branch output `y` in
+/// the low dtype is cast up to it.
+pub fn residual(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    x.add(&y.to_dtype(x.dtype())?)
 }
 
 /// Layer norm over the last dim; a low-precision input is cast to f32 first (as autocast does).
@@ -115,12 +125,12 @@ pub fn materialized_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor)
 }
 
 /// Mean cross entropy of `logits` `[N, vocab]` (the real vocabulary: [`lm_logits`]'s output)
-/// against `targets` `[N]`. Low-precision logits are cast to f32 first (in one pass that also
-/// makes a column view contiguous), as autocast runs the loss.
+/// against `targets` `[N]`. Low-precision logits are read as they are, in f32 inside the kernel,
+/// and the loss comes back in f32, as autocast runs it, but without the f32 copy of the logits
+/// (`[16384, 50257]` f32 is 3.3 GB, and its gradient as much again); their gradient is in their
+/// own dtype, which the classifier's GEMM reads anyway.
 pub fn lm_loss(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let l =
-        if matches!(logits.dtype(), DType::BF16 | DType::F16) { logits.to_dtype(DType::F32)? } else { logits.clone() };
-    l.cross_entropy(targets, None)
+    logits.cross_entropy_acc(targets, None)
 }
 
 /// The `[t, t]` causal mask (1 above the diagonal: key after query) for queries at positions

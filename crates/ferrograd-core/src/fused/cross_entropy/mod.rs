@@ -58,9 +58,12 @@ impl FusedOp for EncodeTargets {
 }
 
 /// Inputs: logits `[N, C]`, encoded targets; outputs: the mean loss (a scalar in the logits'
-/// dtype), saved per-row log-sum-exp `[N]` and kept count (a scalar), both in the accumulation
-/// dtype.
-struct CrossEntropy;
+/// dtype, or in `mean_dtype`), saved per-row log-sum-exp `[N]` and kept count (a scalar), both in
+/// the accumulation dtype.
+struct CrossEntropy {
+    /// The mean's dtype when not the logits' own (`cross_entropy_acc`: the accumulation dtype).
+    mean_dtype: Option<DType>,
+}
 
 /// `sum(loss_rows) / sum(kept)` (NaN when no row is kept, as in PyTorch) cast to `dtype`, and the
 /// kept count: the same reductions on either backend.
@@ -91,13 +94,13 @@ impl FusedOp for CrossEntropy {
     fn cpu_fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>> {
         check_arity("cross_entropy", inputs.len(), 2)?;
         let ((x, l), (t, tl)) = (inputs[0], inputs[1]);
-        forward_outputs(l, x.dtype(), cpu::cross_entropy_fwd(x, l, t, tl)?)
+        forward_outputs(l, self.mean_dtype.unwrap_or(x.dtype()), cpu::cross_entropy_fwd(x, l, t, tl)?)
     }
 
     fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
         check_arity("cross_entropy", inputs.len(), 2)?;
         let ((x, l), (t, tl)) = (inputs[0], inputs[1]);
-        forward_outputs(l, x.dtype(), cuda::cross_entropy_fwd(x, l, t, tl)?)
+        forward_outputs(l, self.mean_dtype.unwrap_or(x.dtype()), cuda::cross_entropy_fwd(x, l, t, tl)?)
     }
 
     /// dlogits = g / count * (softmax(x) - onehot(target)) on kept rows, 0 on ignored ones.
@@ -136,6 +139,24 @@ impl Tensor {
     /// Cross entropy of logits `[N, C]` against class indices `[N]` (any integer dtype), averaged
     /// over the targets that are not `ignore_index`.
     pub fn cross_entropy(&self, targets: &Tensor, ignore_index: Option<i64>) -> Result<Tensor> {
+        self.cross_entropy_impl(targets, ignore_index, None)
+    }
+
+    /// [`Tensor::cross_entropy`] whose mean stays in the kernels' accumulation dtype (f32 for f16
+    /// and bf16 logits, else the logits' own): the loss as autocast computes it, without an f32
+    /// copy of the logits (half-precision logits are read as they are; the gradient comes back in
+    /// their dtype).
+    pub fn cross_entropy_acc(&self, targets: &Tensor, ignore_index: Option<i64>) -> Result<Tensor> {
+        let acc = if self.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+        self.cross_entropy_impl(targets, ignore_index, Some(acc))
+    }
+
+    fn cross_entropy_impl(
+        &self,
+        targets: &Tensor,
+        ignore_index: Option<i64>,
+        mean_dtype: Option<DType>,
+    ) -> Result<Tensor> {
         if self.rank() != 2 || targets.dims() != [self.dims()[0]] {
             return Err(shape_err!(
                 "cross_entropy",
@@ -154,6 +175,6 @@ impl Tensor {
         // Checked and encoded once (u32 ids, IGNORED for an ignored row); the backward reuses them.
         let encode = EncodeTargets { classes: self.dims()[1], ignore_index };
         let tids = apply_all(&encode, &[targets])?.remove(0);
-        apply(Arc::new(CrossEntropy), &[self, &tids])
+        apply(Arc::new(CrossEntropy { mean_dtype }), &[self, &tids])
     }
 }
