@@ -3,6 +3,7 @@
 //! that the library exists first because cudarc panics on a missing one.
 
 pub mod alloc;
+pub mod blaslt;
 mod buffer;
 mod cross_entropy;
 pub mod device;

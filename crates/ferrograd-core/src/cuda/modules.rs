@@ -31,8 +31,19 @@ module!(OPTIM, "optim");
 module!(CROSS_ENTROPY, "cross_entropy");
 
 /// Every module, for `ferrograd kernels --precompile` and the NVRTC compile test.
-pub const ALL: &[&Module] =
-    &[&COPY, &UNARY, &BINARY, &REDUCE, &SOFTMAX, &LAYERNORM, &INDEX, &RNG, &OPTIM, &CROSS_ENTROPY];
+pub const ALL: &[&Module] = &[
+    &COPY,
+    &UNARY,
+    &BINARY,
+    &REDUCE,
+    &SOFTMAX,
+    &LAYERNORM,
+    &INDEX,
+    &RNG,
+    &OPTIM,
+    &CROSS_ENTROPY,
+    &crate::fused::linear::MODULE,
+];
 
 /// Compile every module for `arch` into the on-disk cache (`ferrograd kernels --precompile`).
 pub fn precompile(arch: super::kernels::Arch) -> crate::Result<super::kernels::PrecompileReport> {

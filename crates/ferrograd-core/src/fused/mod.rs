@@ -20,6 +20,8 @@
 //!   gradient per input (`None` for inputs without one, such as class ids). It may call other fused
 //!   ops (its backward kernels) through [`apply_all`], which records nothing.
 
+pub mod linear;
+
 use crate::backprop::track;
 use crate::cpu::CpuStorage;
 use crate::cuda::CudaStorage;

@@ -1,0 +1,77 @@
+// linear.cu: the activation gradient of the fused linear op (src/fused/linear/), the one step of
+// its backward that is not a cuBLASLt matmul: dz = dy * act'(s), where s is the pre-activation z
+// (GELU, tanh form) or the output y (ReLU: y > 0 exactly where z > 0).
+// CPU twin: src/fused/linear/cpu.rs `act_backward` (UnaryOp::GeluTanhGrad in src/op.rs).
+//
+// dy and dz are contiguous [rows, cols]; s has row stride `lds` (the GELU aux buffer's leading
+// dimension is padded to a multiple of 8). When lds == cols and the three pointers are 16-byte
+// aligned, every thread moves 16-byte packs; otherwise one element at a time.
+
+template <typename A>
+static __device__ __forceinline__ A lin_tanh(A x);
+template <> __device__ __forceinline__ float lin_tanh<float>(float x) { return tanhf(x); }
+template <> __device__ __forceinline__ double lin_tanh<double>(double x) { return tanh(x); }
+
+template <typename A>
+static __device__ __forceinline__ A lin_gelu_tanh_grad(A x) {
+  // op.rs: sqrt(2/pi) = FRAC_2_SQRT_PI / SQRT_2 in the accumulator's precision.
+  const A k = (A)1.12837916709551257389615890312154517 / (A)1.41421356237309504880168872420969808;
+  const A c = (A)0.044715, half = (A)0.5, one = (A)1;
+  const A t = lin_tanh<A>(k * (x + c * x * x * x));
+  return half * (one + t) + half * x * (one - t * t) * k * (one + (A)3 * c * x * x);
+}
+
+template <typename T, bool GELU>
+static __device__ __forceinline__ T lin_dact(T dy, T s) {
+  typedef typename FgAcc<T>::type A;
+  const A g = fg_to_acc(dy), x = fg_to_acc(s);
+  if (GELU) return fg_from_acc<T>(g * lin_gelu_tanh_grad<A>(x));
+  return fg_from_acc<T>(x > (A)0 ? g : (A)0);
+}
+
+template <typename P>
+struct LinPair {
+  P a, b;
+};
+
+template <typename T, bool GELU>
+static __device__ __forceinline__ void lin_dact_rows(const T* dy, const T* s, T* dz, fg_u64 rows, fg_u64 cols,
+                                                      fg_u64 lds) {
+  const fg_u64 n = rows * cols;
+  constexpr int V = 16 / sizeof(T);
+  if (lds == cols && fg_aligned(dy, 16) && fg_aligned(s, 16) && fg_aligned(dz, 16)) {
+    typedef FgPack<T, V> P;
+    const fg_u64 packs = n / V;
+    const P* dyp = reinterpret_cast<const P*>(dy);
+    const P* sp = reinterpret_cast<const P*>(s);
+    P* dzp = reinterpret_cast<P*>(dz);
+    fg_unrolled(
+        packs, [&](fg_u64 i) { return LinPair<P>{dyp[i], sp[i]}; },
+        [&](fg_u64 i, const LinPair<P>& v) {
+          P out;
+#pragma unroll
+          for (int j = 0; j < V; ++j) out.v[j] = lin_dact<T, GELU>(v.a.v[j], v.b.v[j]);
+          dzp[i] = out;
+        });
+    for (fg_u64 i = packs * V + fg_tid(); i < n; i += fg_nthreads()) dz[i] = lin_dact<T, GELU>(dy[i], s[i]);
+    return;
+  }
+  FG_GRID_STRIDE(i, n) {
+    fg_u64 r, c;
+    fg_divmod(i, cols, r, c);
+    dz[i] = lin_dact<T, GELU>(dy[i], s[r * lds + c]);
+  }
+}
+
+#define FG_LINEAR_DACT(T, SUF)                                                                         \
+  FG_KERNEL linear_dgelu_##SUF(const T* dy, const T* z, T* dz, fg_u64 rows, fg_u64 cols, fg_u64 ldz) { \
+    lin_dact_rows<T, true>(dy, z, dz, rows, cols, ldz);                                               \
+  }                                                                                                    \
+  FG_KERNEL linear_drelu_##SUF(const T* dy, const T* y, T* dz, fg_u64 rows, fg_u64 cols, fg_u64 ldy) { \
+    lin_dact_rows<T, false>(dy, y, dz, rows, cols, ldy);                                              \
+  }
+
+FG_LINEAR_DACT(float, f32)
+FG_LINEAR_DACT(double, f64)
+FG_LINEAR_DACT(__half, f16)
+FG_LINEAR_DACT(__nv_bfloat16, bf16)
