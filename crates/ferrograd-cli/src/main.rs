@@ -74,6 +74,30 @@ enum BenchCommand {
     Optim(OptimArgs),
     /// How much of a batch copy the data loader's prefetch hides behind compute.
     Overlap(OverlapArgs),
+    /// One linear layer + bias + GELU (tanh) at GPT-2's MLP shapes, forward and forward+backward
+    /// TFLOP/s through the fused op (cuBLASLt epilogues); twin: F.linear + F.gelu eager.
+    Linear(LinearArgs),
+}
+
+#[derive(Args, Debug)]
+struct LinearArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Element types, comma-separated: bf16, f16, f32.
+    #[arg(long, value_delimiter = ',', value_parser = parse_matmul_dtype, default_value = "bf16")]
+    dtype: Vec<DType>,
+    /// Activation after the bias: gelu (tanh form), relu or none.
+    #[arg(long, value_parser = bench::linear::parse_act, default_value = "gelu")]
+    act: ferrograd_core::fused::linear::Activation,
+    /// Tokens (rows of x) per problem. Default 16384 (16 x 1024).
+    #[arg(long)]
+    rows: Option<usize>,
+    /// INxOUT feature pairs, comma-separated. Default 768x3072,3072x768,1024x4096.
+    #[arg(long, value_delimiter = ',', value_parser = bench::parse_shape)]
+    features: Option<Vec<(usize, usize)>>,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(Args, Debug)]
@@ -322,6 +346,19 @@ fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
         Command::Bench(BenchCommand::Overlap(a)) => {
             overlap::run(&overlap::Config { device: a.device, mib: a.mib, matmul: a.matmul, json: a.json }, out)
         }
+        Command::Bench(BenchCommand::Linear(a)) => linear::run(
+            &linear::Config {
+                device: a.device,
+                dtypes: a.dtype,
+                act: a.act,
+                rows: a.rows,
+                features: a.features,
+                json: a.common.json,
+                plot: a.common.plot,
+                seed: a.common.seed,
+            },
+            out,
+        ),
         Command::Kernels(a) => {
             let ordinal = match a.device {
                 Device::Cuda(n) => n,
@@ -346,6 +383,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::Launch(_)) => "try smaller tensors (--elems)",
         Command::Bench(BenchCommand::Optim(_)) => "try fewer tensors (--tensors)",
         Command::Bench(BenchCommand::Overlap(_)) => "try a smaller batch (--mib) or matmul (--matmul)",
+        Command::Bench(BenchCommand::Linear(_)) => "try fewer tokens (--rows 4096)",
         _ => "free memory held by other processes (nvidia-smi lists them)",
     }
 }

@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod check;
 pub mod elementwise;
 pub mod launch;
+pub mod linear;
 pub mod matmul;
 pub mod optim;
 pub mod overlap;
