@@ -157,6 +157,17 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     finish_json(json, &report, out)
 }
 
+type F64Fn = fn(f64) -> f64;
+
+/// The activation and its derivative in f64.
+fn act_f64(act: Activation) -> (F64Fn, F64Fn) {
+    match act {
+        Activation::None => (|v| v, |_| 1.0),
+        Activation::GeluTanh => (|v| UnaryOp::GeluTanh.eval_f64(v), |v| UnaryOp::GeluTanhGrad.eval_f64(v)),
+        Activation::Relu => (|v| v.max(0.0), |v| if v > 0.0 { 1.0 } else { 0.0 }),
+    }
+}
+
 /// Check the fused step before timing it; returns the largest relative error seen.
 fn verify(inp: &Inputs, act: Activation, dtype: DType, rng: &mut Rng) -> CliResult<f64> {
     let (y, g) = check::poisoned(|| Ok(inp.fused_step(act)?))?;
@@ -176,11 +187,7 @@ fn verify(inp: &Inputs, act: Activation, dtype: DType, rng: &mut Rng) -> CliResu
     for i in 0..rows.len() {
         let z: Vec<f64> =
             (0..n).map(|o| b[o] + w[o * k..(o + 1) * k].iter().zip(&xr[i]).map(|(a, c)| a * c).sum::<f64>()).collect();
-        let (f, df): (fn(f64) -> f64, fn(f64) -> f64) = match act {
-            Activation::None => (|v| v, |_| 1.0),
-            Activation::GeluTanh => (|v| UnaryOp::GeluTanh.eval_f64(v), |v| UnaryOp::GeluTanhGrad.eval_f64(v)),
-            Activation::Relu => (|v| v.max(0.0), |v| if v > 0.0 { 1.0 } else { 0.0 }),
-        };
+        let (f, df) = act_f64(act);
         let dz: Vec<f64> = z.iter().zip(&dyr[i]).map(|(&zv, &g)| g * df(zv)).collect();
         want_y.extend(z.iter().map(|&v| f(v)));
         got_y.extend(&yr[i]);
