@@ -96,6 +96,9 @@ struct LinearArgs {
     /// INxOUT feature pairs, comma-separated. Default 768x3072,3072x768,1024x4096.
     #[arg(long, value_delimiter = ',', value_parser = bench::parse_shape)]
     features: Option<Vec<(usize, usize)>>,
+    /// Also time each piece of the fused step alone (forward, activation gradient, each matmul).
+    #[arg(long)]
+    breakdown: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -353,6 +356,7 @@ fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
                 act: a.act,
                 rows: a.rows,
                 features: a.features,
+                breakdown: a.breakdown,
                 json: a.common.json,
                 plot: a.common.plot,
                 seed: a.common.seed,

@@ -1,13 +1,14 @@
 //! The fused linear op (`fused::linear`): gradcheck of the CPU reference in f64, agreement with
 //! the same layer built from primitive ops, input errors, and CPU<->CUDA parity of the forward and
 //! every gradient in f32, f16, bf16 (and f64, the cuBLAS fallback) on odd and 3-D shapes, strided
-//! operands, with and without bias, for each activation; the cuBLASLt plan cache. Device outputs
+//! operands, with and without bias, for each activation; the cuBLASLt plan cache. The same for the
+//! fused MLP block (`mlp`), against two linears. Device outputs
 //! are poisoned (NaN bytes) before every kernel. Without a usable GPU the CUDA tests print one line
 //! and pass.
 
 use ferrograd_core::cuda::blaslt::counters_on_this_thread;
 use ferrograd_core::cuda::{set_poison_allocations, CudaDevice};
-use ferrograd_core::fused::linear::{linear, Activation};
+use ferrograd_core::fused::linear::{linear, mlp, Activation};
 use ferrograd_core::{with_no_grad, DType, Device, Error, Result, Rng, Tensor};
 
 const CPU: Device = Device::Cpu;
@@ -120,6 +121,48 @@ fn cpu_matches_the_composed_layer() -> Result<()> {
             assert!(err <= tol, "{act:?} {d}: {err:e}");
         }
     }
+    Ok(())
+}
+
+#[test]
+fn partial_gradients_match_the_composed_layer() -> Result<()> {
+    // Every subset of {x, w, b} tracking (at least one): only those gradients, equal to the
+    // primitive-op layer's; also for the MLP block with its second layer frozen.
+    let mut rng = Rng::new(18);
+    let (x, w, b) = (
+        randn(&mut rng, &[3, 2, 5], DType::F64),
+        randn(&mut rng, &[4, 5], DType::F64),
+        randn(&mut rng, &[4], DType::F64),
+    );
+    let dy = randn(&mut rng, &[3, 2, 4], DType::F64);
+    for act in ACTS {
+        for mask in 1..8u32 {
+            let pick = |t: &Tensor, bit: u32| if mask & bit != 0 { t.requires_grad() } else { t.clone() };
+            let (xv, wv, bv) = (pick(&x, 1), pick(&w, 2), pick(&b, 4));
+            let got = linear(&xv, &wv, Some(&bv), act)?.backward_with(&dy)?;
+            let want = composed(&xv, &wv, Some(&bv), act)?.backward_with(&dy)?;
+            for (t, bit) in [(&xv, 1), (&wv, 2), (&bv, 4)] {
+                match (got.get(t), want.get(t)) {
+                    (Some(g), Some(c)) => {
+                        assert!(max_rel(&g.to_f64_vec()?, &c.to_f64_vec()?) < 1e-12, "{act:?} mask {mask}")
+                    }
+                    (None, None) => assert_eq!(mask & bit, 0),
+                    _ => panic!("{act:?} mask {mask}: gradient presence differs for input bit {bit}"),
+                }
+            }
+        }
+    }
+    let (w2, b2) = (randn(&mut rng, &[3, 4], DType::F64), randn(&mut rng, &[3], DType::F64));
+    let (xv, bv) = (x.requires_grad(), b.requires_grad());
+    let dy = randn(&mut rng, &[3, 2, 3], DType::F64);
+    let got = mlp(&xv, &w, Some(&bv), &w2, Some(&b2))?.backward_with(&dy)?;
+    let want = linear(&linear(&xv, &w, Some(&bv), Activation::GeluTanh)?, &w2, Some(&b2), Activation::None)?
+        .backward_with(&dy)?;
+    for t in [&xv, &bv] {
+        let (g, c) = (got.get(t).expect("mlp grad"), want.get(t).expect("reference grad"));
+        assert!(max_rel(&g.to_f64_vec()?, &c.to_f64_vec()?) < 1e-12, "mlp partial");
+    }
+    assert_eq!(got.len(), 2);
     Ok(())
 }
 
@@ -324,5 +367,89 @@ fn cuda_plans_are_cached() -> Result<()> {
     assert_eq!(c2.heuristic_calls, c1.heuristic_calls, "later steps must not run the heuristic");
     assert_eq!(c2.launches - c1.launches, 9);
     CudaDevice::get(0)?.synchronize()?;
+    Ok(())
+}
+
+/// Both layers of the MLP block as two linears (the reference for `mlp`).
+fn two_linears(x: &Tensor, w1: &Tensor, b1: Option<&Tensor>, w2: &Tensor, b2: Option<&Tensor>) -> Result<Tensor> {
+    linear(&linear(x, w1, b1, Activation::GeluTanh)?, w2, b2, Activation::None)
+}
+
+#[test]
+fn mlp_gradcheck_and_two_linears() -> Result<()> {
+    let mut rng = Rng::new(16);
+    for (xs, h, n) in [(vec![3usize, 4], 5usize, 2usize), (vec![2, 3, 4], 6, 3)] {
+        let k = *xs.last().unwrap();
+        let t = |rng: &mut Rng, d: &[usize]| randn(rng, d, DType::F64);
+        let (x, w1, b1, w2, b2) =
+            (t(&mut rng, &xs), t(&mut rng, &[h, k]), t(&mut rng, &[h]), t(&mut rng, &[n, h]), t(&mut rng, &[n]));
+        let what = format!("mlp x{xs:?} {k}->{h}->{n}");
+        gradcheck(&what, &[x.clone(), w1.clone(), b1.clone(), w2.clone(), b2.clone()], &|t| {
+            mlp(&t[0], &t[1], Some(&t[2]), &t[3], Some(&t[4]))
+        });
+        gradcheck(&format!("{what} no biases"), &[x.clone(), w1.clone(), w2.clone()], &|t| {
+            mlp(&t[0], &t[1], None, &t[2], None)
+        });
+        let got = mlp(&x, &w1, Some(&b1), &w2, Some(&b2))?.to_f64_vec()?;
+        let want = two_linears(&x, &w1, Some(&b1), &w2, Some(&b2))?.to_f64_vec()?;
+        assert!(max_rel(&got, &want) < 1e-12, "{what}: value");
+    }
+    let (x, w1, w2) = (
+        randn(&mut rng, &[2, 4], DType::F32),
+        randn(&mut rng, &[5, 4], DType::F32),
+        randn(&mut rng, &[3, 6], DType::F32),
+    );
+    let e = mlp(&x, &w1, None, &w2, None).unwrap_err();
+    assert!(e.to_string().contains("second layer"), "{e}");
+    let w2 = randn(&mut rng, &[3, 5], DType::F32);
+    let e = mlp(&x, &w1, None, &w2, Some(&randn(&mut rng, &[5], DType::F32))).unwrap_err();
+    assert!(e.to_string().contains("second bias"), "{e}");
+    Ok(())
+}
+
+#[test]
+fn cuda_mlp_matches_cpu() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let mut rng = Rng::new(17);
+    let names = ["y", "dx", "dw1", "db1", "dw2", "db2"];
+    for d in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        // (x dims, hidden, out): aligned, odd, 3-D.
+        for (xs, h, n) in [(vec![24usize, 32], 64usize, 16usize), (vec![7, 13], 11, 5), (vec![2, 9, 16], 40, 24)] {
+            let k = *xs.last().unwrap();
+            let x = randn(&mut rng, &xs, d);
+            let (w1, b1, w2, b2) = (
+                randn(&mut rng, &[h, k], d),
+                randn(&mut rng, &[h], d),
+                randn(&mut rng, &[n, h], d),
+                randn(&mut rng, &[n], d),
+            );
+            let dy = randn(&mut rng, &xs[..xs.len() - 1].iter().copied().chain([n]).collect::<Vec<_>>(), d);
+            let run = |dev: Device| -> Result<Vec<Tensor>> {
+                let vars: Vec<Tensor> = [&x, &w1, &b1, &w2, &b2]
+                    .iter()
+                    .map(|t| t.to_device(dev).map(|t| t.requires_grad()))
+                    .collect::<Result<_>>()?;
+                let y = mlp(&vars[0], &vars[1], Some(&vars[2]), &vars[3], Some(&vars[4]))?;
+                let g = y.backward_with(&dy.to_device(dev)?)?;
+                let mut out = vec![y.detach()];
+                out.extend(vars.iter().map(|v| g.get(v).expect("gradient").clone()));
+                Ok(out)
+            };
+            let want = run(CPU)?;
+            let before = counters_on_this_thread();
+            let got = run(dev)?;
+            let launched = counters_on_this_thread().launches - before.launches;
+            let what = format!("mlp {d} x{xs:?} {k}->{h}->{n}");
+            for (i, (c, g)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(c.dims(), g.dims(), "{what} {}", names[i]);
+                let err = max_rel(&g.to_f64_vec()?, &c.to_f64_vec()?);
+                assert!(err <= tol(d, Activation::GeluTanh), "{what} {}: max rel err {err:e}", names[i]);
+            }
+            // Two forward matmuls, four backward ones (dW2+db2, dz+db1, dW1, dx): no fallback.
+            if matches!(d, DType::F16 | DType::BF16) && [k, h, n].iter().all(|v| v % 8 == 0) {
+                assert_eq!(launched, 6, "{what}: cuBLASLt launches");
+            }
+        }
+    }
     Ok(())
 }

@@ -9,6 +9,15 @@
 //! unfused`, runs the same layer from primitive ops (cuBLAS matmul, add, gelu, each with its own
 //! backward): what the fusion buys within ferrograd; it has no twin.
 //!
+//! With the default shapes and GELU it also times GPT-2's whole MLP block (`mlp` rows: 768 -> 3072
+//! -> 768 and 1024 -> 4096 -> 1024) through `fused::linear::mlp`, whose backward takes the GELU
+//! gradient and db1 from the second layer's dx matmul (DGELU_BGRAD), against the same block as two
+//! fused linears (`fwd+bwd two linears`, no twin) and the twin's F.linear, F.gelu, F.linear.
+//!
+//! `--breakdown` adds, per shape, each piece of the fused step timed alone (forward with and
+//! without the saved pre-activation, the activation gradient with and without db, the dx and dW
+//! matmuls, dW with db from the BGRADB epilogue), in µs.
+//!
 //! Checked before timing, with every new buffer poisoned (NaN): y and dx on the first, the last and
 //! six random rows against float64 computed on the host from the same inputs; dW and db (which need
 //! every row) against the unfused path on the GPU. Inputs from a seeded Philox stream, never zeros.
@@ -18,7 +27,7 @@ use super::{cuda_device, finish_json, finish_plot, open_json, print_rows, Enviro
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
 use ferrograd_core::cuda::{set_matmul_precision, MatmulPrecision};
-use ferrograd_core::fused::linear::bench::{Case, Inputs, GPT2};
+use ferrograd_core::fused::linear::bench::{Case, Inputs, MlpCase, MlpInputs, GPT2, GPT2_MLP};
 use ferrograd_core::fused::linear::Activation;
 use ferrograd_core::op::UnaryOp;
 use ferrograd_core::{with_no_grad, DType, Device, Rng, Tensor};
@@ -34,6 +43,8 @@ pub struct Config {
     pub rows: Option<usize>,
     /// (in, out) pairs (None: the GPT-2 shapes).
     pub features: Option<Vec<(usize, usize)>>,
+    /// Also time each piece of the fused step alone (rows `... part NAME`, µs).
+    pub breakdown: bool,
     pub json: Option<PathBuf>,
     pub plot: Option<PathBuf>,
     pub seed: u64,
@@ -138,6 +149,25 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
                         .with("rel_err", err),
                 );
             }
+            if cfg.breakdown {
+                for mut piece in inp.pieces(act)? {
+                    let t = measure_device(&clock, DevicePlan::GPU, &mut piece.run)?;
+                    let what = format!("part {}", piece.name);
+                    rows.push(
+                        Row::new(row_name(dtype, act, case, &what), t.median_s() * 1e6, "µs", false)
+                            .with("median_s", t.median_s())
+                            .with("reps", t.reps()),
+                    );
+                }
+            }
+        }
+    }
+    if cfg.features.is_none() && cfg.act == Activation::GeluTanh {
+        for &dtype in &cfg.dtypes {
+            for case in GPT2_MLP {
+                let case = MlpCase { rows: cfg.rows.unwrap_or(case.rows), ..*case };
+                rows.extend(bench_mlp(&clock, case, dtype, cfg.device, &mut rng)?);
+            }
         }
     }
     print_rows(out, &rows, None)?;
@@ -155,6 +185,74 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     ));
     finish_plot(&cfg.plot, &report, None, out)?;
     finish_json(json, &report, out)
+}
+
+/// The MLP block rows: the fused block, and the same block as two fused linears.
+fn bench_mlp(clock: &Clock, case: MlpCase, dtype: DType, device: Device, rng: &mut Rng) -> CliResult<Vec<Row>> {
+    let inp = MlpInputs::new(case, dtype, device, rng)?;
+    let err = verify_mlp(&inp, dtype, rng)?;
+    let fwd = measure_device(clock, DevicePlan::GPU, || {
+        with_no_grad(|| ferrograd_core::fused::linear::mlp(&inp.x, &inp.w1, Some(&inp.b1), &inp.w2, Some(&inp.b2)))
+    })?;
+    let step = measure_device(clock, DevicePlan::GPU, || inp.fused_step())?;
+    let two = measure_device(clock, DevicePlan::GPU, || inp.two_linears_step())?;
+    let name = |what: &str| format!("{dtype} mlp {} {what}", case.name());
+    Ok([
+        ("fwd", &fwd, case.forward_flops()),
+        ("fwd+bwd", &step, case.step_flops()),
+        ("fwd+bwd two linears", &two, case.step_flops()),
+    ]
+    .into_iter()
+    .map(|(what, t, flops)| {
+        Row::new(name(what), flops / t.median_s() / 1e12, "TFLOP/s", true)
+            .with("median_s", t.median_s())
+            .with("min_s", t.min_s())
+            .with("reps", t.reps())
+            .with("inner", t.inner)
+            .with("rel_err", err)
+    })
+    .collect())
+}
+
+/// y on sampled rows against float64; every gradient against the two-linears path (whose
+/// layers the linear rows check against float64).
+fn verify_mlp(inp: &MlpInputs, dtype: DType, rng: &mut Rng) -> CliResult<f64> {
+    let (y, g) = check::poisoned(|| Ok(inp.fused_step()?))?;
+    let (y2, g2) = inp.two_linears_step()?;
+    let (m, d, h) = (inp.x.dims()[0], inp.x.dims()[1], inp.w1.dims()[0]);
+    let rows = check::sample_rows(m, 0, 6, rng);
+    let (xr, yr) = (check::rows_f64(&inp.x.detach(), &rows)?, check::rows_f64(&y, &rows)?);
+    let (w1, b1) = (inp.w1.detach().to_f64_vec()?, inp.b1.detach().to_f64_vec()?);
+    let (w2, b2) = (inp.w2.detach().to_f64_vec()?, inp.b2.detach().to_f64_vec()?);
+    let (mut got, mut want) = (vec![], vec![]);
+    for (x, yg) in xr.iter().zip(&yr) {
+        let hid: Vec<f64> = (0..h)
+            .map(|j| {
+                UnaryOp::GeluTanh
+                    .eval_f64(b1[j] + w1[j * d..(j + 1) * d].iter().zip(x).map(|(a, c)| a * c).sum::<f64>())
+            })
+            .collect();
+        want.extend((0..d).map(|o| b2[o] + w2[o * h..(o + 1) * h].iter().zip(&hid).map(|(a, c)| a * c).sum::<f64>()));
+        got.extend(yg);
+    }
+    let tol = tolerance(dtype);
+    let what = format!("mlp {dtype} {m}x{d}->{h}->{d}");
+    let mut worst = rel_err(&got, &want);
+    require(&format!("{what} y ({} rows)", rows.len()), worst, tol)?;
+    let e = rel_err(&y.to_f64_vec()?, &y2.to_f64_vec()?);
+    require(&format!("{what} y (against two linears)"), e, tol)?;
+    worst = worst.max(e);
+    for (name, p) in ["dx", "dW1", "db1", "dW2", "db2"].iter().zip(inp.params()) {
+        let (a, b) = (g.get(p), g2.get(p));
+        let (Some(a), Some(b)) = (a, b) else { return Err(format!("{what}: no gradient for {name}").into()) };
+        if !check::all_finite(a)? {
+            return Err(format!("{what}: {name} has non-finite elements (unwritten output?)").into());
+        }
+        let e = rel_err(&a.to_f64_vec()?, &b.to_f64_vec()?);
+        require(&format!("{what} {name} (against two linears)"), e, tol)?;
+        worst = worst.max(e);
+    }
+    Ok(worst)
 }
 
 type F64Fn = fn(f64) -> f64;
@@ -223,6 +321,7 @@ mod tests {
             act: Activation::GeluTanh,
             rows,
             features,
+            breakdown: false,
             json: None,
             plot: None,
             seed: 1,
@@ -250,6 +349,15 @@ mod tests {
             assert_eq!(parse_act(act_name(a)).unwrap(), a);
         }
         assert!(parse_act("erf").is_err());
+    }
+
+    #[test]
+    fn verify_accepts_the_cpu_mlp() -> ferrograd_core::Result<()> {
+        let mut rng = Rng::new(4);
+        let inp = MlpInputs::new(MlpCase { rows: 6, dim: 8, hidden: 12 }, DType::F32, Device::Cpu, &mut rng)?;
+        let e = verify_mlp(&inp, DType::F32, &mut rng).unwrap();
+        assert!(e < 1e-5, "{e}");
+        Ok(())
     }
 
     #[test]

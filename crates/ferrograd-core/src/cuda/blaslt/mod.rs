@@ -19,6 +19,7 @@ mod tests;
 
 use super::buffer::{AllocGuard, CudaBuffer};
 use super::device::{driver_err, CudaDevice};
+use super::event::Event;
 use crate::{DType, Error, Result};
 use cudarc::cublaslt::{result as lt, sys};
 use desc::lt_err;
@@ -113,17 +114,21 @@ pub struct Gemm {
 }
 
 /// What the layer has done: how often the heuristic ran (once per new problem), how many matmuls
-/// it launched, and how many problems it turned away (no kernel; the caller fell back).
+/// it launched, how many problems it turned away (no kernel; the caller fell back), and how many
+/// launches autotuning spent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     pub heuristic_calls: u64,
     pub launches: u64,
     pub no_kernel: u64,
+    /// Launches made to time a new plan's candidate algorithms (not counted in `launches`).
+    pub tuning_launches: u64,
 }
 
-static COUNTERS: Mutex<Counters> = Mutex::new(Counters { heuristic_calls: 0, launches: 0, no_kernel: 0 });
+const ZERO: Counters = Counters { heuristic_calls: 0, launches: 0, no_kernel: 0, tuning_launches: 0 };
+static COUNTERS: Mutex<Counters> = Mutex::new(ZERO);
 thread_local! {
-    static COUNTERS_HERE: Cell<Counters> = const { Cell::new(Counters { heuristic_calls: 0, launches: 0, no_kernel: 0 }) };
+    static COUNTERS_HERE: Cell<Counters> = const { Cell::new(ZERO) };
 }
 
 fn count(f: impl Fn(&mut Counters)) {
@@ -248,18 +253,39 @@ pub(crate) fn gemm(dev: &Arc<CudaDevice>, g: &Gemm) -> Result<bool> {
     let mut plans = lock(&lt.plans);
     let plan = match plans.entry(key) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(e) => e.insert(Plan::new(lt.handle, g, &key, ws_bytes)?),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let mut plan = Plan::new(lt.handle, g, &key, ws_bytes)?;
+            if let Some(p) = plan.as_mut() {
+                tune(dev, &lt, p, g, (ws_ptr, ws_bytes))?;
+            }
+            e.insert(plan)
+        }
     };
     let Some(plan) = plan.as_ref() else {
         count(|c| c.no_kernel += 1);
         return Ok(false);
     };
     plan.bind(g)?;
+    launch(dev, &lt, plan, &plan.algo, g, (ws_ptr, ws_bytes)).map_err(|e| lt_err("cublasLtMatmul", e))?;
+    count(|c| c.launches += 1);
+    Ok(true)
+}
+
+/// One `cublasLtMatmul` of `plan` with `algo` on the current stream.
+fn launch(
+    dev: &CudaDevice,
+    lt: &LtDevice,
+    plan: &Plan,
+    algo: &sys::cublasLtMatmulAlgo_t,
+    g: &Gemm,
+    (ws_ptr, ws_bytes): (u64, usize),
+) -> std::result::Result<(), lt::CublasError> {
     let (alpha, beta) = (1f32, 0f32);
     // SAFETY: the descriptors and algorithm were built for exactly this key (shapes, leading
-    // dims, alignments); the caller guarantees the pointers address live device buffers of those
-    // shapes; the workspace is this stream's own and at least the plan's size; alpha and beta
-    // outlive the call (cuBLASLt reads host scalars before returning).
+    // dims, alignments) and bound to this call's bias/aux; the caller guarantees the pointers
+    // address live device buffers of those shapes; the workspace is this stream's own and at least
+    // the size the algorithm needs (the heuristic was capped at it); alpha and beta outlive the
+    // call (cuBLASLt reads host scalars before returning).
     unsafe {
         lt::matmul(
             lt.handle,
@@ -274,15 +300,57 @@ pub(crate) fn gemm(dev: &Arc<CudaDevice>, g: &Gemm) -> Result<bool> {
             plan.d.0,
             g.d.ptr as *mut c_void,
             plan.d.0,
-            &plan.algo,
+            algo,
             ws_ptr as *mut c_void,
             ws_bytes,
             dev.stream().cu_stream() as sys::cudaStream_t,
         )
     }
-    .map_err(|e| lt_err("cublasLtMatmul", e))?;
-    count(|c| c.launches += 1);
-    Ok(true)
+}
+
+/// Whether new plans time the heuristic's candidates (`FERROGRAD_CUBLASLT_AUTOTUNE=0`: no, keep
+/// the heuristic's first choice).
+fn autotune() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROGRAD_CUBLASLT_AUTOTUNE").map_or(true, |v| v.trim() != "0"))
+}
+
+/// Time each candidate algorithm of a new plan on this call's own buffers (one warm-up and three
+/// timed launches each; the outputs are simply written again by the real launch) and keep the
+/// fastest. This waits for the GPU once per new problem, the way the heuristic itself runs once:
+/// never inside a CUDA-graph capture (there the heuristic's first choice stays).
+fn tune(dev: &CudaDevice, lt: &LtDevice, plan: &mut Plan, g: &Gemm, ws: (u64, usize)) -> Result<()> {
+    if plan.candidates.len() < 2 || !autotune() {
+        return Ok(());
+    }
+    let capturing = dev.stream().capture_status().map_err(|e| driver_err("cuStreamIsCapturing", e))?;
+    if capturing != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok(());
+    }
+    let (start, end) = (Event::timing()?, Event::timing()?);
+    let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
+    for algo in plan.candidates.clone() {
+        // A candidate cuBLASLt refuses to run is skipped (nothing was launched).
+        if launch(dev, lt, plan, &algo, g, ws).is_err() {
+            continue;
+        }
+        start.record(dev.stream())?;
+        let timed = (0..3).try_for_each(|_| launch(dev, lt, plan, &algo, g, ws));
+        end.record(dev.stream())?;
+        end.synchronize()?;
+        count(|c| c.tuning_launches += 4);
+        if timed.is_err() {
+            continue;
+        }
+        let ms = start.elapsed_ms(&end)?;
+        if best.is_none_or(|(b, _)| ms < b) {
+            best = Some((ms, algo));
+        }
+    }
+    if let Some((_, algo)) = best {
+        plan.algo = algo;
+    }
+    Ok(())
 }
 
 /// How many distinct problems have a cached plan (or a cached "no kernel") on `dev`.

@@ -6,7 +6,6 @@ use super::desc::{lt_err, unsupported, MatmulDesc, MatrixLayout, Preference};
 use super::{Epilogue, Gemm};
 use crate::cuda::{matmul_precision, MatmulPrecision};
 use crate::{DType, Error, Result};
-use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys::{self, cublasLtMatmulDescAttributes_t as D, cublasLtMatmulPreferenceAttributes_t as P};
 
 /// Everything the heuristic's answer may depend on. Pointers are not part of it, their alignment
@@ -65,13 +64,19 @@ impl PlanKey {
     }
 }
 
+/// How many algorithms the heuristic is asked for (best first); autotuning times them all.
+pub(super) const CANDIDATES: usize = 8;
+
 /// One problem's descriptors and algorithm.
 pub(super) struct Plan {
     pub(super) desc: MatmulDesc,
     pub(super) a: MatrixLayout,
     pub(super) b: MatrixLayout,
     pub(super) d: MatrixLayout,
+    /// The algorithm every launch uses: the heuristic's first, or the fastest once tuned.
     pub(super) algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's answers, best first (`algo` is one of them).
+    pub(super) candidates: Vec<sys::cublasLtMatmulAlgo_t>,
 }
 
 // SAFETY: the descriptors are host-side objects that cuBLASLt never touches concurrently on its
@@ -154,6 +159,7 @@ impl Plan {
             d: MatrixLayout::new(ty, g.m, g.n, g.d.ld)?,
             desc,
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+            candidates: vec![],
         };
         plan.bind(g)?;
         let pref = Preference::new()?;
@@ -164,14 +170,44 @@ impl Plan {
         pref.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ad as u32)?;
         pref.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ad as u32)?;
         super::count(|c| c.heuristic_calls += 1);
-        // SAFETY: every descriptor is alive for the call; C is D (beta = 0, C unread).
-        let found = unsafe {
-            lt::get_matmul_algo_heuristic(handle, plan.desc.0, plan.a.0, plan.b.0, plan.d.0, plan.d.0, pref.0)
-        };
-        match found {
-            Ok(h) => Ok(Some(Plan { algo: h.algo, ..plan })),
-            Err(e) if unsupported(&e) => Ok(None),
-            Err(e) => Err(lt_err("cublasLtMatmulAlgoGetHeuristic", e)),
+        let mut results = [sys::cublasLtMatmulHeuristicResult_t {
+            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+            workspaceSize: 0,
+            state: sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS,
+            wavesCount: 0.0,
+            reserved: [0; 4],
+        }; CANDIDATES];
+        let mut found = 0i32;
+        // SAFETY: every descriptor is alive for the call; C is D (beta = 0, C unread); the result
+        // array holds CANDIDATES entries and `found` receives how many were written.
+        let status = unsafe {
+            sys::cublasLtMatmulAlgoGetHeuristic(
+                handle,
+                plan.desc.0,
+                plan.a.0,
+                plan.b.0,
+                plan.d.0,
+                plan.d.0,
+                pref.0,
+                CANDIDATES as i32,
+                results.as_mut_ptr(),
+                &mut found,
+            )
+        }
+        .result();
+        match status {
+            Ok(()) => {}
+            Err(e) if unsupported(&e) => return Ok(None),
+            Err(e) => return Err(lt_err("cublasLtMatmulAlgoGetHeuristic", e)),
+        }
+        let candidates: Vec<_> = results[..found.clamp(0, CANDIDATES as i32) as usize]
+            .iter()
+            .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= workspace)
+            .map(|r| r.algo)
+            .collect();
+        match candidates.first() {
+            Some(&algo) => Ok(Some(Plan { algo, candidates, ..plan })),
+            None => Ok(None),
         }
     }
 }

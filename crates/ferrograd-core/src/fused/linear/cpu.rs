@@ -112,13 +112,15 @@ pub(super) fn forward<S: BackendStorage>(
     Ok(out)
 }
 
-/// `dz = dy * act'(s)` with `s` the pre-activation (GELU) or the output (ReLU), as `[rows, out]`.
+/// `[dz]` or `[dz, db]`: `dz = dy * act'(s)` with `s` the pre-activation (GELU) or the output
+/// (ReLU), as `[rows, out]`; `db` the column sums of dz as stored (rounded to the dtype).
 pub(super) fn act_backward<S: BackendStorage>(
     dy: (&S, &Layout),
     s: (&S, &Layout),
     act: Activation,
+    with_db: bool,
     widen: bool,
-) -> Result<S> {
+) -> Result<FusedOutputs<S>> {
     let dtype = dy.0.dtype();
     let ct = compute_dtype(dtype, widen);
     let da = Arg::matrix(dy.0, dy.1, ct)?;
@@ -132,11 +134,17 @@ pub(super) fn act_backward<S: BackendStorage>(
         }
         Activation::Relu => ds.binary(dl, ss, sl, BinaryOp::MaskPositive)?,
     };
-    if ct != dtype {
-        dz.to_dtype(&Layout::contiguous(dl.shape().clone()), dtype)
-    } else {
-        Ok(dz)
+    let zl = Layout::contiguous(dl.shape().clone());
+    let dz = if ct != dtype { dz.to_dtype(&zl, dtype)? } else { dz };
+    let mut out = vec![];
+    if with_db {
+        let wide = if ct != dtype { Some(dz.to_dtype(&zl, ct)?) } else { None };
+        let db = wide.as_ref().unwrap_or(&dz).reduce(&zl, ReduceOp::Sum, &[0])?;
+        let db = if ct != dtype { db.to_dtype(&Layout::contiguous((1, zl.dims()[1])), dtype)? } else { db };
+        out.push((db, Shape::from(zl.dims()[1])));
     }
+    out.insert(0, (dz, dy.1.shape().clone()));
+    Ok(out)
 }
 
 /// The gradients `need` asks for, in the order dx (x's shape), dw (`[out, in]`), db (`[out]`).

@@ -16,10 +16,11 @@ use super::{cpu, out_dims, sizes, Activation, Need};
 use crate::backend::BackendStorage;
 use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
 use crate::cuda::modules::Module;
-use crate::cuda::storage::{cfg_1d, launch};
+use crate::cuda::storage::{cfg_1d, launch, sm_count};
 use crate::cuda::CudaStorage;
 use crate::fused::FusedOutputs;
 use crate::{DType, Layout, Result, Shape};
+use cudarc::driver::LaunchConfig;
 
 /// The activation-gradient kernels, compiled like every other module (common.cuh + the file).
 pub(crate) const MODULE: Module = Module {
@@ -28,16 +29,16 @@ pub(crate) const MODULE: Module = Module {
 };
 
 /// Whether cuBLASLt takes this dtype (f64 goes to the cuBLAS fallback).
-fn lt_dtype(dtype: DType) -> bool {
+pub(super) fn lt_dtype(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16) && blaslt::available()
 }
 
 /// A row-major matrix operand as cuBLASLt reads it: its address, leading dim, and whether it is
 /// stored row-major (`ld` = row stride) or column-major (a transposed view: `ld` = column stride).
-struct Mat {
-    ptr: u64,
-    ld: usize,
-    row_major: bool,
+pub(super) struct Mat {
+    pub(super) ptr: u64,
+    pub(super) ld: usize,
+    pub(super) row_major: bool,
     /// A contiguous copy when the view had no matrix form; kept alive until the launch is queued
     /// (frees are stream-ordered, so the kernel still reads it safely).
     _own: Option<CudaStorage>,
@@ -46,7 +47,7 @@ struct Mat {
 impl Mat {
     /// `(s, l)` (dims `[..., cols]`) as a `[rows, cols]` matrix, copied only when no stride pair
     /// describes it.
-    fn new(s: &CudaStorage, l: &Layout) -> Result<Mat> {
+    pub(super) fn new(s: &CudaStorage, l: &Layout) -> Result<Mat> {
         if let Some(m) = cpu::as_matrix(l) {
             let (r, c) = (m.dims()[0], m.dims()[1]);
             let (rs, cs) = (m.strides()[0], m.strides()[1]);
@@ -67,7 +68,7 @@ impl Mat {
 
     /// As cuBLASLt's A or B operand, where the product reads this matrix (`transposed` = false)
     /// or its transpose, in column-major terms.
-    fn operand(&self, transposed: bool) -> Operand {
+    pub(super) fn operand(&self, transposed: bool) -> Operand {
         // Stored row-major, the column-major view is already the transpose.
         Operand { ptr: self.ptr, ld: self.ld, trans: transposed != self.row_major }
     }
@@ -138,24 +139,31 @@ pub(super) fn forward(
     Ok(out)
 }
 
-/// `dz = dy * act'(s)` in one kernel (`s`: the pre-activation for GELU, the output for ReLU).
+/// `[dz]` or `[dz, db]`: `dz = dy * act'(s)` in one kernel (`s`: the pre-activation for GELU,
+/// the output for ReLU); with `with_db` the same kernel leaves per-row-block column sums that a
+/// second, small kernel adds into `db`.
 pub(super) fn act_backward(
     dy: (&CudaStorage, &Layout),
     s: (&CudaStorage, &Layout),
     act: Activation,
-) -> Result<CudaStorage> {
+    with_db: bool,
+) -> Result<FusedOutputs<CudaStorage>> {
     let name = match act {
         Activation::GeluTanh => "dgelu",
         Activation::Relu => "drelu",
-        Activation::None => return dy.0.copy_strided(dy.1),
+        Activation::None => return cpu::act_backward(dy, s, act, with_db, false),
     };
     let dtype = dy.0.dtype();
     let cols = dy.1.dims()[dy.1.dims().len() - 1];
     let rows = dy.1.elem_count().checked_div(cols).unwrap_or(0);
     let dev = dy.0.dev();
     let dz = CudaStorage::uninit(dev, rows * cols, dtype)?;
+    let mut out = vec![(dz, dy.1.shape().clone())];
     if rows * cols == 0 {
-        return Ok(dz);
+        if with_db {
+            out.push((CudaStorage::full(dev, 0.0, cols, dtype)?, Shape::from(cols)));
+        }
+        return Ok(out);
     }
     // dy must be contiguous rows; s may have padded rows (the aux buffer) but unit column stride.
     let dy_own = if dy.1.is_contiguous() { None } else { Some(dy.0.copy_strided(dy.1)?) };
@@ -167,10 +175,38 @@ pub(super) fn act_backward(
         let own = s.0.copy_strided(s.1)?;
         (own.buf.ptr(), cols, Some(own))
     };
+    let dz_ptr = out[0].0.buf.ptr();
     let per_pack = 16 / dtype.size_in_bytes();
-    launch!(dev, MODULE, format!("linear_{name}_{dtype}"), cfg_1d((rows * cols).div_ceil(per_pack));
-        dy_ptr, s_ptr, dz.buf.ptr(), rows as u64, cols as u64, lds as u64);
-    Ok(dz)
+    if !with_db {
+        launch!(dev, MODULE, format!("linear_{name}_{dtype}"), cfg_1d((rows * cols).div_ceil(per_pack));
+            dy_ptr, s_ptr, dz_ptr, rows as u64, cols as u64, lds as u64);
+        return Ok(out);
+    }
+    // Columns across threads (16-byte packs where everything lines up), rows split across
+    // grid.y so the chip fills: each block leaves one row of partial sums.
+    let vec = cols.is_multiple_of(per_pack)
+        && lds.is_multiple_of(per_pack)
+        && [dy_ptr, s_ptr, dz_ptr].iter().all(|p| p.is_multiple_of(16));
+    let units = if vec { cols / per_pack } else { cols };
+    let blocks_x = units.div_ceil(256);
+    let threads = units.div_ceil(blocks_x).next_multiple_of(32).min(256);
+    let splits = (sm_count() * 8 / blocks_x).clamp(1, 65535).min(rows);
+    let rps = rows.div_ceil(splits);
+    let splits = rows.div_ceil(rps);
+    let acc = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+    let part = CudaStorage::uninit(dev, splits * cols, acc)?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks_x as u32, splits as u32, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(dev, MODULE, format!("linear_{name}_db_{dtype}"), cfg;
+        dy_ptr, s_ptr, dz_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64, vec as i32);
+    let db = CudaStorage::uninit(dev, cols, dtype)?;
+    launch!(dev, MODULE, format!("linear_colsum_{dtype}"), cfg_1d(cols);
+        part.buf.ptr(), db.buf.ptr(), splits as u64, cols as u64);
+    out.push((db, Shape::from(cols)));
+    Ok(out)
 }
 
 /// dx, dw (with db through BGRADB when both are wanted), db.

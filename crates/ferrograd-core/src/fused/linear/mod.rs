@@ -5,14 +5,15 @@
 //!   (`cuda.rs`); for GELU it also writes the pre-activation `z` that the backward needs.
 //! - CPU: the reference (`cpu.rs`): the CPU matmul (gemm crate), the bias and the activation,
 //!   computed in f32 for f16/bf16 and rounded once, as the GPU does.
-//! - Backward: `dz = dy * act'(z)` (one elementwise kernel, `linear.cu`; nothing for no activation),
-//!   then `dx = dz W` and `dW = dz^T x` as two cuBLASLt matmuls, the second also summing `db`
-//!   (epilogue BGRADB). Gradients nobody asked for (an input that does not track) are not computed.
+//! - Backward: `dz = dy * act'(z)` and its column sums `db` in one kernel (`linear.cu`), then
+//!   `dx = dz W` and `dW = dz^T x` as two cuBLASLt matmuls. Without an activation `dz` is `dy` and
+//!   `db` comes from the `dW` matmul's epilogue (BGRADB). Gradients nobody asked for (an input that
+//!   does not track) are not computed.
 //!
 //! Why `dz` is a kernel and not cuBLASLt's DGELU_BGRAD epilogue: that epilogue applies gelu' to the
 //! output of a matmul, so it fuses into the matmul that *produces* `dy` (the next layer's `dx`),
 //! which this op does not own; within one linear, `dz` must exist before either gradient matmul
-//! can read it. [`crate::cuda::blaslt`] has the epilogue for an op that owns both layers.
+//! can read it. [`mlp`] owns both layers of GPT-2's MLP block and uses it.
 //!
 //! Where cuBLASLt cannot run a problem (f64, an empty dim, a layout it has no kernel for, the
 //! library missing) the CUDA op falls back to the reference composition on the device (cuBLAS).
@@ -21,6 +22,7 @@
 pub mod bench;
 mod cpu;
 mod cuda;
+mod mlp;
 
 use super::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
 use crate::backprop::track;
@@ -30,6 +32,7 @@ use crate::{Error, Layout, Result, Tensor};
 use std::sync::Arc;
 
 pub(crate) use cuda::MODULE;
+pub use mlp::mlp;
 
 /// The activation fused after the matmul and bias.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -120,22 +123,30 @@ impl FusedOp for LinearOp {
 
     fn backward(&self, ctx: &FusedCtx<'_>, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
         let (x, w, b) = (&ctx.inputs[0], &ctx.inputs[1], ctx.inputs.get(2));
-        let dz = match self.act {
-            Activation::None => grad.clone(),
-            Activation::GeluTanh => {
-                let z = ctx
-                    .saved
-                    .first()
-                    .ok_or_else(|| Error::Backward("linear: the pre-activation was not saved".into()))?;
-                let z = z.narrow(1, 0, w.dims()[0])?;
-                first(apply_all(&ActBackward { act: self.act }, &[grad, &z])?)?
-            }
-            Activation::Relu => first(apply_all(&ActBackward { act: self.act }, &[grad, ctx.output])?)?,
-        };
         let need = Need { dx: x.tracks_grad(), dw: w.tracks_grad(), db: b.is_some_and(|b| b.tracks_grad()) };
-        let mut outs = apply_all(&Grads { need }, &[&dz, x, w])?.into_iter();
+        // With an activation, the kernel that forms dz also sums it into db (no second pass);
+        // without one, dz is the incoming gradient and db comes from dW's epilogue (BGRADB).
+        let with_db = need.db && db_in_kernel();
+        let (dz, db) = match self.act {
+            Activation::None => (grad.clone(), None),
+            act => {
+                let s = match act {
+                    Activation::GeluTanh => ctx
+                        .saved
+                        .first()
+                        .ok_or_else(|| Error::Backward("linear: the pre-activation was not saved".into()))?
+                        .narrow(1, 0, w.dims()[0])?,
+                    _ => ctx.output.clone(),
+                };
+                let mut outs = apply_all(&ActBackward { act, with_db }, &[grad, &s])?.into_iter();
+                (outs.next().ok_or_else(|| Error::Backward("linear: no activation gradient".into()))?, outs.next())
+            }
+        };
+        let mm = Need { db: need.db && db.is_none(), ..need };
+        let outs = if mm.dx || mm.dw || mm.db { apply_all(&Grads { need: mm }, &[&dz, x, w])? } else { vec![] };
+        let mut outs = outs.into_iter();
         let mut next = |want: bool| if want { outs.next() } else { None };
-        let (dx, dw, db) = (next(need.dx), next(need.dw), next(need.db));
+        let (dx, dw, db) = (next(mm.dx), next(mm.dw), db.or_else(|| next(mm.db)));
         let mut grads = vec![dx, dw];
         if b.is_some() {
             grads.push(db);
@@ -144,14 +155,19 @@ impl FusedOp for LinearOp {
     }
 }
 
-fn first(v: Vec<Tensor>) -> Result<Tensor> {
-    v.into_iter().next().ok_or_else(|| Error::Backward("linear: a backward kernel returned nothing".into()))
+/// Where an activation's backward gets db: in the kernel that forms dz (default), or, with
+/// `FERROGRAD_LINEAR_DB=epilogue`, in the dW matmul's BGRADB epilogue (kept to compare the two).
+fn db_in_kernel() -> bool {
+    static KERNEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KERNEL.get_or_init(|| std::env::var("FERROGRAD_LINEAR_DB").map_or(true, |v| v.trim() != "epilogue"))
 }
 
 /// `dz = dy * act'(s)`: inputs `[dy, s]` where `s` is the pre-activation (GELU) or the output
-/// (ReLU), both viewable as `[rows, out]`; output `dz` of dy's shape.
+/// (ReLU), both viewable as `[rows, out]`; outputs `dz` (dy's shape) and, `with_db`, its column
+/// sums `db` (`[out]`).
 struct ActBackward {
     act: Activation,
+    with_db: bool,
 }
 
 impl FusedOp for ActBackward {
@@ -160,11 +176,11 @@ impl FusedOp for ActBackward {
     }
 
     fn cpu_fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>> {
-        Ok(vec![(cpu::act_backward(inputs[0], inputs[1], self.act, true)?, inputs[0].1.shape().clone())])
+        cpu::act_backward(inputs[0], inputs[1], self.act, self.with_db, true)
     }
 
     fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
-        Ok(vec![(cuda::act_backward(inputs[0], inputs[1], self.act)?, inputs[0].1.shape().clone())])
+        cuda::act_backward(inputs[0], inputs[1], self.act, self.with_db)
     }
 }
 
