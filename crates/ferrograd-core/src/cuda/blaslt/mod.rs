@@ -243,6 +243,11 @@ fn check(g: &Gemm) -> Result<()> {
 /// problem (nothing was launched; the caller falls back). The first call for a problem runs the
 /// heuristic; later ones reuse its answer.
 pub(crate) fn gemm(dev: &Arc<CudaDevice>, g: &Gemm) -> Result<bool> {
+    gemm_tuned(dev, g, autotune())
+}
+
+/// [`gemm`], timing the heuristic's candidates when the problem is new and `tune_new` is set.
+fn gemm_tuned(dev: &Arc<CudaDevice>, g: &Gemm, tune_new: bool) -> Result<bool> {
     check(g)?;
     let lt = lt_device(dev)?;
     let (ws_ptr, ws_bytes) = workspace(dev, &lt)?;
@@ -255,7 +260,7 @@ pub(crate) fn gemm(dev: &Arc<CudaDevice>, g: &Gemm) -> Result<bool> {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => {
             let mut plan = Plan::new(lt.handle, g, &key, ws_bytes)?;
-            if let Some(p) = plan.as_mut() {
+            if let (Some(p), true) = (plan.as_mut(), tune_new) {
                 tune(dev, &lt, p, g, (ws_ptr, ws_bytes))?;
             }
             e.insert(plan)
@@ -308,11 +313,11 @@ fn launch(
     }
 }
 
-/// Whether new plans time the heuristic's candidates (`FERROGRAD_CUBLASLT_AUTOTUNE=0`: no, keep
-/// the heuristic's first choice).
+/// Whether new plans time the heuristic's candidates (`FERROGRAD_CUBLASLT_AUTOTUNE=1`; off by
+/// default, as PyTorch's TunableOp: the heuristic's first choice, and no wait for the GPU).
 fn autotune() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FERROGRAD_CUBLASLT_AUTOTUNE").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| std::env::var("FERROGRAD_CUBLASLT_AUTOTUNE").is_ok_and(|v| v.trim() == "1"))
 }
 
 /// Time each candidate algorithm of a new plan on this call's own buffers (one warm-up and three
@@ -320,7 +325,8 @@ fn autotune() -> bool {
 /// fastest. This waits for the GPU once per new problem, the way the heuristic itself runs once:
 /// never inside a CUDA-graph capture (there the heuristic's first choice stays).
 fn tune(dev: &CudaDevice, lt: &LtDevice, plan: &mut Plan, g: &Gemm, ws: (u64, usize)) -> Result<()> {
-    if plan.candidates.len() < 2 || !autotune() {
+    // The caller decided whether to tune (`autotune()` or a test): not checked again here.
+    if plan.candidates.len() < 2 {
         return Ok(());
     }
     let capturing = dev.stream().capture_status().map_err(|e| driver_err("cuStreamIsCapturing", e))?;

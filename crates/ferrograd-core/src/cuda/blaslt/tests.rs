@@ -6,7 +6,7 @@
 //! `[k, m]` tensor, B (k x n) is `[n, k]`, D (m x n) is `[n, m]`, so `D^T = B^T A^T` is
 //! `Bt.matmul(At)` on the CPU. The linear op's parity tests cover the transposed operands.
 
-use super::{gemm, Aux, Epilogue, Gemm, Operand};
+use super::{counters_on_this_thread, gemm, gemm_tuned, Aux, Epilogue, Gemm, Operand};
 use crate::cuda::CudaDevice;
 use crate::{DType, Device, Result, Rng, Tensor};
 
@@ -100,8 +100,8 @@ fn reference(
     })
 }
 
-#[test]
-fn every_epilogue_matches_the_cpu() -> Result<()> {
+/// Every epilogue on each dtype and shape; `tune` times the candidates of each new plan.
+fn check_epilogues(shapes: &[(usize, usize, usize)], tune: bool) -> Result<()> {
     let dev = match CudaDevice::get(0) {
         Ok(d) => d,
         Err(e) => {
@@ -112,7 +112,7 @@ fn every_epilogue_matches_the_cpu() -> Result<()> {
     let gd = Device::Cuda(0);
     let mut rng = Rng::new(21);
     for d in [DType::F32, DType::F16, DType::BF16] {
-        for (m, n, k) in [(24usize, 40usize, 16usize), (13, 7, 9), (64, 3, 32)] {
+        for &(m, n, k) in shapes {
             let ld_aux = m.next_multiple_of(8);
             let (at, bt) = (randn(&mut rng, &[k, m], d), randn(&mut rng, &[n, k], d));
             // The bias input has one entry per row of D; BGRADB's output one per column.
@@ -152,7 +152,7 @@ fn every_epilogue_matches_the_cpu() -> Result<()> {
                     bias: bias.as_ref().map(|b| b.cuda_ptr()).transpose()?,
                     aux: aux.as_ref().map(|a| a.cuda_ptr().map(|ptr| Aux { ptr, ld: ld_aux })).transpose()?,
                 };
-                if !gemm(&dev, &g)? {
+                if !gemm_tuned(&dev, &g, tune)? {
                     println!("{what}: cuBLASLt has no kernel (the callers fall back)");
                     continue;
                 }
@@ -169,6 +169,25 @@ fn every_epilogue_matches_the_cpu() -> Result<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+#[test]
+fn every_epilogue_matches_the_cpu() -> Result<()> {
+    check_epilogues(&[(24, 40, 16), (13, 7, 9), (64, 3, 32)], false)
+}
+
+/// Autotuning (opt-in, FERROGRAD_CUBLASLT_AUTOTUNE=1) times several algorithms on the call's own
+/// buffers before the real launch: the results must be the same.
+#[test]
+fn autotuned_plans_match_the_cpu() -> Result<()> {
+    let before = counters_on_this_thread();
+    // Shapes no other test uses, so every plan is new and gets tuned.
+    check_epilogues(&[(136, 72, 48), (21, 11, 5)], true)?;
+    let tuned = counters_on_this_thread().tuning_launches - before.tuning_launches;
+    if CudaDevice::get(0).is_ok() {
+        assert!(tuned > 0, "no candidate was timed");
     }
     Ok(())
 }
