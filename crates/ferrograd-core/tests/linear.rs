@@ -313,6 +313,48 @@ fn cuda_matches_cpu_forward_and_backward() -> Result<()> {
     Ok(())
 }
 
+/// Every operand a view: x a column window of a wider 3-D buffer (row stride above its width,
+/// unaligned start), w a transposed buffer, the bias every other element of a buffer (offset 1),
+/// and the upstream gradient a permuted (column-major) view. Gradients reach the base buffers
+/// through the views; all against the CPU.
+#[test]
+fn cuda_strided_operands_match_cpu() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let mut rng = Rng::new(19);
+    let (k, n) = (24usize, 40usize);
+    for d in [DType::F32, DType::F16, DType::BF16] {
+        let (xb, wb, bb, dyb) = (
+            randn(&mut rng, &[2, 9, k + 3], d),
+            randn(&mut rng, &[k, n], d),
+            randn(&mut rng, &[n, 2], d),
+            randn(&mut rng, &[n, 2, 9], d),
+        );
+        for act in ACTS {
+            let run = |dv: Device| -> Result<Vec<Tensor>> {
+                let vars: Vec<Tensor> = [&xb, &wb, &bb]
+                    .iter()
+                    .map(|t| t.to_device(dv).map(|t| t.requires_grad()))
+                    .collect::<Result<_>>()?;
+                let (x, w, b) = (vars[0].narrow(2, 1, k)?, vars[1].t()?, vars[2].narrow(1, 1, 1)?.squeeze(1)?);
+                assert!(!x.is_contiguous() && !w.is_contiguous() && !b.is_contiguous());
+                let dy = dyb.to_device(dv)?.permute(&[1, 2, 0])?;
+                let y = linear(&x, &w, Some(&b), act)?;
+                let g = y.backward_with(&dy)?;
+                let mut out = vec![y.detach()];
+                out.extend(vars.iter().map(|v| g.get(v).expect("gradient").clone()));
+                Ok(out)
+            };
+            let (want, got) = (run(CPU)?, run(dev)?);
+            for (name, (c, g)) in ["y", "dx", "dw", "db"].iter().zip(want.iter().zip(&got)) {
+                assert_eq!(c.dims(), g.dims(), "{d} {act:?} {name}");
+                let err = max_rel(&g.to_f64_vec()?, &c.to_f64_vec()?);
+                assert!(err <= tol(d, act), "{d} {act:?} strided {name}: max rel err {err:e}");
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn cuda_inference_and_partial_gradients() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
