@@ -194,6 +194,13 @@ fn bad_inputs_are_typed_errors() -> Result<()> {
         Activation::Relu,
     )?;
     assert_eq!(y.to_vec::<f32>()?, vec![1.0, 0.0, 2.0, 0.0, 1.0, 0.0, 2.0, 0.0]);
+    // Inputs that exist (broadcast views) whose output could not: a typed error, before any work.
+    let one = Tensor::zeros((1, 1), DType::F32, CPU)?;
+    let (xb, wb) = (one.broadcast_as((1 << 30, 1))?, one.broadcast_as((1 << 32, 1))?);
+    let e = linear(&xb, &wb, None, Activation::None).unwrap_err();
+    assert!(matches!(e, Error::SizeOverflow { op: "linear", .. }), "{e}");
+    let e = mlp(&xb, &one, None, &wb, None).unwrap_err();
+    assert!(matches!(e, Error::SizeOverflow { op: "mlp", .. }), "{e}");
     if let Some(dev) = gpu() {
         let e = linear(&x, &w.to_device(dev)?, None, Activation::None).unwrap_err();
         assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");

@@ -23,7 +23,7 @@
 //! every row) against the unfused path on the GPU. Inputs from a seeded Philox stream, never zeros.
 
 use super::check::{self, rel_err, require};
-use super::{cuda_device, finish_json, finish_plot, open_json, print_rows, Environment, Report, Row};
+use super::{check_bytes, cuda_device, finish_json, finish_plot, print_rows, Environment, Report, Row};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
 use ferrograd_core::cuda::{set_matmul_precision, MatmulPrecision};
@@ -106,11 +106,54 @@ fn tolerance(dtype: DType) -> f64 {
     }
 }
 
+/// Bytes one problem holds at once, or None on overflow: x, dx (rows x in), y, dy, the saved
+/// pre-activation, dz and the unfused path's intermediates (5 x rows x out, the aux buffer's
+/// padded width), w, dW and the unfused path's dW (3 x in x out), and the bias vectors.
+fn case_bytes(c: &Case, dtype: DType) -> Option<usize> {
+    let x = c.rows.checked_mul(c.in_features)?.checked_mul(3)?;
+    let y = c.rows.checked_mul(c.out_features.checked_next_multiple_of(8)?)?.checked_mul(5)?;
+    let w = c.in_features.checked_mul(c.out_features)?.checked_mul(3)?;
+    x.checked_add(y)?.checked_add(w)?.checked_add(c.out_features.checked_mul(3)?)?.checked_mul(dtype.size_in_bytes())
+}
+
+/// Bytes of the MLP block's problem (both layers at once, with the two-linears path's copies).
+fn mlp_bytes(c: &MlpCase, dtype: DType) -> Option<usize> {
+    let first = Case { rows: c.rows, in_features: c.dim, out_features: c.hidden };
+    let second = Case { rows: c.rows, in_features: c.hidden, out_features: c.dim };
+    case_bytes(&first, dtype)?.checked_add(case_bytes(&second, dtype)?)
+}
+
+/// The flags (sizes at least 1, dtypes bf16/f16/f32, one at least) and every problem's byte count
+/// checked for overflow (issue 11), before any device is opened.
+pub fn check(cfg: &Config) -> CliResult<()> {
+    let cases = cfg.cases()?;
+    if let Some(d) = cfg.dtypes.iter().find(|d| !matches!(d, DType::BF16 | DType::F16 | DType::F32)) {
+        return Err(format!("--dtype {d}: the linear bench runs bf16, f16 or f32").into());
+    }
+    for &dtype in &cfg.dtypes {
+        for c in &cases {
+            let what = || format!("bench linear {dtype} {}", c.name());
+            check_bytes(cfg.device, what, case_bytes(c, dtype))?;
+        }
+        if cfg.features.is_none() && cfg.act == Activation::GeluTanh {
+            for c in GPT2_MLP {
+                let c = MlpCase { rows: cfg.rows.unwrap_or(c.rows), ..*c };
+                check_bytes(cfg.device, || format!("bench linear {dtype} mlp {}", c.name()), mlp_bytes(&c, dtype))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+    check(cfg)?;
     let cases = cfg.cases()?;
     cuda_device("linear", cfg.device)?;
-    let json = open_json(&cfg.json)?;
-    crate::plot::check_path(&cfg.plot)?;
+    for &dtype in &cfg.dtypes {
+        for c in &cases {
+            super::fit_device(cfg.device, || format!("bench linear {dtype} {}", c.name()), case_bytes(c, dtype))?;
+        }
+    }
     // Exact f32, as PyTorch's default (allow_tf32 = False).
     set_matmul_precision(MatmulPrecision::Highest);
     let env = Environment::for_device(cfg.device);
@@ -184,7 +227,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         cfg.seed
     ));
     finish_plot(&cfg.plot, &report, None, out)?;
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }
 
 /// The MLP block rows: the fused block, and the same block as two fused linears.
@@ -336,6 +379,16 @@ mod tests {
         assert_eq!(cfg(Some(vec![(64, 96)]), None).cases().unwrap()[0].rows, 16 * 1024);
         assert!(cfg(None, Some(0)).cases().is_err());
         assert!(Config { dtypes: vec![], ..cfg(None, None) }.cases().is_err());
+    }
+
+    #[test]
+    fn check_refuses_bad_dtypes_and_overflowing_sizes() {
+        assert!(check(&cfg(None, None)).is_ok());
+        assert!(check(&Config { dtypes: vec![DType::F64], ..cfg(None, None) }).is_err());
+        let e = check(&cfg(Some(vec![(1 << 20, 1 << 20)]), Some(usize::MAX / 4))).unwrap_err().to_string();
+        assert!(e.contains("overflows"), "{e}");
+        let e = check(&cfg(None, Some(usize::MAX / 8))).unwrap_err().to_string();
+        assert!(e.contains("overflows"), "{e}");
     }
 
     #[test]

@@ -92,7 +92,7 @@ pub(super) fn forward<S: BackendStorage>(
     let wa = Arg::matrix(w.0, w.1, ct)?;
     let (xs, xl) = xa.get();
     let (ws, wl) = wa.get();
-    let mut z = xs.matmul(xl, ws, &wl.transpose(0, 1), MatmulDims { batch: 1, m, n, k })?;
+    let mut z = xs.matmul(xl, ws, &wl.transpose(0, 1)?, MatmulDims { batch: 1, m, n, k })?;
     let zl = Layout::contiguous((m, n));
     if let Some((bs, bl)) = b {
         let ba = Arg::matrix(bs, &Layout::new(Shape::from((1, n)), vec![n, bl.strides()[0]], bl.offset()), ct)?;
@@ -174,7 +174,7 @@ pub(super) fn grads<S: BackendStorage>(
     if need.dw {
         let xa = Arg::matrix(x.0, x.1, ct)?;
         let (xs, xl) = xa.get();
-        let dw = zs.matmul(&zl.transpose(0, 1), xs, xl, MatmulDims { batch: 1, m: n, n: k, k: m })?;
+        let dw = zs.matmul(&zl.transpose(0, 1)?, xs, xl, MatmulDims { batch: 1, m: n, n: k, k: m })?;
         out.push(back(dw, Shape::from((n, k)))?);
     }
     if need.db {

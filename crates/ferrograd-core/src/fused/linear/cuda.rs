@@ -12,21 +12,14 @@
 //!
 //! A transposed view (unit row stride) flips its operand's transpose flag instead of being copied.
 
-use super::{cpu, out_dims, sizes, Activation, Need};
+use super::{cpu, out_dims, sizes, Activation, Need, MODULE};
 use crate::backend::BackendStorage;
 use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
-use crate::cuda::modules::Module;
-use crate::cuda::storage::{cfg_1d, launch, sm_count};
+use crate::cuda::launch::{cfg_1d, launch};
 use crate::cuda::CudaStorage;
 use crate::fused::FusedOutputs;
 use crate::{DType, Layout, Result, Shape};
 use cudarc::driver::LaunchConfig;
-
-/// The activation-gradient kernels, compiled like every other module (common.cuh + the file).
-pub(crate) const MODULE: Module = Module {
-    name: "linear",
-    src: concat!(include_str!("../../../kernels/common.cuh"), "\n", include_str!("linear.cu")),
-};
 
 /// Whether cuBLASLt takes this dtype (f64 goes to the cuBLAS fallback).
 pub(super) fn lt_dtype(dtype: DType) -> bool {
@@ -178,7 +171,7 @@ pub(super) fn act_backward(
     let dz_ptr = out[0].0.buf.ptr();
     let per_pack = 16 / dtype.size_in_bytes();
     if !with_db {
-        launch!(dev, MODULE, format!("linear_{name}_{dtype}"), cfg_1d((rows * cols).div_ceil(per_pack));
+        launch!(dev, MODULE, format!("linear_{name}_{dtype}"), cfg_1d(dev, (rows * cols).div_ceil(per_pack));
             dy_ptr, s_ptr, dz_ptr, rows as u64, cols as u64, lds as u64);
         return Ok(out);
     }
@@ -190,7 +183,7 @@ pub(super) fn act_backward(
     let units = if vec { cols / per_pack } else { cols };
     let blocks_x = units.div_ceil(256);
     let threads = units.div_ceil(blocks_x).next_multiple_of(32).min(256);
-    let splits = (sm_count() * 8 / blocks_x).clamp(1, 65535).min(rows);
+    let splits = (dev.sm_count() * 8 / blocks_x).clamp(1, 65535).min(rows);
     let rps = rows.div_ceil(splits);
     let splits = rows.div_ceil(rps);
     let acc = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
@@ -203,7 +196,7 @@ pub(super) fn act_backward(
     launch!(dev, MODULE, format!("linear_{name}_db_{dtype}"), cfg;
         dy_ptr, s_ptr, dz_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64, vec as i32);
     let db = CudaStorage::uninit(dev, cols, dtype)?;
-    launch!(dev, MODULE, format!("linear_colsum_{dtype}"), cfg_1d(cols);
+    launch!(dev, MODULE, format!("linear_colsum_{dtype}"), cfg_1d(dev, cols);
         part.buf.ptr(), db.buf.ptr(), splits as u64, cols as u64);
     out.push((db, Shape::from(cols)));
     Ok(out)

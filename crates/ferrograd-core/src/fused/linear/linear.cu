@@ -1,32 +1,21 @@
 // linear.cu: the activation gradient of the fused linear op (src/fused/linear/), the one step of
 // its backward that is not a cuBLASLt matmul: dz = dy * act'(s), where s is the pre-activation z
 // (GELU, tanh form) or the output y (ReLU: y > 0 exactly where z > 0).
-// CPU twin: src/fused/linear/cpu.rs `act_backward` (UnaryOp::GeluTanhGrad in src/op.rs).
+// CPU twin: src/fused/linear/cpu.rs `act_backward` (UnaryOp::GeluTanhGrad in src/op.rs; on the
+// device acc_math.cuh's fg_gelu_tanh_grad, the one unary.cu uses).
 //
 // dy and dz are contiguous [rows, cols]; s has row stride `lds` (the GELU aux buffer's leading
 // dimension is padded to a multiple of 8). linear_d{gelu,relu}_*: when lds == cols and the three
 // pointers are 16-byte aligned, every thread moves 16-byte packs; otherwise one element at a time.
 // linear_d{gelu,relu}_db_* also sum the columns of dz (the bias gradient, below).
 
-template <typename A>
-static __device__ __forceinline__ A lin_tanh(A x);
-template <> __device__ __forceinline__ float lin_tanh<float>(float x) { return tanhf(x); }
-template <> __device__ __forceinline__ double lin_tanh<double>(double x) { return tanh(x); }
-
-template <typename A>
-static __device__ __forceinline__ A lin_gelu_tanh_grad(A x) {
-  // op.rs: sqrt(2/pi) = FRAC_2_SQRT_PI / SQRT_2 in the accumulator's precision.
-  const A k = (A)1.12837916709551257389615890312154517 / (A)1.41421356237309504880168872420969808;
-  const A c = (A)0.044715, half = (A)0.5, one = (A)1;
-  const A t = lin_tanh<A>(k * (x + c * x * x * x));
-  return half * (one + t) + half * x * (one - t * t) * k * (one + (A)3 * c * x * x);
-}
+#include "acc_math.cuh"
 
 template <typename T, bool GELU>
 static __device__ __forceinline__ T lin_dact(T dy, T s) {
   typedef typename FgAcc<T>::type A;
   const A g = fg_to_acc(dy), x = fg_to_acc(s);
-  if (GELU) return fg_from_acc<T>(g * lin_gelu_tanh_grad<A>(x));
+  if (GELU) return fg_from_acc<T>(g * fg_gelu_tanh_grad<A>(x));
   return fg_from_acc<T>(x > (A)0 ? g : (A)0);
 }
 

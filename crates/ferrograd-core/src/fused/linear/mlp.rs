@@ -31,6 +31,8 @@ pub fn mlp(x: &Tensor, w1: &Tensor, b1: Option<&Tensor>, w2: &Tensor, b2: Option
     if w2.dtype() != x.dtype() {
         return Err(Error::DTypeMismatch { op: "mlp", lhs: x.dtype(), rhs: w2.dtype() });
     }
+    let leading = &x.dims()[..x.rank() - 1];
+    Shape::from(leading.iter().copied().chain([w2.dims()[0]]).collect::<Vec<_>>()).checked_elem_count("mlp")?;
     if let Some(b2) = b2 {
         if b2.dims() != [w2.dims()[0]] {
             return Err(Error::ShapeMismatch {

@@ -27,12 +27,17 @@ mod mlp;
 use super::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
 use crate::backprop::track;
 use crate::cpu::CpuStorage;
+use crate::cuda::modules::headers::{ACC_MATH, COMMON};
+use crate::cuda::modules::Module;
 use crate::cuda::CudaStorage;
-use crate::{Error, Layout, Result, Tensor};
+use crate::{Error, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
-pub(crate) use cuda::MODULE;
 pub use mlp::mlp;
+
+/// The backward's activation-gradient kernels (`linear.cu`): `linear_{dgelu,drelu}[_db]_{dt}` and
+/// `linear_colsum_{dt}`. The matmuls themselves are cuBLASLt's (`cuda/blaslt`).
+pub const MODULE: Module = Module::new("linear", include_str!("linear.cu")).with_headers(&[COMMON, ACC_MATH]);
 
 /// The activation fused after the matmul and bias.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -86,6 +91,11 @@ fn check(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<()> {
             return Err(Error::ShapeMismatch { op: "linear (bias)", lhs: w.dims().to_vec(), rhs: b.dims().to_vec() });
         }
     }
+    // The output, and the saved pre-activation whose rows are padded to a multiple of 8, must be
+    // shapes a tensor may have (checked, never wrapped: issue 11).
+    let padded = w.dims()[0].checked_next_multiple_of(8).unwrap_or(usize::MAX);
+    let leading = &x.dims()[..x.rank() - 1];
+    Shape::from(leading.iter().copied().chain([padded]).collect::<Vec<_>>()).checked_elem_count("linear")?;
     Ok(())
 }
 
