@@ -134,6 +134,34 @@ enum BenchCommand {
     /// Fused attention forward and forward+backward TFLOP/s and peak memory (twin:
     /// F.scaled_dot_product_attention).
     Attention(AttentionArgs),
+    /// One linear layer + bias + GELU (tanh) at GPT-2's MLP shapes, forward and forward+backward
+    /// TFLOP/s through the fused op (cuBLASLt epilogues), and GPT-2's MLP block; twin: F.linear +
+    /// F.gelu eager.
+    Linear(LinearArgs),
+}
+
+#[derive(Args, Debug)]
+struct LinearArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Element types, comma-separated: bf16, f16, f32.
+    #[arg(long, value_delimiter = ',', value_parser = parse_matmul_dtype, default_value = "bf16")]
+    dtype: Vec<DType>,
+    /// Activation after the bias: gelu (tanh form), relu or none.
+    #[arg(long, value_parser = bench::linear::parse_act, default_value = "gelu")]
+    act: ferrograd_core::fused::linear::Activation,
+    /// Tokens (rows of x) per problem. Default 16384 (16 x 1024).
+    #[arg(long, value_parser = crate::parse_count)]
+    rows: Option<usize>,
+    /// INxOUT feature pairs, comma-separated. Default 768x3072,3072x768,1024x4096.
+    #[arg(long, value_delimiter = ',', value_parser = bench::parse_shape)]
+    features: Option<Vec<(usize, usize)>>,
+    /// Also time each piece of the fused step alone (forward, activation gradient, each matmul).
+    #[arg(long)]
+    breakdown: bool,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(Args, Debug)]
@@ -357,6 +385,7 @@ pub enum Job {
     Optim(bench::optim::Config),
     Overlap(bench::overlap::Config),
     Attention(bench::attention::Config),
+    Linear(bench::linear::Config),
     Kernels(kernels::Config),
 }
 
@@ -432,6 +461,17 @@ impl Job {
                 plot: a.common.plot,
                 seed: a.common.seed,
             }),
+            Command::Bench(BenchCommand::Linear(a)) => Job::Linear(linear::Config {
+                device: a.device,
+                dtypes: a.dtype,
+                act: a.act,
+                rows: a.rows,
+                features: a.features,
+                breakdown: a.breakdown,
+                json: a.common.json,
+                plot: a.common.plot,
+                seed: a.common.seed,
+            }),
             Command::Kernels(a) => {
                 let ordinal = match a.device {
                     Device::Cuda(n) => n,
@@ -460,6 +500,7 @@ impl Job {
             Job::Optim(c) => two(&c.json, &c.plot),
             Job::Overlap(c) => two(&c.json, &None),
             Job::Attention(c) => two(&c.json, &c.plot),
+            Job::Linear(c) => two(&c.json, &c.plot),
             // gpt checks its own output paths (checkpoint directories, logs) before training.
             Job::Info | Job::Demo(_) | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) => vec![],
         }
@@ -480,6 +521,7 @@ impl Job {
             Job::Optim(c) => optim::check(c),
             Job::Overlap(c) => overlap::check(c),
             Job::Attention(c) => attention::check(c),
+            Job::Linear(c) => linear::check(c),
             Job::Info | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) => Ok(()),
         }
     }
@@ -501,6 +543,7 @@ impl Job {
             Job::Optim(c) => optim::run(&c, out),
             Job::Overlap(c) => overlap::run(&c, out),
             Job::Attention(c) => attention::run(&c, out),
+            Job::Linear(c) => linear::run(&c, out),
             Job::Kernels(c) => kernels::run(&c, out),
         }
     }
@@ -529,6 +572,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::Optim(_)) => "try fewer tensors (--tensors)",
         Command::Bench(BenchCommand::Overlap(_)) => "try a smaller batch (--mib) or matmul (--matmul)",
         Command::Bench(BenchCommand::Attention(_)) => "try shorter sequences (--seqs) or fewer heads (--heads)",
+        Command::Bench(BenchCommand::Linear(_)) => "try fewer tokens (--rows 4096)",
         _ => "free memory held by other processes (nvidia-smi lists them)",
     }
 }

@@ -134,13 +134,30 @@ pub(crate) fn backward(root: &Tensor, store: &mut GradStore) -> Result<()> {
     if root.elem_count() != 1 {
         return Err(Error::Backward(format!("needs a scalar loss, got shape {:?}", root.dims())));
     }
+    backward_from(root, root.ones_like()?, store)
+}
+
+/// Backpropagate `seed` (the gradient of some loss with respect to `root`, root's shape) into
+/// `store`: PyTorch's `root.backward(seed)`.
+pub(crate) fn backward_from(root: &Tensor, seed: Tensor, store: &mut GradStore) -> Result<()> {
+    if seed.dims() != root.dims() || seed.dtype() != root.dtype() || seed.device() != root.device() {
+        return Err(Error::Backward(format!(
+            "the seed gradient ({:?} {} on {}) must match the tensor ({:?} {} on {})",
+            seed.dims(),
+            seed.dtype(),
+            seed.device(),
+            root.dims(),
+            root.dtype(),
+            root.device()
+        )));
+    }
     if !root.tracks_grad() {
         return Err(Error::Backward("the loss does not depend on any variable that requires grad".into()));
     }
     let _guard = crate::backprop::no_grad();
     let order = topo_order(root);
     let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
-    grads.insert(root.id(), root.ones_like()?);
+    grads.insert(root.id(), seed.detach());
     for node in order.into_iter().rev() {
         let Some(g) = grads.remove(&node.id()) else { continue };
         if node.is_variable() {

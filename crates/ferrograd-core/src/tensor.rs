@@ -333,6 +333,15 @@ impl Tensor {
         Ok(store)
     }
 
+    /// Gradients with respect to every tensor this one depends on, given `grad`, the gradient of
+    /// some loss with respect to this tensor (same shape, dtype and device): PyTorch's
+    /// `t.backward(grad)`.
+    pub fn backward_with(&self, grad: &Tensor) -> Result<backprop::GradStore> {
+        let mut store = backprop::GradStore::default();
+        backprop::backward_from(self, grad.clone(), &mut store)?;
+        Ok(store)
+    }
+
     /// Like `backward`, adding into an existing store (gradient accumulation over several losses).
     pub fn backward_into(&self, store: &mut backprop::GradStore) -> Result<()> {
         backprop::backward(self, store)

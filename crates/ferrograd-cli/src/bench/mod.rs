@@ -7,6 +7,7 @@ pub mod attention;
 pub mod check;
 pub mod elementwise;
 pub mod launch;
+pub mod linear;
 pub mod matmul;
 pub mod optim;
 pub mod overlap;

@@ -1,7 +1,7 @@
 // acc_math.cuh: math in the accumulation type (float: the f32 library functions, double: the f64
 // ones), the constants of src/op.rs, and tanh-GELU with its derivative, shared by the elementwise
 // kernels (unary.cu) and the fused ops that compute the same functions (softmax, cross entropy,
-// bias_gelu).
+// the fused linear's activation gradient).
 // CPU twins: src/op.rs `UnaryOp::eval_f32` / `eval_f64` (GeluTanh, GeluTanhGrad).
 
 #pragma once

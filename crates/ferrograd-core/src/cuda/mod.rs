@@ -5,6 +5,7 @@
 #[cfg(test)]
 mod abi;
 pub mod alloc;
+pub mod blaslt;
 mod buffer;
 mod cooperative;
 pub mod device;

@@ -76,6 +76,7 @@ pub const ALL: &[&Module] = &[
     &crate::fused::softmax::MODULE,
     &crate::fused::layer_norm::MODULE,
     &crate::fused::cross_entropy::MODULE,
+    &crate::fused::linear::MODULE,
     // src/fused/attention: one module per head dim.
     crate::fused::attention::MODULES[0],
     crate::fused::attention::MODULES[1],

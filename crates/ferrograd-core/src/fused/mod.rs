@@ -29,6 +29,7 @@ pub mod attention;
 pub mod bench;
 pub mod cross_entropy;
 pub mod layer_norm;
+pub mod linear;
 mod rows;
 pub mod softmax;
 

@@ -1,7 +1,11 @@
-//! `y = x W^T + b` with PyTorch's `nn.Linear` layout and initialisation. Under an autocast scope
-//! the matmul runs in the low dtype and the output comes back as f32.
+//! `y = x W^T + b` with PyTorch's `nn.Linear` layout and initialisation, through the fused
+//! linear op (`ferrograd_core::fused::linear`: on CUDA one cuBLASLt matmul whose epilogue adds the
+//! bias, and applies an activation for [`Linear::forward_act`]). Under an autocast scope the layer
+//! runs in the low dtype and the output comes back as f32.
 
 use crate::{amp, init, Module};
+use ferrograd_core::fused::linear::linear;
+pub use ferrograd_core::fused::linear::Activation as LinearActivation;
 use ferrograd_core::{DType, Device, Result, Rng, Tensor};
 
 #[derive(Debug, Clone)]
@@ -41,20 +45,25 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// `act(x W^T + b)` as one fused op: on CUDA the activation (GELU in its tanh form, ReLU) runs
+    /// in the matmul's epilogue and its backward needs no separate pass over the output.
+    pub fn forward_act(&self, x: &Tensor, act: LinearActivation) -> Result<Tensor> {
+        match amp::autocast_dtype() {
+            // The low-dtype copies are differentiable casts, so the f32 master weight and bias
+            // receive f32 gradients.
+            Some(low) if x.dtype().is_float() => {
+                let b = self.bias.as_ref().map(|b| b.to_dtype(low)).transpose()?;
+                linear(&x.to_dtype(low)?, &self.weight.to_dtype(low)?, b.as_ref(), act)?.to_dtype(DType::F32)
+            }
+            _ => linear(x, &self.weight, self.bias.as_ref(), act),
+        }
+    }
+}
+
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = match amp::autocast_dtype() {
-            // Matmul in the low dtype (tensor cores); the casts are differentiable, so the f32
-            // master weight receives an f32 gradient.
-            Some(low) if x.dtype().is_float() => {
-                x.to_dtype(low)?.matmul(&self.weight.to_dtype(low)?.t()?)?.to_dtype(DType::F32)?
-            }
-            _ => x.matmul(&self.weight.t()?)?,
-        };
-        match &self.bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
-        }
+        self.forward_act(x, LinearActivation::None)
     }
 
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {

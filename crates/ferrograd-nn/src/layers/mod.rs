@@ -12,6 +12,6 @@ pub use activation::{Activation, Gelu, Relu, Sigmoid, Silu, Tanh};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use layer_norm::LayerNorm;
-pub use linear::Linear;
+pub use linear::{Linear, LinearActivation};
 pub use mlp::{mlp, mlp_on};
 pub use sequential::Sequential;

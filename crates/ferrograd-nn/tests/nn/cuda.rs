@@ -156,6 +156,65 @@ fn cuda_autocast_bf16_close_to_f32() -> Result<()> {
     Ok(())
 }
 
+/// max |a - b| / max |b|, in f64.
+fn max_rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "lengths");
+    let diff = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).abs()).fold(0.0, f64::max);
+    let scale = b.iter().map(|y| (*y as f64).abs()).fold(0.0, f64::max);
+    if diff.is_nan() {
+        f64::INFINITY
+    } else {
+        diff / scale.max(1e-30)
+    }
+}
+
+/// `nn::Linear` in bf16 on the GPU, through the fused linear op (cuBLASLt epilogue): with bf16
+/// parameters, and with f32 master parameters under a bf16 autocast scope (bias cast too, f32
+/// gradients back). Output and every gradient against the same layer on the CPU; GELU (tanh) and
+/// ReLU fused, 3-D input, sizes a multiple of 8 so the cuBLASLt path (not the fallback) runs.
+#[test]
+fn cuda_linear_bf16_matches_cpu() -> Result<()> {
+    let Some(gpu) = cuda("cuda_linear_bf16_matches_cpu") else { return Ok(()) };
+    let mut rng = Rng::new(21);
+    let master = Linear::new(48, 40, true, &mut rng, CPU)?;
+    let x = Tensor::randn_with(&mut rng, 0.0, 1.0, (3, 5, 48), DType::F32, CPU)?;
+    let dy = Tensor::randn_with(&mut rng, 0.0, 1.0, (3, 5, 40), DType::F32, CPU)?;
+    let bias = master.bias.as_ref().expect("bias");
+    for act in [LinearActivation::GeluTanh, LinearActivation::Relu, LinearActivation::None] {
+        for autocast_on in [false, true] {
+            // One dtype for the run: bf16 everywhere, or f32 tensors with bf16 inside the layer.
+            let d = if autocast_on { DType::F32 } else { DType::BF16 };
+            let run = |dev: Device| -> Result<Vec<Vec<f32>>> {
+                let l = Linear::from_tensors(
+                    master.weight.to_dtype(d)?.to_device(dev)?.detach(),
+                    Some(bias.to_dtype(d)?.to_device(dev)?.detach()),
+                );
+                let xv = x.to_dtype(d)?.to_device(dev)?.requires_grad();
+                let y = {
+                    let _g = autocast_on.then(|| autocast(DType::BF16)).transpose()?;
+                    l.forward_act(&xv, act)?
+                };
+                assert_eq!(y.dtype(), d, "{act:?} autocast={autocast_on}: output dtype");
+                let g = y.backward_with(&dy.to_dtype(d)?.to_device(dev)?)?;
+                let mut out = vec![vec_f32(&y)];
+                for t in [&xv, &l.weight, l.bias.as_ref().expect("bias")] {
+                    let gt = g.get(t).expect("gradient");
+                    assert_eq!((gt.dtype(), gt.device()), (d, dev), "{act:?} autocast={autocast_on}: gradient");
+                    out.push(vec_f32(gt));
+                }
+                Ok(out)
+            };
+            let (want, got) = (run(CPU)?, run(gpu)?);
+            for (name, (c, g)) in ["y", "dx", "dw", "db"].iter().zip(want.iter().zip(&got)) {
+                let e = max_rel(g, c);
+                // bf16 rounding of the output (2^-8) and of dz, f32 accumulation in another order.
+                assert!(e <= 1.6e-2, "{act:?} autocast={autocast_on} {name}: max rel err {e:e}");
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn overlap_efficiency_formula_and_measurement() -> Result<()> {
     // Perfect hiding, none, and half.

@@ -112,6 +112,22 @@ fn linear_forward_is_x_wt_plus_b() -> Result<()> {
 }
 
 #[test]
+fn linear_forward_act_fuses_the_activation() -> Result<()> {
+    let mut rng = Rng::new(9);
+    let l = Linear::new(6, 5, true, &mut rng, CPU)?;
+    let x = Tensor::randn_with(&mut rng, 0.0, 1.0, (2, 3, 6), DType::F32, CPU)?;
+    let y = l.forward(&x)?;
+    for (act, want) in [(LinearActivation::GeluTanh, y.gelu_tanh()?), (LinearActivation::Relu, y.relu()?)] {
+        let want: Vec<f64> = vec_f32(&want).iter().map(|&v| v as f64).collect();
+        assert_close(&vec_f32(&l.forward_act(&x, act)?), &want, 1e-6, &format!("{act:?}"));
+    }
+    // The weight and bias get gradients through the fused op, named as before.
+    let grads = l.forward_act(&x, LinearActivation::GeluTanh)?.sqr()?.sum_all()?.backward()?;
+    assert!(grads.get(&l.weight).is_some() && grads.get(l.bias.as_ref().expect("bias")).is_some());
+    Ok(())
+}
+
+#[test]
 fn embedding_and_layer_norm() -> Result<()> {
     let mut rng = Rng::new(3);
     let e = Embedding::new(100, 32, &mut rng, CPU)?;

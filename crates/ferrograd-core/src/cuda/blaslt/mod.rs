@@ -1,0 +1,365 @@
+//! Matmul with fused epilogues through cuBLASLt, with everything a training step repeats cached:
+//! one handle per device, one workspace per (device, stream) taken once from the caching
+//! allocator, and per problem (shape, transposes, leading dims, alignments, dtype, epilogue) the
+//! descriptors and the algorithm the heuristic chose. A step therefore never runs the heuristic
+//! again and never allocates, so it can be captured as a CUDA graph.
+//!
+//! Problems are stated as cuBLASLt states them, column-major: `D (m x n) = op(A) (m x k) · op(B)
+//! (k x n)`, then the epilogue. Row-major callers (every tensor here) pass their matrices as the
+//! transposes they are in column-major terms; `fused/linear/cuda.rs` shows the mapping.
+//!
+//! Launches go to `CudaDevice::stream()` (the current stream). Where cuBLASLt has no kernel for a
+//! problem (a dtype or leading dimension it does not take) [`gemm`] answers `Ok(false)`, cached like
+//! any plan, and the caller falls back to cuBLAS.
+
+mod desc;
+mod plan;
+#[cfg(test)]
+mod tests;
+
+use super::buffer::{AllocGuard, CudaBuffer};
+use super::device::{driver_err, CudaDevice};
+use super::event::Event;
+use crate::{DType, Error, Result};
+use cudarc::cublaslt::{result as lt, sys};
+use desc::lt_err;
+use plan::{Plan, PlanKey};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// What runs after the product, in cuBLASLt's column-major terms (a bias has one entry per row of
+/// D unless stated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    /// `D = A B`
+    Default,
+    /// `D = A B + bias`
+    Bias,
+    /// `D = relu(A B)`
+    Relu,
+    /// `D = relu(A B + bias)`
+    ReluBias,
+    /// `D = gelu(A B)` (GELU in its tanh form, as every GELU epilogue)
+    Gelu,
+    /// `D = gelu(A B + bias)`
+    GeluBias,
+    /// `D = gelu(A B)`, `aux = A B`
+    GeluAux,
+    /// `D = gelu(A B + bias)`, `aux = A B + bias`: the forward of a GELU layer, keeping the
+    /// pre-activation its backward needs.
+    GeluAuxBias,
+    /// `D = (A B) * gelu'(aux)`
+    DGelu,
+    /// `D = (A B) * gelu'(aux)`, `bias = sum of D over its columns`: the gradient of a GELU layer's
+    /// pre-activation and of its bias, when the incoming gradient is itself a product.
+    DGeluBGrad,
+    /// `D = A B`, `bias = sum of op(B) over k` (one entry per column of D): a weight gradient and
+    /// the bias gradient in one call.
+    BGradB,
+}
+
+impl Epilogue {
+    /// Whether `Gemm::bias` must be given (read for the forward ones, written for the gradients).
+    pub fn uses_bias(self) -> bool {
+        matches!(
+            self,
+            Epilogue::Bias
+                | Epilogue::ReluBias
+                | Epilogue::GeluBias
+                | Epilogue::GeluAuxBias
+                | Epilogue::DGeluBGrad
+                | Epilogue::BGradB
+        )
+    }
+
+    /// Whether `Gemm::aux` must be given (written by the GELU forwards, read by their gradients).
+    pub fn uses_aux(self) -> bool {
+        matches!(self, Epilogue::GeluAux | Epilogue::GeluAuxBias | Epilogue::DGelu | Epilogue::DGeluBGrad)
+    }
+}
+
+/// One matrix operand: device address, leading dimension (elements), and for A and B whether the
+/// product reads it transposed (`op(X) = X^T`). A stored as `k x m` when transposed, else `m x k`.
+#[derive(Clone, Copy, Debug)]
+pub struct Operand {
+    pub ptr: u64,
+    pub ld: usize,
+    pub trans: bool,
+}
+
+/// The aux matrix of the GELU epilogues: `m x n`, column-major, `ld` a multiple of 8.
+#[derive(Clone, Copy, Debug)]
+pub struct Aux {
+    pub ptr: u64,
+    pub ld: usize,
+}
+
+/// One `D = epilogue(op(A) op(B))` on `dtype` (f32, f16 or bf16; f32 accumulation; TF32 for f32
+/// when the matmul precision is `High`). Bias and aux have D's dtype.
+#[derive(Clone, Copy, Debug)]
+pub struct Gemm {
+    pub dtype: DType,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: Operand,
+    pub b: Operand,
+    /// Output, `m x n`, column-major (its `trans` must be false).
+    pub d: Operand,
+    pub epilogue: Epilogue,
+    pub bias: Option<u64>,
+    pub aux: Option<Aux>,
+}
+
+/// What the layer has done: how often the heuristic ran (once per new problem), how many matmuls
+/// it launched, how many problems it turned away (no kernel; the caller fell back), and how many
+/// launches autotuning spent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub heuristic_calls: u64,
+    pub launches: u64,
+    pub no_kernel: u64,
+    /// Launches made to time a new plan's candidate algorithms (not counted in `launches`).
+    pub tuning_launches: u64,
+}
+
+const ZERO: Counters = Counters { heuristic_calls: 0, launches: 0, no_kernel: 0, tuning_launches: 0 };
+static COUNTERS: Mutex<Counters> = Mutex::new(ZERO);
+thread_local! {
+    static COUNTERS_HERE: Cell<Counters> = const { Cell::new(ZERO) };
+}
+
+fn count(f: impl Fn(&mut Counters)) {
+    f(&mut lock(&COUNTERS));
+    COUNTERS_HERE.with(|c| {
+        let mut v = c.get();
+        f(&mut v);
+        c.set(v)
+    });
+}
+
+/// The process-wide counters.
+pub fn counters() -> Counters {
+    *lock(&COUNTERS)
+}
+
+/// The counters of work done on the calling thread (what a test sharing its process with other
+/// tests can rely on).
+pub fn counters_on_this_thread() -> Counters {
+    COUNTERS_HERE.with(|c| c.get())
+}
+
+/// cuBLASLt's state for one device.
+struct LtDevice {
+    handle: sys::cublasLtHandle_t,
+    plans: Mutex<HashMap<PlanKey, Option<Plan>>>,
+    /// One workspace per stream (keyed by the raw stream handle): two streams running matmuls at
+    /// the same time must not share one. Allocated on a stream's first matmul and kept.
+    workspaces: Mutex<HashMap<usize, AllocGuard>>,
+}
+
+// SAFETY: the handle is only used under the device's plan mutex or for launches, which cuBLASLt
+// allows from any thread; the rest is Mutex-protected.
+unsafe impl Send for LtDevice {}
+unsafe impl Sync for LtDevice {}
+
+static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<LtDevice>>>> = OnceLock::new();
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Bytes of workspace per stream: what NVIDIA recommends (32 MiB on Hopper and later, 4 MiB
+/// before), as PyTorch and TransformerEngine use.
+fn workspace_bytes(dev: &CudaDevice) -> usize {
+    if dev.info.compute_capability.0 >= 9 {
+        32 << 20
+    } else {
+        4 << 20
+    }
+}
+
+/// Whether libcublasLt can be loaded (cudarc panics on a missing library; we check first).
+pub fn available() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only probes whether the shared library can be opened.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+fn lt_device(dev: &CudaDevice) -> Result<Arc<LtDevice>> {
+    let mut map = lock(DEVICES.get_or_init(Default::default));
+    if let Some(d) = map.get(&dev.ordinal) {
+        return Ok(d.clone());
+    }
+    if !available() {
+        return Err(Error::CudaUnavailable { reason: "libcublasLt was not found".into() });
+    }
+    dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+    let handle = lt::create_handle().map_err(|e| lt_err("cublasLtCreate", e))?;
+    let d = Arc::new(LtDevice { handle, plans: Mutex::new(HashMap::new()), workspaces: Mutex::new(HashMap::new()) });
+    map.insert(dev.ordinal, d.clone());
+    Ok(d)
+}
+
+/// The workspace of the current stream: (address, bytes).
+fn workspace(dev: &Arc<CudaDevice>, lt: &LtDevice) -> Result<(u64, usize)> {
+    let stream = dev.stream().cu_stream() as usize;
+    let mut ws = lock(&lt.workspaces);
+    if let Some(g) = ws.get(&stream) {
+        return Ok((g.allocation().map_or(0, |a| a.ptr()), workspace_bytes(dev)));
+    }
+    let g = CudaBuffer::raw(dev, workspace_bytes(dev))?;
+    let ptr = g.allocation().map_or(0, |a| a.ptr());
+    ws.insert(stream, g);
+    Ok((ptr, workspace_bytes(dev)))
+}
+
+fn check(g: &Gemm) -> Result<()> {
+    let bad = |msg: String| Err(Error::InvalidArgument(format!("cublasLt matmul {g:?}: {msg}")));
+    if g.m == 0 || g.n == 0 || g.k == 0 {
+        return bad("every dimension must be at least 1 (callers handle empty products)".into());
+    }
+    let (ra, rb) = (if g.a.trans { g.k } else { g.m }, if g.b.trans { g.n } else { g.k });
+    if g.a.ld < ra || g.b.ld < rb || g.d.ld < g.m || g.d.trans {
+        return bad("a leading dimension is below its operand's row count (or D is transposed)".into());
+    }
+    if g.epilogue.uses_bias() != g.bias.is_some() {
+        return bad(format!("epilogue {:?} and the bias pointer disagree", g.epilogue));
+    }
+    if g.epilogue.uses_aux() != g.aux.is_some() {
+        return bad(format!("epilogue {:?} and the aux buffer disagree", g.epilogue));
+    }
+    if let Some(aux) = g.aux {
+        if aux.ld < g.m || !aux.ld.is_multiple_of(8) {
+            return bad(format!("aux leading dimension {} must be >= m and a multiple of 8", aux.ld));
+        }
+    }
+    Ok(())
+}
+
+/// Enqueue `g` on the device's current stream. `Ok(false)`: cuBLASLt has no kernel for this
+/// problem (nothing was launched; the caller falls back). The first call for a problem runs the
+/// heuristic; later ones reuse its answer.
+pub(crate) fn gemm(dev: &Arc<CudaDevice>, g: &Gemm) -> Result<bool> {
+    gemm_tuned(dev, g, autotune())
+}
+
+/// [`gemm`], timing the heuristic's candidates when the problem is new and `tune_new` is set.
+fn gemm_tuned(dev: &Arc<CudaDevice>, g: &Gemm, tune_new: bool) -> Result<bool> {
+    check(g)?;
+    let lt = lt_device(dev)?;
+    let (ws_ptr, ws_bytes) = workspace(dev, &lt)?;
+    let key = PlanKey::of(g);
+    dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+    // The plan stays locked from binding its pointers to the launch: another thread binding the
+    // same descriptor in between would send this launch its buffers.
+    let mut plans = lock(&lt.plans);
+    let plan = match plans.entry(key) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let mut plan = Plan::new(lt.handle, g, &key, ws_bytes)?;
+            if let (Some(p), true) = (plan.as_mut(), tune_new) {
+                tune(dev, &lt, p, g, (ws_ptr, ws_bytes))?;
+            }
+            e.insert(plan)
+        }
+    };
+    let Some(plan) = plan.as_ref() else {
+        count(|c| c.no_kernel += 1);
+        return Ok(false);
+    };
+    plan.bind(g)?;
+    launch(dev, &lt, plan, &plan.algo, g, (ws_ptr, ws_bytes)).map_err(|e| lt_err("cublasLtMatmul", e))?;
+    count(|c| c.launches += 1);
+    Ok(true)
+}
+
+/// One `cublasLtMatmul` of `plan` with `algo` on the current stream.
+fn launch(
+    dev: &CudaDevice,
+    lt: &LtDevice,
+    plan: &Plan,
+    algo: &sys::cublasLtMatmulAlgo_t,
+    g: &Gemm,
+    (ws_ptr, ws_bytes): (u64, usize),
+) -> std::result::Result<(), lt::CublasError> {
+    let (alpha, beta) = (1f32, 0f32);
+    // SAFETY: the descriptors and algorithm were built for exactly this key (shapes, leading
+    // dims, alignments) and bound to this call's bias/aux; the caller guarantees the pointers
+    // address live device buffers of those shapes; the workspace is this stream's own and at least
+    // the size the algorithm needs (the heuristic was capped at it); alpha and beta outlive the
+    // call (cuBLASLt reads host scalars before returning).
+    unsafe {
+        lt::matmul(
+            lt.handle,
+            plan.desc.0,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            g.a.ptr as *const c_void,
+            plan.a.0,
+            g.b.ptr as *const c_void,
+            plan.b.0,
+            g.d.ptr as *const c_void,
+            plan.d.0,
+            g.d.ptr as *mut c_void,
+            plan.d.0,
+            algo,
+            ws_ptr as *mut c_void,
+            ws_bytes,
+            dev.stream().cu_stream() as sys::cudaStream_t,
+        )
+    }
+}
+
+/// Whether new plans time the heuristic's candidates (`FERROGRAD_CUBLASLT_AUTOTUNE=1`; off by
+/// default, as PyTorch's TunableOp: the heuristic's first choice, and no wait for the GPU).
+fn autotune() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROGRAD_CUBLASLT_AUTOTUNE").is_ok_and(|v| v.trim() == "1"))
+}
+
+/// Time each candidate algorithm of a new plan on this call's own buffers (one warm-up and three
+/// timed launches each; the outputs are simply written again by the real launch) and keep the
+/// fastest. This waits for the GPU once per new problem, the way the heuristic itself runs once:
+/// never inside a CUDA-graph capture (there the heuristic's first choice stays).
+fn tune(dev: &CudaDevice, lt: &LtDevice, plan: &mut Plan, g: &Gemm, ws: (u64, usize)) -> Result<()> {
+    // The caller decided whether to tune (`autotune()` or a test): not checked again here.
+    if plan.candidates.len() < 2 {
+        return Ok(());
+    }
+    let capturing = dev.stream().capture_status().map_err(|e| driver_err("cuStreamIsCapturing", e))?;
+    if capturing != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok(());
+    }
+    let (start, end) = (Event::timing()?, Event::timing()?);
+    let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
+    for algo in plan.candidates.clone() {
+        // A candidate cuBLASLt refuses to run is skipped (nothing was launched).
+        if launch(dev, lt, plan, &algo, g, ws).is_err() {
+            continue;
+        }
+        start.record(dev.stream())?;
+        let timed = (0..3).try_for_each(|_| launch(dev, lt, plan, &algo, g, ws));
+        end.record(dev.stream())?;
+        end.synchronize()?;
+        count(|c| c.tuning_launches += 4);
+        if timed.is_err() {
+            continue;
+        }
+        let ms = start.elapsed_ms(&end)?;
+        if best.is_none_or(|(b, _)| ms < b) {
+            best = Some((ms, algo));
+        }
+    }
+    if let Some((_, algo)) = best {
+        plan.algo = algo;
+    }
+    Ok(())
+}
+
+/// How many distinct problems have a cached plan (or a cached "no kernel") on `dev`.
+pub fn cached_plans(dev: &CudaDevice) -> usize {
+    DEVICES.get().and_then(|m| lock(m).get(&dev.ordinal).map(|d| lock(&d.plans).len())).unwrap_or(0)
+}

@@ -1,0 +1,271 @@
+//! The CUDA linear: cuBLASLt matmuls with epilogues (`cuda/blaslt`) and the activation-gradient
+//! kernel (`linear.cu`).
+//!
+//! Row-major to cuBLASLt: a row-major `[r, c]` matrix with row stride `ld` is, to column-major
+//! cuBLASLt, its own transpose (`c x r`, leading dim `ld`). So with `x [M, K]`, `w [N, K]`,
+//! `y [M, N]` all row-major:
+//! - forward `y^T (N x M) = W (N x K) · x^T (K x M)`: A = w read transposed, B = x as stored;
+//!   the bias has one entry per row of `y^T`, i.e. per output feature.
+//! - `dx^T (K x M) = W^T (K x N) · dz^T (N x M)`: both as stored.
+//! - `dW^T (K x N) = x^T (K x M) · dz (M x N)`: dz read transposed, and BGRADB sums op(B) = dz
+//!   over M into `db` (one entry per column of `dW^T`, i.e. per output feature).
+//!
+//! A transposed view (unit row stride) flips its operand's transpose flag instead of being copied.
+
+use super::{cpu, out_dims, sizes, Activation, Need, MODULE};
+use crate::backend::BackendStorage;
+use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
+use crate::cuda::launch::{cfg_1d, launch};
+use crate::cuda::CudaStorage;
+use crate::fused::FusedOutputs;
+use crate::{DType, Layout, Result, Shape};
+use cudarc::driver::LaunchConfig;
+
+/// Whether cuBLASLt takes this dtype (f64 goes to the cuBLAS fallback).
+pub(super) fn lt_dtype(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16) && blaslt::available()
+}
+
+/// A row-major matrix operand as cuBLASLt reads it: its address, leading dim, and whether it is
+/// stored row-major (`ld` = row stride) or column-major (a transposed view: `ld` = column stride).
+pub(super) struct Mat {
+    pub(super) ptr: u64,
+    pub(super) ld: usize,
+    pub(super) row_major: bool,
+    /// A contiguous copy when the view had no matrix form; kept alive until the launch is queued
+    /// (frees are stream-ordered, so the kernel still reads it safely).
+    _own: Option<CudaStorage>,
+}
+
+impl Mat {
+    /// `(s, l)` (dims `[..., cols]`) as a `[rows, cols]` matrix, copied only when no stride pair
+    /// describes it.
+    pub(super) fn new(s: &CudaStorage, l: &Layout) -> Result<Mat> {
+        if let Some(m) = cpu::as_matrix(l) {
+            let (r, c) = (m.dims()[0], m.dims()[1]);
+            let (rs, cs) = (m.strides()[0], m.strides()[1]);
+            let ptr = s.buf.ptr_at(m.offset());
+            if (cs == 1 || c == 1) && (rs >= c || r == 1) {
+                let ld = if r == 1 { c } else { rs };
+                return Ok(Mat { ptr, ld: ld.max(1), row_major: true, _own: None });
+            }
+            if (rs == 1 || r == 1) && (cs >= r || c == 1) {
+                let ld = if c == 1 { r } else { cs };
+                return Ok(Mat { ptr, ld: ld.max(1), row_major: false, _own: None });
+            }
+        }
+        let own = s.copy_strided(l)?;
+        let cols = l.dims()[l.dims().len() - 1];
+        Ok(Mat { ptr: own.buf.ptr(), ld: cols.max(1), row_major: true, _own: Some(own) })
+    }
+
+    /// As cuBLASLt's A or B operand, where the product reads this matrix (`transposed` = false)
+    /// or its transpose, in column-major terms.
+    pub(super) fn operand(&self, transposed: bool) -> Operand {
+        // Stored row-major, the column-major view is already the transpose.
+        Operand { ptr: self.ptr, ld: self.ld, trans: transposed != self.row_major }
+    }
+}
+
+/// The bias as a contiguous, 16-byte aligned vector (cuBLASLt's epilogue reads it in vectors; a
+/// strided or oddly placed view is copied, which costs `out` elements).
+fn bias_vec(b: (&CudaStorage, &Layout)) -> Result<(u64, Option<CudaStorage>)> {
+    let (s, l) = b;
+    let ptr = s.buf.ptr_at(l.offset());
+    if (l.strides()[0] == 1 || l.dims()[0] == 1) && ptr.is_multiple_of(16) {
+        return Ok((ptr, None));
+    }
+    let own = s.copy_strided(l)?;
+    Ok((own.buf.ptr(), Some(own)))
+}
+
+pub(super) fn forward(
+    x: (&CudaStorage, &Layout),
+    w: (&CudaStorage, &Layout),
+    b: Option<(&CudaStorage, &Layout)>,
+    act: Activation,
+    save_pre: bool,
+) -> Result<FusedOutputs<CudaStorage>> {
+    let dtype = x.0.dtype();
+    let (m, k, n) = sizes(x.1, w.1);
+    if !lt_dtype(dtype) || m == 0 || n == 0 || k == 0 {
+        return cpu::forward(x, w, b, act, save_pre, false);
+    }
+    let dev = x.0.dev();
+    let (xm, wm) = (Mat::new(x.0, x.1)?, Mat::new(w.0, w.1)?);
+    let bias = b.map(bias_vec).transpose()?;
+    let y = CudaStorage::uninit(dev, m * n, dtype)?;
+    // The GELU aux buffer's leading dim must be a multiple of 8 (cuBLASLt); the padding columns
+    // are never read.
+    let ld_aux = n.next_multiple_of(8);
+    let aux = if save_pre { Some(CudaStorage::uninit(dev, m * ld_aux, dtype)?) } else { None };
+    let has_bias = bias.is_some();
+    let epilogue = match (act, has_bias, save_pre) {
+        (Activation::None, false, _) => Epilogue::Default,
+        (Activation::None, true, _) => Epilogue::Bias,
+        (Activation::Relu, false, _) => Epilogue::Relu,
+        (Activation::Relu, true, _) => Epilogue::ReluBias,
+        (Activation::GeluTanh, false, false) => Epilogue::Gelu,
+        (Activation::GeluTanh, true, false) => Epilogue::GeluBias,
+        (Activation::GeluTanh, false, true) => Epilogue::GeluAux,
+        (Activation::GeluTanh, true, true) => Epilogue::GeluAuxBias,
+    };
+    let g = Gemm {
+        dtype,
+        m: n,
+        n: m,
+        k,
+        a: wm.operand(false),
+        b: xm.operand(true),
+        d: Operand { ptr: y.buf.ptr(), ld: n, trans: false },
+        epilogue,
+        bias: bias.as_ref().map(|b| b.0),
+        aux: aux.as_ref().map(|a| Aux { ptr: a.buf.ptr(), ld: ld_aux }),
+    };
+    if !blaslt::gemm(dev, &g)? {
+        return cpu::forward(x, w, b, act, save_pre, false);
+    }
+    let mut out = vec![(y, Shape::from(out_dims(x.1, n)))];
+    if let Some(aux) = aux {
+        out.push((aux, Shape::from((m, ld_aux))));
+    }
+    Ok(out)
+}
+
+/// `[dz]` or `[dz, db]`: `dz = dy * act'(s)` in one kernel (`s`: the pre-activation for GELU,
+/// the output for ReLU); with `with_db` the same kernel leaves per-row-block column sums that a
+/// second, small kernel adds into `db`.
+pub(super) fn act_backward(
+    dy: (&CudaStorage, &Layout),
+    s: (&CudaStorage, &Layout),
+    act: Activation,
+    with_db: bool,
+) -> Result<FusedOutputs<CudaStorage>> {
+    let name = match act {
+        Activation::GeluTanh => "dgelu",
+        Activation::Relu => "drelu",
+        Activation::None => return cpu::act_backward(dy, s, act, with_db, false),
+    };
+    let dtype = dy.0.dtype();
+    let cols = dy.1.dims()[dy.1.dims().len() - 1];
+    let rows = dy.1.elem_count().checked_div(cols).unwrap_or(0);
+    let dev = dy.0.dev();
+    let dz = CudaStorage::uninit(dev, rows * cols, dtype)?;
+    let mut out = vec![(dz, dy.1.shape().clone())];
+    if rows * cols == 0 {
+        if with_db {
+            out.push((CudaStorage::full(dev, 0.0, cols, dtype)?, Shape::from(cols)));
+        }
+        return Ok(out);
+    }
+    // dy must be contiguous rows; s may have padded rows (the aux buffer) but unit column stride.
+    let dy_own = if dy.1.is_contiguous() { None } else { Some(dy.0.copy_strided(dy.1)?) };
+    let dy_ptr = dy_own.as_ref().map_or_else(|| dy.0.buf.ptr_at(dy.1.offset()), |o| o.buf.ptr());
+    let sm = Mat::new(s.0, s.1)?;
+    let (s_ptr, lds, _s_own) = if sm.row_major {
+        (sm.ptr, sm.ld, None)
+    } else {
+        let own = s.0.copy_strided(s.1)?;
+        (own.buf.ptr(), cols, Some(own))
+    };
+    let dz_ptr = out[0].0.buf.ptr();
+    let per_pack = 16 / dtype.size_in_bytes();
+    if !with_db {
+        launch!(dev, MODULE, format!("linear_{name}_{dtype}"), cfg_1d(dev, (rows * cols).div_ceil(per_pack));
+            dy_ptr, s_ptr, dz_ptr, rows as u64, cols as u64, lds as u64);
+        return Ok(out);
+    }
+    // Columns across threads (16-byte packs where everything lines up), rows split across
+    // grid.y so the chip fills: each block leaves one row of partial sums.
+    let vec = cols.is_multiple_of(per_pack)
+        && lds.is_multiple_of(per_pack)
+        && [dy_ptr, s_ptr, dz_ptr].iter().all(|p| p.is_multiple_of(16));
+    let units = if vec { cols / per_pack } else { cols };
+    let blocks_x = units.div_ceil(256);
+    let threads = units.div_ceil(blocks_x).next_multiple_of(32).min(256);
+    let splits = (dev.sm_count() * 8 / blocks_x).clamp(1, 65535).min(rows);
+    let rps = rows.div_ceil(splits);
+    let splits = rows.div_ceil(rps);
+    let acc = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+    let part = CudaStorage::uninit(dev, splits * cols, acc)?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks_x as u32, splits as u32, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(dev, MODULE, format!("linear_{name}_db_{dtype}"), cfg;
+        dy_ptr, s_ptr, dz_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64, vec as i32);
+    let db = CudaStorage::uninit(dev, cols, dtype)?;
+    launch!(dev, MODULE, format!("linear_colsum_{dtype}"), cfg_1d(dev, cols);
+        part.buf.ptr(), db.buf.ptr(), splits as u64, cols as u64);
+    out.push((db, Shape::from(cols)));
+    Ok(out)
+}
+
+/// dx, dw (with db through BGRADB when both are wanted), db.
+pub(super) fn grads(
+    dz: (&CudaStorage, &Layout),
+    x: (&CudaStorage, &Layout),
+    w: (&CudaStorage, &Layout),
+    need: Need,
+) -> Result<FusedOutputs<CudaStorage>> {
+    let dtype = dz.0.dtype();
+    let (m, k, n) = sizes(x.1, w.1);
+    if !lt_dtype(dtype) || m == 0 || n == 0 || k == 0 {
+        return cpu::grads(dz, x, w, need, false);
+    }
+    let dev = dz.0.dev();
+    let zm = Mat::new(dz.0, dz.1)?;
+    let mut out = vec![];
+    if need.dx {
+        let wm = Mat::new(w.0, w.1)?;
+        let dx = CudaStorage::uninit(dev, m * k, dtype)?;
+        let g = Gemm {
+            dtype,
+            m: k,
+            n: m,
+            k: n,
+            a: wm.operand(true),
+            b: zm.operand(true),
+            d: Operand { ptr: dx.buf.ptr(), ld: k, trans: false },
+            epilogue: Epilogue::Default,
+            bias: None,
+            aux: None,
+        };
+        if !blaslt::gemm(dev, &g)? {
+            return cpu::grads(dz, x, w, need, false);
+        }
+        out.push((dx, x.1.shape().clone()));
+    }
+    if need.dw {
+        let xm = Mat::new(x.0, x.1)?;
+        let dw = CudaStorage::uninit(dev, n * k, dtype)?;
+        let db = if need.db { Some(CudaStorage::uninit(dev, n, dtype)?) } else { None };
+        let g = Gemm {
+            dtype,
+            m: k,
+            n,
+            k: m,
+            a: xm.operand(true),
+            b: zm.operand(false),
+            d: Operand { ptr: dw.buf.ptr(), ld: k, trans: false },
+            epilogue: if db.is_some() { Epilogue::BGradB } else { Epilogue::Default },
+            bias: db.as_ref().map(|d| d.buf.ptr()),
+            aux: None,
+        };
+        if !blaslt::gemm(dev, &g)? {
+            return cpu::grads(dz, x, w, need, false);
+        }
+        out.push((dw, Shape::from((n, k))));
+        if let Some(db) = db {
+            out.push((db, Shape::from(n)));
+        }
+    } else if need.db {
+        // Only the bias trains: a column sum, no matmul.
+        let zl = cpu::as_matrix(dz.1).unwrap_or_else(|| Layout::contiguous((m, n)));
+        let own = if cpu::as_matrix(dz.1).is_some() { None } else { Some(dz.0.copy_strided(dz.1)?) };
+        let db = own.as_ref().unwrap_or(dz.0).reduce(&zl, crate::op::ReduceOp::Sum, &[0])?;
+        out.push((db, Shape::from(n)));
+    }
+    Ok(out)
+}

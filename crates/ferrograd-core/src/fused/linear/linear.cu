@@ -1,0 +1,132 @@
+// linear.cu: the activation gradient of the fused linear op (src/fused/linear/), the one step of
+// its backward that is not a cuBLASLt matmul: dz = dy * act'(s), where s is the pre-activation z
+// (GELU, tanh form) or the output y (ReLU: y > 0 exactly where z > 0).
+// CPU twin: src/fused/linear/cpu.rs `act_backward` (UnaryOp::GeluTanhGrad in src/op.rs; on the
+// device acc_math.cuh's fg_gelu_tanh_grad, the one unary.cu uses).
+//
+// dy and dz are contiguous [rows, cols]; s has row stride `lds` (the GELU aux buffer's leading
+// dimension is padded to a multiple of 8). linear_d{gelu,relu}_*: when lds == cols and the three
+// pointers are 16-byte aligned, every thread moves 16-byte packs; otherwise one element at a time.
+// linear_d{gelu,relu}_db_* also sum the columns of dz (the bias gradient, below).
+
+#include "acc_math.cuh"
+
+template <typename T, bool GELU>
+static __device__ __forceinline__ T lin_dact(T dy, T s) {
+  typedef typename FgAcc<T>::type A;
+  const A g = fg_to_acc(dy), x = fg_to_acc(s);
+  if (GELU) return fg_from_acc<T>(g * fg_gelu_tanh_grad<A>(x));
+  return fg_from_acc<T>(x > (A)0 ? g : (A)0);
+}
+
+template <typename P>
+struct LinPair {
+  P a, b;
+};
+
+template <typename T, bool GELU>
+static __device__ __forceinline__ void lin_dact_rows(const T* dy, const T* s, T* dz, fg_u64 rows, fg_u64 cols,
+                                                      fg_u64 lds) {
+  const fg_u64 n = rows * cols;
+  constexpr int V = 16 / sizeof(T);
+  if (lds == cols && fg_aligned(dy, 16) && fg_aligned(s, 16) && fg_aligned(dz, 16)) {
+    typedef FgPack<T, V> P;
+    const fg_u64 packs = n / V;
+    const P* dyp = reinterpret_cast<const P*>(dy);
+    const P* sp = reinterpret_cast<const P*>(s);
+    P* dzp = reinterpret_cast<P*>(dz);
+    fg_unrolled(
+        packs, [&](fg_u64 i) { return LinPair<P>{dyp[i], sp[i]}; },
+        [&](fg_u64 i, const LinPair<P>& v) {
+          P out;
+#pragma unroll
+          for (int j = 0; j < V; ++j) out.v[j] = lin_dact<T, GELU>(v.a.v[j], v.b.v[j]);
+          dzp[i] = out;
+        });
+    for (fg_u64 i = packs * V + fg_tid(); i < n; i += fg_nthreads()) dz[i] = lin_dact<T, GELU>(dy[i], s[i]);
+    return;
+  }
+  FG_GRID_STRIDE(i, n) {
+    fg_u64 r, c;
+    fg_divmod(i, cols, r, c);
+    dz[i] = lin_dact<T, GELU>(dy[i], s[r * lds + c]);
+  }
+}
+
+// The same, also summing each column of dz (the bias gradient) without another pass over it. Block
+// (bx, by) owns columns [bx * blockDim.x * V, ...) and rows [by * rps, (by + 1) * rps); each thread
+// keeps V column sums in ACC over its rows, of the dz values as stored (rounded to T, as a matmul
+// reading dz would see them), and writes them to part[by * cols + column]: deterministic, no
+// atomics. linear_colsum_* then adds the gridDim.y partial rows. V = 16 / sizeof(T) when cols and
+// lds are multiples of V and the pointers 16-byte aligned, else 1.
+template <typename T, bool GELU, int V>
+static __device__ __forceinline__ void lin_dact_db_v(const T* dy, const T* s, T* dz, typename FgAcc<T>::type* part,
+                                                     fg_u64 rows, fg_u64 cols, fg_u64 lds, fg_u64 rps) {
+  typedef typename FgAcc<T>::type A;
+  typedef FgPack<T, V> P;
+  const fg_u64 c0 = ((fg_u64)blockIdx.x * blockDim.x + threadIdx.x) * V;
+  if (c0 >= cols) return;
+  const fg_u64 r0 = (fg_u64)blockIdx.y * rps;
+  const fg_u64 r1 = r0 + rps < rows ? r0 + rps : rows;
+  A acc[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) acc[j] = (A)0;
+#pragma unroll 4
+  for (fg_u64 r = r0; r < r1; ++r) {
+    const P g = *reinterpret_cast<const P*>(dy + r * cols + c0);
+    const P x = *reinterpret_cast<const P*>(s + r * lds + c0);
+    P out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      out.v[j] = lin_dact<T, GELU>(g.v[j], x.v[j]);
+      acc[j] += fg_to_acc(out.v[j]);
+    }
+    *reinterpret_cast<P*>(dz + r * cols + c0) = out;
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) part[(fg_u64)blockIdx.y * cols + c0 + j] = acc[j];
+}
+
+template <typename T, bool GELU>
+static __device__ __forceinline__ void lin_dact_db(const T* dy, const T* s, T* dz, typename FgAcc<T>::type* part,
+                                                   fg_u64 rows, fg_u64 cols, fg_u64 lds, fg_u64 rps, int vec) {
+  constexpr int V = 16 / sizeof(T);
+  if (vec) lin_dact_db_v<T, GELU, V>(dy, s, dz, part, rows, cols, lds, rps);
+  else lin_dact_db_v<T, GELU, 1>(dy, s, dz, part, rows, cols, lds, rps);
+}
+
+// db[c] = sum over the `splits` partial rows of part[., c], rounded once to T.
+template <typename T>
+static __device__ __forceinline__ void lin_colsum(const typename FgAcc<T>::type* part, T* db, fg_u64 splits,
+                                                  fg_u64 cols) {
+  typedef typename FgAcc<T>::type A;
+  FG_GRID_STRIDE(c, cols) {
+    A acc = (A)0;
+    for (fg_u64 i = 0; i < splits; ++i) acc += part[i * cols + c];
+    db[c] = fg_from_acc<T>(acc);
+  }
+}
+
+#define FG_LINEAR_DACT(T, SUF)                                                                                 \
+  FG_KERNEL linear_dgelu_##SUF(const T* dy, const T* z, T* dz, fg_u64 rows, fg_u64 cols, fg_u64 ldz) {         \
+    lin_dact_rows<T, true>(dy, z, dz, rows, cols, ldz);                                                        \
+  }                                                                                                            \
+  FG_KERNEL linear_drelu_##SUF(const T* dy, const T* y, T* dz, fg_u64 rows, fg_u64 cols, fg_u64 ldy) {         \
+    lin_dact_rows<T, false>(dy, y, dz, rows, cols, ldy);                                                       \
+  }                                                                                                            \
+  FG_KERNEL linear_dgelu_db_##SUF(const T* dy, const T* z, T* dz, FgAcc<T>::type* part, fg_u64 rows,           \
+                                  fg_u64 cols, fg_u64 ldz, fg_u64 rps, int vec) {                              \
+    lin_dact_db<T, true>(dy, z, dz, part, rows, cols, ldz, rps, vec);                                          \
+  }                                                                                                            \
+  FG_KERNEL linear_drelu_db_##SUF(const T* dy, const T* y, T* dz, FgAcc<T>::type* part, fg_u64 rows,           \
+                                  fg_u64 cols, fg_u64 ldy, fg_u64 rps, int vec) {                              \
+    lin_dact_db<T, false>(dy, y, dz, part, rows, cols, ldy, rps, vec);                                         \
+  }                                                                                                            \
+  FG_KERNEL linear_colsum_##SUF(const FgAcc<T>::type* part, T* db, fg_u64 splits, fg_u64 cols) {               \
+    lin_colsum<T>(part, db, splits, cols);                                                                     \
+  }
+
+FG_LINEAR_DACT(float, f32)
+FG_LINEAR_DACT(double, f64)
+FG_LINEAR_DACT(__half, f16)
+FG_LINEAR_DACT(__nv_bfloat16, bf16)

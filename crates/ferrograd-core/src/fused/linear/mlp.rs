@@ -1,0 +1,218 @@
+//! `mlp(x, w1, b1, w2, b2)`: `gelu(x W1^T + b1) W2^T + b2`, GPT-2's MLP block, as one fused op
+//! whose backward needs no elementwise kernel at all: the second layer's input gradient
+//! `dh = dy W2` is a matmul, so cuBLASLt's DGELU_BGRAD epilogue turns it into the first layer's
+//! pre-activation gradient `dz = dh * gelu'(z)` and sums `db1` in the same call.
+//!
+//! Forward: two cuBLASLt calls (GELU_AUX_BIAS keeping `z` and `h = gelu(z)`, then BIAS). Backward:
+//! `dW2` + `db2` (BGRADB), `dz` + `db1` (DGELU_BGRAD), `dW1`, `dx`: four matmuls. CPU and
+//! fallback: the same composition as `linear` (`cpu.rs`).
+
+use super::{check, cpu, cuda, Activation, Grads, Need};
+use crate::backend::BackendStorage;
+use crate::backprop::track;
+use crate::cpu::CpuStorage;
+use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
+use crate::cuda::CudaStorage;
+use crate::fused::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
+use crate::{Error, Layout, Result, Shape, Tensor};
+use std::sync::Arc;
+
+/// `gelu(x W1^T + b1) W2^T + b2` (GELU in its tanh form) with PyTorch's layouts: `x` is
+/// `[..., in]`, `w1` is `[hidden, in]`, `b1` is `[hidden]`, `w2` is `[out, hidden]`, `b2` is
+/// `[out]`; the result is `[..., out]`. The same values and gradients as two [`super::linear`]
+/// calls, with one elementwise pass fewer in the backward.
+pub fn mlp(x: &Tensor, w1: &Tensor, b1: Option<&Tensor>, w2: &Tensor, b2: Option<&Tensor>) -> Result<Tensor> {
+    check(x, w1, b1)?;
+    // The hidden activation has x's leading dims and w1's rows: check the second layer against it.
+    let hidden: Vec<usize> = x.dims()[..x.rank() - 1].iter().copied().chain([w1.dims()[0]]).collect();
+    if w2.rank() != 2 || w2.dims()[1] != w1.dims()[0] {
+        return Err(Error::ShapeMismatch { op: "mlp (second layer)", lhs: hidden, rhs: w2.dims().to_vec() });
+    }
+    if w2.dtype() != x.dtype() {
+        return Err(Error::DTypeMismatch { op: "mlp", lhs: x.dtype(), rhs: w2.dtype() });
+    }
+    let leading = &x.dims()[..x.rank() - 1];
+    Shape::from(leading.iter().copied().chain([w2.dims()[0]]).collect::<Vec<_>>()).checked_elem_count("mlp")?;
+    if let Some(b2) = b2 {
+        if b2.dims() != [w2.dims()[0]] {
+            return Err(Error::ShapeMismatch {
+                op: "mlp (second bias)",
+                lhs: w2.dims().to_vec(),
+                rhs: b2.dims().to_vec(),
+            });
+        }
+        if b2.dtype() != x.dtype() {
+            return Err(Error::DTypeMismatch { op: "mlp", lhs: x.dtype(), rhs: b2.dtype() });
+        }
+    }
+    let mut inputs = vec![x, w1];
+    inputs.extend(b1);
+    inputs.push(w2);
+    inputs.extend(b2);
+    let op = MlpOp { has_b1: b1.is_some(), has_b2: b2.is_some(), save: track(&inputs) };
+    apply(Arc::new(op), &inputs)
+}
+
+/// Inputs `[x, w1, (b1), w2, (b2)]`; outputs `[y]`, plus `h` and `z` (`[rows, ld]`) when `save`.
+struct MlpOp {
+    has_b1: bool,
+    has_b2: bool,
+    save: bool,
+}
+
+impl MlpOp {
+    /// (x, w1, b1, w2, b2) from the inputs in their order.
+    #[allow(clippy::type_complexity)]
+    fn split<T: Copy>(&self, inputs: &[T]) -> Result<(T, T, Option<T>, T, Option<T>)> {
+        let want = 3 + self.has_b1 as usize + self.has_b2 as usize;
+        if inputs.len() != want {
+            return Err(Error::InvalidArgument(format!("mlp: {} inputs, expected {want}", inputs.len())));
+        }
+        let mut it = inputs.iter().copied();
+        let mut next = || it.next().unwrap_or(inputs[0]); // (the count was checked above)
+        let (x, w1) = (next(), next());
+        let b1 = self.has_b1.then(&mut next);
+        let w2 = next();
+        let b2 = self.has_b2.then(&mut next);
+        Ok((x, w1, b1, w2, b2))
+    }
+
+    /// Both layers through `layer` (the CPU's or the GPU's linear forward).
+    fn run<S: BackendStorage>(
+        &self,
+        inputs: &[(&S, &Layout)],
+        layer: impl Fn((&S, &Layout), (&S, &Layout), Option<(&S, &Layout)>, Activation, bool) -> Result<FusedOutputs<S>>,
+    ) -> Result<FusedOutputs<S>> {
+        let (x, w1, b1, w2, b2) = self.split(inputs)?;
+        let mut first = layer(x, w1, b1, Activation::GeluTanh, self.save)?.into_iter();
+        let (h, hshape) = first.next().ok_or_else(|| Error::Backward("mlp: no hidden activation".into()))?;
+        let hl = Layout::contiguous(hshape.clone());
+        let mut out = layer((&h, &hl), w2, b2, Activation::None, false)?;
+        if self.save {
+            out.push((h, hshape));
+            out.extend(first);
+        }
+        Ok(out)
+    }
+}
+
+impl FusedOp for MlpOp {
+    fn name(&self) -> &'static str {
+        "mlp"
+    }
+
+    fn cpu_fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>> {
+        self.run(inputs, |x, w, b, act, save| cpu::forward(x, w, b, act, save, true))
+    }
+
+    fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
+        self.run(inputs, cuda::forward)
+    }
+
+    fn backward(&self, ctx: &FusedCtx<'_>, dy: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        let refs: Vec<&Tensor> = ctx.inputs.iter().collect();
+        let (x, w1, b1, w2, b2) = self.split(&refs)?;
+        let missing = || Error::Backward("mlp: the hidden activation was not saved".into());
+        let h = ctx.saved.first().ok_or_else(missing)?;
+        let z = ctx.saved.get(1).ok_or_else(missing)?.narrow(1, 0, w1.dims()[0])?;
+        let tracks = |t: Option<&Tensor>| t.is_some_and(|t| t.tracks_grad());
+        // Second layer: dW2 and db2 in one matmul (BGRADB).
+        let second = Need { dx: false, dw: w2.tracks_grad(), db: tracks(b2) };
+        let mut outs2 =
+            if second.dw || second.db { apply_all(&Grads { need: second }, &[dy, h, w2])? } else { vec![] }.into_iter();
+        let (dw2, db2) = (second.dw.then(|| outs2.next()).flatten(), second.db.then(|| outs2.next()).flatten());
+        // First layer: dz and db1 from dy W2 in one matmul (DGELU_BGRAD), then dW1 and dx.
+        let first = Need { dx: x.tracks_grad(), dw: w1.tracks_grad(), db: tracks(b1) };
+        let (mut dx, mut dw1, mut db1) = (None, None, None);
+        if first.dx || first.dw || first.db {
+            let mut o = apply_all(&HiddenGrad { with_db: first.db }, &[dy, w2, &z])?.into_iter();
+            let dz = o.next().ok_or_else(|| Error::Backward("mlp: no hidden gradient".into()))?;
+            db1 = o.next();
+            let mm = Need { db: false, ..first };
+            if mm.dx || mm.dw {
+                let mut o = apply_all(&Grads { need: mm }, &[&dz, x, w1])?.into_iter();
+                dx = mm.dx.then(|| o.next()).flatten();
+                dw1 = mm.dw.then(|| o.next()).flatten();
+            }
+        }
+        let mut grads = vec![dx, dw1];
+        if self.has_b1 {
+            grads.push(db1);
+        }
+        grads.push(dw2);
+        if self.has_b2 {
+            grads.push(db2);
+        }
+        Ok(grads)
+    }
+}
+
+/// The first layer's pre-activation gradient `dz = (dy W2) * gelu'(z)` and, `with_db`, its column
+/// sums `db1`: inputs `[dy, w2, z]` (z viewable as `[rows, hidden]`), outputs `[dz]` or `[dz, db1]`.
+struct HiddenGrad {
+    with_db: bool,
+}
+
+/// The composition: `dh = dy W2` (z stands in for the hidden activation: only its shape is read),
+/// then the activation-gradient op.
+fn hidden_grad_ref<S: BackendStorage>(
+    inputs: &[(&S, &Layout)],
+    widen: bool,
+    act_backward: impl Fn((&S, &Layout), (&S, &Layout)) -> Result<FusedOutputs<S>>,
+) -> Result<FusedOutputs<S>> {
+    let (dy, w2, z) = (inputs[0], inputs[1], inputs[2]);
+    let need = Need { dx: true, dw: false, db: false };
+    let (dh, shape) = cpu::grads(dy, z, w2, need, widen)?.remove(0);
+    act_backward((&dh, &Layout::contiguous(shape)), z)
+}
+
+impl FusedOp for HiddenGrad {
+    fn name(&self) -> &'static str {
+        "mlp_hidden_backward"
+    }
+
+    fn cpu_fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>> {
+        let with_db = self.with_db;
+        hidden_grad_ref(inputs, true, |dh, z| cpu::act_backward(dh, z, Activation::GeluTanh, with_db, true))
+    }
+
+    fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
+        let with_db = self.with_db;
+        let fallback =
+            || hidden_grad_ref(inputs, false, |dh, z| cuda::act_backward(dh, z, Activation::GeluTanh, with_db));
+        let (dy, w2, z) = (inputs[0], inputs[1], inputs[2]);
+        let dtype = dy.0.dtype();
+        // dz has z's rows and w2's columns.
+        let (m, n, hidden) =
+            (z.1.elem_count().checked_div(w2.1.dims()[1]).unwrap_or(0), w2.1.dims()[0], w2.1.dims()[1]);
+        let zm = cuda::Mat::new(z.0, z.1)?;
+        if !cuda::lt_dtype(dtype) || m == 0 || n == 0 || hidden == 0 || !zm.row_major || !zm.ld.is_multiple_of(8) {
+            return fallback();
+        }
+        let dev = dy.0.dev();
+        let (dym, w2m) = (cuda::Mat::new(dy.0, dy.1)?, cuda::Mat::new(w2.0, w2.1)?);
+        let dz = CudaStorage::uninit(dev, m * hidden, dtype)?;
+        let db = if with_db { Some(CudaStorage::uninit(dev, hidden, dtype)?) } else { None };
+        // dz^T (hidden x M) = W2^T (hidden x N) · dy^T (N x M), then * gelu'(z^T); db1 = row sums.
+        let g = Gemm {
+            dtype,
+            m: hidden,
+            n: m,
+            k: n,
+            a: w2m.operand(true),
+            b: dym.operand(true),
+            d: Operand { ptr: dz.buf.ptr(), ld: hidden, trans: false },
+            epilogue: if with_db { Epilogue::DGeluBGrad } else { Epilogue::DGelu },
+            bias: db.as_ref().map(|d| d.buf.ptr()),
+            aux: Some(Aux { ptr: zm.ptr, ld: zm.ld }),
+        };
+        if !blaslt::gemm(dev, &g)? {
+            return fallback();
+        }
+        let mut out = vec![(dz, Shape::from((m, hidden)))];
+        if let Some(db) = db {
+            out.push((db, Shape::from(hidden)));
+        }
+        Ok(out)
+    }
+}
