@@ -48,6 +48,8 @@ pub const ALL: &[&Module] = &[
     crate::fused::attention::MODULES[2],
     crate::fused::attention::MODULES[3],
     crate::fused::attention::MODULES[4],
+    // src/fused/selective_scan.
+    &crate::fused::selective_scan::MODULE,
 ];
 
 /// Compile every module for `arch` into the on-disk cache (`ferrograd kernels --precompile`).

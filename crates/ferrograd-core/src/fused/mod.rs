@@ -21,6 +21,7 @@
 //!   ops (its backward kernels) through [`apply_all`], which records nothing.
 
 pub mod attention;
+pub mod selective_scan;
 
 use crate::backprop::track;
 use crate::cpu::CpuStorage;
