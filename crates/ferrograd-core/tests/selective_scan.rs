@@ -510,3 +510,27 @@ fn bench_workload_checks_on_the_cpu() -> Result<()> {
     assert!(w.check_forward(&o.mul_scalar(1.01)?)? > 1e-3);
     Ok(())
 }
+
+/// The module compiles under NVRTC for Ampere and Hopper wherever libnvrtc is found (also part of
+/// the core's every-kernel compile test; here alone, for quick iteration).
+/// FERROGRAD_DUMP_CUBIN=DIR writes the cubins there, for cuobjdump.
+#[test]
+fn kernels_compile_for_sm80_and_sm90() {
+    use ferrograd_core::cuda::kernels::{compile_cubin, find_cuda_include, nvrtc_info, Arch, KernelSource};
+    use ferrograd_core::fused::selective_scan::MODULE;
+    if let Err(e) = nvrtc_info() {
+        assert!(std::env::var_os("FERROGRAD_REQUIRE_NVRTC").is_none_or(|v| v != "1"), "NVRTC required: {e}");
+        println!("skipping: {e}");
+        return;
+    }
+    let include = find_cuda_include().unwrap_or_else(|e| panic!("{e}"));
+    for arch in [Arch::SM80, Arch::SM90] {
+        let cubin = compile_cubin(&KernelSource::new(MODULE.name, MODULE.src), arch, &include)
+            .unwrap_or_else(|e| panic!("{} for {arch}: {e}", MODULE.name));
+        assert!(cubin.len() > 1000, "{arch}: {} bytes", cubin.len());
+        if let Some(dir) = std::env::var_os("FERROGRAD_DUMP_CUBIN") {
+            let path = std::path::Path::new(&dir).join(format!("{}_{arch}.cubin", MODULE.name));
+            std::fs::write(&path, &cubin).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+    }
+}

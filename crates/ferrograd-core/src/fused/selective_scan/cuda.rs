@@ -63,13 +63,20 @@ fn params(pb: &Problem) -> ScanParams {
 
 /// Threads and steps a thread: the smallest chunk that holds the sequence, else 128 x 16 = 2048
 /// steps (`CHUNK`), as mamba_ssm picks its kernel. Every choice gives `ceil(len / CHUNK)` chunks.
-fn config(len: usize) -> (usize, usize) {
-    match len {
+/// The backward runs chunks of more than 256 steps with twice the threads and half the steps a
+/// thread (selective_scan.cu says why).
+fn config(len: usize, backward: bool) -> (usize, usize) {
+    let (nt, k) = match len {
         ..=128 => (32, 4),
         129..=256 => (32, 8),
         257..=512 => (32, 16),
         513..=1024 => (64, 16),
         _ => (128, 16),
+    };
+    if backward && k == 16 {
+        (2 * nt, 8)
+    } else {
+        (nt, k)
     }
 }
 
@@ -144,8 +151,8 @@ fn ptrs(x: &Inputs<Operand>, dtype: DType) -> Result<Ptrs> {
     Ok(Ptrs { u, delta, a, b, c, d, z, bias, _copies: copies })
 }
 
-fn cfg(pb: &Problem) -> (LaunchConfig, String) {
-    let (nt, k) = config(pb.len);
+fn cfg(pb: &Problem, backward: bool) -> (LaunchConfig, String) {
+    let (nt, k) = config(pb.len, backward);
     let c = LaunchConfig { grid_dim: ((pb.batch * pb.dim) as u32, 1, 1), block_dim: (nt as u32, 1, 1), shared_mem_bytes: 0 };
     (c, format!("{nt}x{k}"))
 }
@@ -161,7 +168,7 @@ pub(super) fn forward(pb: &Problem, x: &Inputs<Operand>) -> Result<FusedOutputs<
     let states = CudaStorage::uninit(&dev, pb.batch * pb.dim * pb.chunks() * pb.state, DType::F32)?;
     if n_x > 0 {
         let p = ptrs(x, dtype)?;
-        let (c, tag) = cfg(pb);
+        let (c, tag) = cfg(pb, false);
         launch!(dev, MODULE, format!("fg_sscan_fwd_{tag}_{sfx}"), c;
             p.u, p.delta, p.a, p.b, p.c, p.d, p.z, p.bias, out.buf.ptr(), states.buf.ptr(), params(pb));
     }
@@ -210,7 +217,7 @@ pub(super) fn backward(
         let (sp, _sc) = contig(states, DType::F32)?;
         let (gp, _gc) = contig(dout, dtype)?;
         let ptr_or_null = |s: &CudaStorage, present: bool| if present { s.buf.ptr() } else { 0 };
-        let (c, tag) = cfg(pb);
+        let (c, tag) = cfg(pb, true);
         launch!(dev, MODULE, format!("fg_sscan_bwd_{tag}_{sfx}"), c;
             p.u, p.delta, p.a, p.b, p.c, p.d, p.z, p.bias, sp, gp,
             du.buf.ptr(), ddelta.buf.ptr(), da.buf.ptr(), db.buf.ptr(), dc.buf.ptr(),
@@ -235,4 +242,22 @@ pub(super) fn backward(
         res.push(cast(dbias, vec![pb.dim], b.0.dtype())?);
     }
     Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every configuration's chunk holds the sequence or is `CHUNK` long, forward and backward
+    /// alike, so the saved states line up.
+    #[test]
+    fn configs_agree_on_the_chunk_length() {
+        for len in [1, 127, 128, 129, 256, 257, 512, 513, 1024, 1025, 2048, 2049, 10_000] {
+            let (f, b) = (config(len, false), config(len, true));
+            assert_eq!(f.0 * f.1, b.0 * b.1, "len {len}");
+            let chunk = f.0 * f.1;
+            assert!(chunk >= len.min(super::super::CHUNK) && chunk <= super::super::CHUNK, "len {len}");
+            assert_eq!(len.div_ceil(chunk).max(1), len.div_ceil(super::super::CHUNK).max(1), "len {len}");
+        }
+    }
 }

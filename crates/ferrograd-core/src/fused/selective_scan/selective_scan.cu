@@ -3,8 +3,9 @@
 // twin (the reference) is cpu.rs there, and mod.rs documents the recurrence.
 //
 // Entry points, T = float (suffix f32) or __nv_bfloat16 (bf16); NT threads, K steps a thread, a
-// chunk of NT * K steps (configs 32x4, 32x8, 32x16, 64x16, 128x16; cuda.rs `config` picks the
-// smallest chunk that holds the sequence, else 128x16 = 2048 steps, mod.rs CHUNK):
+// chunk of NT * K steps (forward configs 32x4, 32x8, 32x16, 64x16, 128x16, backward 32x4, 32x8,
+// 64x8, 128x8, 256x8: the same chunk lengths; cuda.rs `config` picks the smallest chunk that
+// holds the sequence, else 2048 steps, mod.rs CHUNK):
 //   fg_sscan_fwd_{NT}x{K}_{sfx}(const T* u, const T* delta, const float* A, const T* B, const T* C,
 //       const float* D, const T* z, const float* delta_bias, T* out, float* states, FgScanParams p)
 //   fg_sscan_bwd_{NT}x{K}_{sfx}(const T* u, const T* delta, const float* A, const T* B, const T* C,
@@ -355,12 +356,13 @@ static __device__ __forceinline__ void fg_sscan_bwd(
   for (unsigned int n = tid; n < p.state; n += NT) atomicAdd(dA + (size_t)d * p.state + n, dAs[n]);
 }
 
-#define FG_SSCAN_ENTRY(SUF, T, NT, K)                                                                        \
+#define FG_SSCAN_FWD(SUF, T, NT, K)                                                                          \
   extern "C" __global__ void __launch_bounds__(NT) fg_sscan_fwd_##NT##x##K##_##SUF(                          \
       const T* u, const T* delta, const float* A, const T* B, const T* C, const float* D, const T* z,         \
       const float* bias, T* out, float* states, FgScanParams p) {                                             \
     fg_sscan_fwd<T, NT, K>(u, delta, A, B, C, D, z, bias, out, states, p);                                    \
-  }                                                                                                           \
+  }
+#define FG_SSCAN_BWD(SUF, T, NT, K)                                                                          \
   extern "C" __global__ void __launch_bounds__(NT) fg_sscan_bwd_##NT##x##K##_##SUF(                          \
       const T* u, const T* delta, const float* A, const T* B, const T* C, const float* D, const T* z,         \
       const float* bias, const float* states, const T* dout, T* du, T* ddelta, float* dA, float* dB,          \
@@ -369,12 +371,20 @@ static __device__ __forceinline__ void fg_sscan_bwd(
                            dbias, p);                                                                         \
   }
 
-#define FG_SSCAN_CONFIGS(SUF, T) \
-  FG_SSCAN_ENTRY(SUF, T, 32, 4)  \
-  FG_SSCAN_ENTRY(SUF, T, 32, 8)  \
-  FG_SSCAN_ENTRY(SUF, T, 32, 16) \
-  FG_SSCAN_ENTRY(SUF, T, 64, 16) \
-  FG_SSCAN_ENTRY(SUF, T, 128, 16)
+// The backward keeps eight K-step arrays in registers: with K = 16 it needs all 255 registers
+// (ptxas, sm_90), so its long chunks run twice the threads with K = 8 (same chunk lengths as the
+// forward's, which the saved states require).
+#define FG_SSCAN_CONFIGS(SUF, T)                                                                \
+  FG_SSCAN_FWD(SUF, T, 32, 4)                                                                   \
+  FG_SSCAN_FWD(SUF, T, 32, 8)                                                                   \
+  FG_SSCAN_FWD(SUF, T, 32, 16)                                                                  \
+  FG_SSCAN_FWD(SUF, T, 64, 16)                                                                  \
+  FG_SSCAN_FWD(SUF, T, 128, 16)                                                                 \
+  FG_SSCAN_BWD(SUF, T, 32, 4)                                                                   \
+  FG_SSCAN_BWD(SUF, T, 32, 8)                                                                   \
+  FG_SSCAN_BWD(SUF, T, 64, 8)                                                                   \
+  FG_SSCAN_BWD(SUF, T, 128, 8)                                                                  \
+  FG_SSCAN_BWD(SUF, T, 256, 8)
 
 FG_SSCAN_CONFIGS(f32, float)
 FG_SSCAN_CONFIGS(bf16, __nv_bfloat16)
