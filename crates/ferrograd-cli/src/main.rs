@@ -77,6 +77,33 @@ enum BenchCommand {
     /// Fused attention forward and forward+backward TFLOP/s and peak memory (twin:
     /// F.scaled_dot_product_attention).
     Attention(AttentionArgs),
+    /// Fused selective scan (Mamba) forward and forward+backward time and peak memory (twin:
+    /// bench/torch_selective_scan.py, the sequential recurrence in plain PyTorch).
+    SelectiveScan(SelectiveScanArgs),
+}
+
+#[derive(Args, Debug)]
+struct SelectiveScanArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Element type of u, delta, B, C, z: bf16 or f32 (A, D, delta_bias are f32).
+    #[arg(long, default_value = "bf16", value_parser = parse_matmul_dtype)]
+    dtype: DType,
+    /// Batch size.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Channels (Mamba's d_inner).
+    #[arg(long, default_value_t = 1536)]
+    dim: usize,
+    /// State size N.
+    #[arg(long, default_value_t = 16)]
+    state: usize,
+    /// Sequence lengths, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "256,1024,4096")]
+    seqs: Vec<usize>,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(Args, Debug)]
@@ -372,6 +399,24 @@ fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
             },
             out,
         ),
+        Command::Bench(BenchCommand::SelectiveScan(a)) => {
+            if a.common.plot.is_some() {
+                return Err("bench selective-scan draws no figure: drop --plot".into());
+            }
+            selective_scan::run(
+                &selective_scan::Config {
+                    device: a.device,
+                    dtype: a.dtype,
+                    batch: a.batch,
+                    dim: a.dim,
+                    state: a.state,
+                    seqs: a.seqs,
+                    json: a.common.json,
+                    seed: a.common.seed,
+                },
+                out,
+            )
+        }
         Command::Bench(BenchCommand::Overlap(a)) => {
             overlap::run(&overlap::Config { device: a.device, mib: a.mib, matmul: a.matmul, json: a.json }, out)
         }
@@ -400,6 +445,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::Optim(_)) => "try fewer tensors (--tensors)",
         Command::Bench(BenchCommand::Overlap(_)) => "try a smaller batch (--mib) or matmul (--matmul)",
         Command::Bench(BenchCommand::Attention(_)) => "try shorter sequences (--seqs) or fewer heads (--heads)",
+        Command::Bench(BenchCommand::SelectiveScan(_)) => "try shorter sequences (--seqs) or fewer channels (--dim)",
         _ => "free memory held by other processes (nvidia-smi lists them)",
     }
 }

@@ -10,6 +10,7 @@ pub mod launch;
 pub mod matmul;
 pub mod optim;
 pub mod overlap;
+pub mod selective_scan;
 pub mod transfer;
 
 use crate::CliResult;
