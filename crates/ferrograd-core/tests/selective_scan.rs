@@ -47,7 +47,8 @@ fn inputs(rng: &mut Rng, cs: Case, dtype: DType) -> Vec<Tensor> {
     let delta = if cs.softplus { delta } else { delta.abs().unwrap().add_scalar(0.05).unwrap() };
     // A < 0 (decaying states): -(0.2 + |N(0, 1)|).
     let a = n(rng, vec![dim, state], 1.0).abs().unwrap().add_scalar(0.2).unwrap().neg().unwrap();
-    let mut v = vec![u, delta, a, n(rng, vec![batch, groups, state, len], 1.0), n(rng, vec![batch, groups, state, len], 1.0)];
+    let mut v =
+        vec![u, delta, a, n(rng, vec![batch, groups, state, len], 1.0), n(rng, vec![batch, groups, state, len], 1.0)];
     if cs.d {
         v.push(n(rng, vec![dim], 1.0));
     }
@@ -456,7 +457,8 @@ fn cuda_parity_forward_and_backward() -> Result<()> {
         for (i, &len) in lens.iter().enumerate() {
             let (groups, state) = [(1, 16), (2, 4), (1, 1), (4, 17)][i % 4];
             let full = Case::new(2, 4, len, state, groups);
-            let cases = [full, full.bare(), Case { z: false, bias: false, ..full }, Case { d: false, softplus: false, ..full }];
+            let cases =
+                [full, full.bare(), Case { z: false, bias: false, ..full }, Case { d: false, softplus: false, ..full }];
             let cs = cases[(i + n) % cases.len()];
             n += 1;
             if let Err(e) = parity_case(dev, &mut rng, dtype, cs) {
@@ -492,7 +494,9 @@ fn cuda_parity_every_option_and_mamba_sizes() -> Result<()> {
 fn cuda_sanitizer_smoke() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let mut rng = Rng::new(10);
-    for (len, dtype) in [(5, DType::F32), (250, DType::BF16), (500, DType::F32), (1000, DType::BF16), (CHUNK + 3, DType::F32)] {
+    for (len, dtype) in
+        [(5, DType::F32), (250, DType::BF16), (500, DType::F32), (1000, DType::BF16), (CHUNK + 3, DType::F32)]
+    {
         parity_case(dev, &mut rng, dtype, Case::new(1, 2, len, 5, 2))?;
     }
     Ok(())

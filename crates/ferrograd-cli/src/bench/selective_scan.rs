@@ -79,8 +79,12 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     writeln!(out, "{head}")?;
     writeln!(out, "{}", "-".repeat(head.chars().count()))?;
     let mut rng = Rng::new(cfg.seed);
-    let mut report =
-        Report::new("selective_scan", cfg.device, env, "CUDA events on the compute stream; warm-up, batches, median per call");
+    let mut report = Report::new(
+        "selective_scan",
+        cfg.device,
+        env,
+        "CUDA events on the compute stream; warm-up, batches, median per call",
+    );
     for &l in &cfg.seqs {
         let small = Workload::new(&mut rng, (1, 8, l, n), dtype, cfg.device)?;
         let o = poisoned(|| Ok(small.forward()?))?;
@@ -130,7 +134,9 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
          delta_bias = -3; softplus; fwd+bwd = recorded forward + the op's backward with dout",
         cfg.seed
     ));
-    report.notes.push("one block per (batch, channel), chunks of up to 2048 steps, warp-shuffle scan; f32 state".into());
+    report
+        .notes
+        .push("one block per (batch, channel), chunks of up to 2048 steps, warp-shuffle scan; f32 state".into());
     finish_json(json, &report, out)
 }
 

@@ -150,9 +150,9 @@ fn forward_as<A: Acc>(pb: &Problem, x: &Inputs<Operand>, dtype: DType, sdt: DTyp
                 let dt = dt_of(row.delta[l] + row.bias, pb.softplus);
                 let du = dt * row.u[l];
                 let mut y = A::zero();
-                for n in 0..st {
-                    h[n] = (dt * row.a[n]).exp() * h[n] + du * row.b[n * len + l];
-                    y += row.c[n * len + l] * h[n];
+                for (n, hn) in h.iter_mut().enumerate() {
+                    *hn = (dt * row.a[n]).exp() * *hn + du * row.b[n * len + l];
+                    y += row.c[n * len + l] * *hn;
                 }
                 y += row.d * row.u[l];
                 if let Some(z) = row.z {
@@ -165,10 +165,7 @@ fn forward_as<A: Acc>(pb: &Problem, x: &Inputs<Operand>, dtype: DType, sdt: DTyp
             }
         });
     }
-    vec![
-        out(&o, vec![pb.batch, pb.dim, len], dtype),
-        out(&states, vec![pb.batch, pb.dim, nc, st], sdt),
-    ]
+    vec![out(&o, vec![pb.batch, pb.dim, len], dtype), out(&states, vec![pb.batch, pb.dim, nc, st], sdt)]
 }
 
 /// Outputs: the gradients of the forward's inputs in their order (du, ddelta, dA, dB, dC, then
@@ -182,7 +179,11 @@ pub(super) fn backward(
 ) -> Result<FusedOutputs<CpuStorage>> {
     let want = [pb.batch, pb.dim, pb.chunks(), pb.state];
     if states.1.dims() != want {
-        return Err(Error::ShapeMismatch { op: "selective_scan_backward", lhs: want.to_vec(), rhs: states.1.dims().to_vec() });
+        return Err(Error::ShapeMismatch {
+            op: "selective_scan_backward",
+            lhs: want.to_vec(),
+            rhs: states.1.dims().to_vec(),
+        });
     }
     if acc_dtype(x.u.0.dtype())? {
         Ok(backward_as::<f64>(pb, x, dout))
@@ -218,7 +219,8 @@ fn backward_as<A: Acc>(pb: &Problem, x: &Inputs<Operand>, dout: Operand) -> Fuse
             .enumerate()
             .map(|(t, (((du, ddelta), dz), (db, dc)))| {
                 let (bb, g) = (t / pb.groups, t % pb.groups);
-                let mut p = ParamGrads { da: vec![A::zero(); dpg * st], dd: vec![A::zero(); dpg], dbias: vec![A::zero(); dpg] };
+                let mut p =
+                    ParamGrads { da: vec![A::zero(); dpg * st], dd: vec![A::zero(); dpg], dbias: vec![A::zero(); dpg] };
                 let mut hs = vec![A::zero(); len * st];
                 for k in 0..dpg {
                     let d = g * dpg + k;

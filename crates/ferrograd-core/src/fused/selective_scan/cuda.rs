@@ -99,7 +99,12 @@ pub(super) fn check(dtype: DType, pb: &Problem) -> Result<()> {
         ));
     }
     if pb.batch * pb.dim > i32::MAX as usize || pb.len > (u32::MAX / 2) as usize {
-        return Err(shape_err!(OP, "batch * dim = {} or len = {} exceeds the CUDA kernels' grid", pb.batch * pb.dim, pb.len));
+        return Err(shape_err!(
+            OP,
+            "batch * dim = {} or len = {} exceeds the CUDA kernels' grid",
+            pb.batch * pb.dim,
+            pb.len
+        ));
     }
     Ok(())
 }
@@ -153,7 +158,11 @@ fn ptrs(x: &Inputs<Operand>, dtype: DType) -> Result<Ptrs> {
 
 fn cfg(pb: &Problem, backward: bool) -> (LaunchConfig, String) {
     let (nt, k) = config(pb.len, backward);
-    let c = LaunchConfig { grid_dim: ((pb.batch * pb.dim) as u32, 1, 1), block_dim: (nt as u32, 1, 1), shared_mem_bytes: 0 };
+    let c = LaunchConfig {
+        grid_dim: ((pb.batch * pb.dim) as u32, 1, 1),
+        block_dim: (nt as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     (c, format!("{nt}x{k}"))
 }
 
@@ -200,7 +209,11 @@ pub(super) fn backward(
     let sfx = suffix(dtype)?;
     let want = [pb.batch, pb.dim, pb.chunks(), pb.state];
     if states.1.dims() != want {
-        return Err(Error::ShapeMismatch { op: "selective_scan_backward", lhs: want.to_vec(), rhs: states.1.dims().to_vec() });
+        return Err(Error::ShapeMismatch {
+            op: "selective_scan_backward",
+            lhs: want.to_vec(),
+            rhs: states.1.dims().to_vec(),
+        });
     }
     let dev = x.u.0.dev().clone();
     let n_x = pb.batch * pb.dim * pb.len;

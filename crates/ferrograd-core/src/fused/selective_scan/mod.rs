@@ -202,7 +202,14 @@ fn resolve(u: &Tensor, delta: &Tensor, a: &Tensor, b: &Tensor, c: &Tensor, args:
 /// - Errors: `Error::Shape` naming the input with a wrong shape (or groups not dividing dim, or
 ///   more than [`MAX_CUDA_STATE`] states on CUDA), `Error::DTypeMismatch`,
 ///   `Error::DeviceMismatch`, `Error::UnsupportedDType` (integers; f16 and f64 on CUDA).
-pub fn selective_scan(u: &Tensor, delta: &Tensor, a: &Tensor, b: &Tensor, c: &Tensor, args: ScanArgs) -> Result<Tensor> {
+pub fn selective_scan(
+    u: &Tensor,
+    delta: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    args: ScanArgs,
+) -> Result<Tensor> {
     let pb = resolve(u, delta, a, b, c, &args)?;
     let mut inputs = vec![u, delta, a, b, c];
     inputs.extend([args.d, args.z, args.delta_bias].into_iter().flatten());
