@@ -35,7 +35,7 @@ for s in ${*:-tests memcheck racecheck bench twin}; do
   case $s in
     tests) step tests 300 "$T" --test-threads=1 --nocapture ;;
     memcheck) step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 97 "$T" --test-threads=1 cuda_ ;;
-    racecheck) step racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 97 "$T" --test-threads=1 cuda_sanitizer_smoke ;;
+    racecheck) step racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 97 "$T" --test-threads=1 cuda_sscan_sanitizer_smoke ;;
     bench) step bench 300 "$G/bin/ferrograd" bench selective-scan --json "$OUT/ferrograd_selective_scan.json" ${BENCH_ARGS:-} ;;
     twin) step twin 300 python3 bench/torch_selective_scan.py --json "$OUT/pytorch_selective_scan.json" ${BENCH_ARGS:-} ;;
     *) echo "unknown step $s" >&2 ;;

@@ -327,7 +327,7 @@ fn gradients_across_the_chunk_boundary_match_a_directional_derivative() -> Resul
 // ---- errors ----------------------------------------------------------------------------------------
 
 #[test]
-fn bad_inputs_are_typed_errors() -> Result<()> {
+fn sscan_bad_inputs_are_typed_errors() -> Result<()> {
     let t = |dims: &[usize], dt: DType| Tensor::zeros(dims.to_vec(), dt, CPU).unwrap();
     let f = DType::F32;
     let (u, a, b) = (t(&[2, 4, 5], f), t(&[4, 3], f), t(&[2, 2, 3, 5], f));
@@ -448,7 +448,7 @@ fn parity_case(dev: Device, rng: &mut Rng, dtype: DType, cs: Case) -> Result<()>
 }
 
 #[test]
-fn cuda_parity_forward_and_backward() -> Result<()> {
+fn cuda_sscan_parity_forward_and_backward() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let mut rng = Rng::new(7);
     let lens = [1, 7, 128, 200, 300, 777, 1500, CHUNK, CHUNK + 1, 2 * CHUNK + 901];
@@ -471,7 +471,7 @@ fn cuda_parity_forward_and_backward() -> Result<()> {
 }
 
 #[test]
-fn cuda_parity_every_option_and_mamba_sizes() -> Result<()> {
+fn cuda_sscan_parity_every_option_and_mamba_sizes() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let mut rng = Rng::new(8);
     for dtype in [DType::F32, DType::BF16] {
@@ -488,10 +488,36 @@ fn cuda_parity_every_option_and_mamba_sizes() -> Result<()> {
     Ok(())
 }
 
+/// Strided device views (u and z transposed, B narrowed) are copied by the launch, and A, D and
+/// delta_bias in the activations' dtype (bf16 in the bf16 run) converted to f32: the result
+/// matches the f64 CPU op on the same values.
+#[test]
+fn cuda_sscan_reads_strided_views() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let mut rng = Rng::new(9);
+    for dtype in [DType::F32, DType::BF16] {
+        let cs = Case::new(2, 3, 37, 4, 1);
+        let x = inputs(&mut rng, cs, dtype);
+        let wide = Tensor::randn_with(&mut rng, 0.0, 1.0, vec![2, 1, 4, 40], DType::F64, CPU)?.to_dtype(dtype)?;
+        let mut host = x.clone();
+        host[3] = wide.narrow(3, 1, 37)?;
+        let want = scan(cs, &host.iter().map(|t| t.to_dtype(DType::F64).unwrap()).collect::<Vec<_>>())?;
+        let on = |t: &Tensor| t.to_device(dev).unwrap();
+        let mut gx: Vec<Tensor> = x.iter().map(on).collect();
+        gx[0] = on(&x[0].transpose(1, 2)?.contiguous()?).transpose(1, 2)?;
+        gx[6] = on(&x[6].transpose(1, 2)?.contiguous()?).transpose(1, 2)?;
+        gx[3] = on(&wide).narrow(3, 1, 37)?;
+        let got = scan(cs, &gx)?;
+        let e = rel_err(&got.to_f64_vec()?, &want.to_f64_vec()?);
+        assert!(e < parity_tol(dtype).0, "{dtype} strided views: rel err {e:.3e}");
+    }
+    Ok(())
+}
+
 /// A few small cases, forward and backward, for compute-sanitizer (memcheck, racecheck): every
 /// kernel configuration once, a partial last chunk, several chunks.
 #[test]
-fn cuda_sanitizer_smoke() -> Result<()> {
+fn cuda_sscan_sanitizer_smoke() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let mut rng = Rng::new(10);
     for (len, dtype) in
