@@ -20,6 +20,8 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod fused;
+pub mod host;
+pub mod io;
 pub mod layout;
 mod nn_ops;
 pub mod op;

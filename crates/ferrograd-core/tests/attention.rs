@@ -418,8 +418,14 @@ fn parity_case(
     assert_eq!(o.dtype(), dtype, "{what}");
     let mut errs = vec![rel_err(&o.to_dtype(DType::F64)?, &ro)];
     // dq and dk can be exactly zero (one key: the softmax is constant), so their errors are taken
-    // relative to at least 1% of dv's norm.
-    let floor = 0.01 * norm(&rg[2]);
+    // relative to at least 1% of dv's norm. With one key the exact dq and dk ARE zero and what the
+    // kernels return is rounding: delta = dO . O reads O rounded to the output dtype (as
+    // FlashAttention does) while dP = dO . V does not, which leaves about 2e-3 |dv| in bf16 (4e-4
+    // in f16) once dropout's 1/(1-p) rounds O. Against an exact zero the error is measured on dv's
+    // own scale (dq's size for unit inputs when the softmax is not constant); a wrong kernel is
+    // off by order one there.
+    let (_, _, _, tk, _) = dims;
+    let floor = if tk == 1 { norm(&rg[2]) } else { 0.01 * norm(&rg[2]) };
     for (a, r) in g.iter().zip(&rg) {
         assert_eq!(a.device(), dev, "{what}");
         errs.push(rel_err_floor(&a.to_dtype(DType::F64)?, r, floor));

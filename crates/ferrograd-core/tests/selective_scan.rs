@@ -546,7 +546,7 @@ fn bench_workload_checks_on_the_cpu() -> Result<()> {
 /// FERROGRAD_DUMP_CUBIN=DIR writes the cubins there, for cuobjdump.
 #[test]
 fn kernels_compile_for_sm80_and_sm90() {
-    use ferrograd_core::cuda::kernels::{compile_cubin, find_cuda_include, nvrtc_info, Arch, KernelSource};
+    use ferrograd_core::cuda::nvrtc::{compile_cubin, find_cuda_include, nvrtc_info, Arch};
     use ferrograd_core::fused::selective_scan::MODULE;
     if let Err(e) = nvrtc_info() {
         assert!(std::env::var_os("FERROGRAD_REQUIRE_NVRTC").is_none_or(|v| v != "1"), "NVRTC required: {e}");
@@ -555,7 +555,7 @@ fn kernels_compile_for_sm80_and_sm90() {
     }
     let include = find_cuda_include().unwrap_or_else(|e| panic!("{e}"));
     for arch in [Arch::SM80, Arch::SM90] {
-        let cubin = compile_cubin(&KernelSource::new(MODULE.name, MODULE.src), arch, &include)
+        let cubin = compile_cubin(&MODULE.source(), arch, &include)
             .unwrap_or_else(|e| panic!("{} for {arch}: {e}", MODULE.name));
         assert!(cubin.len() > 1000, "{arch}: {} bytes", cubin.len());
         if let Some(dir) = std::env::var_os("FERROGRAD_DUMP_CUBIN") {

@@ -2,8 +2,7 @@
 //! found (FERROGRAD_REQUIRE_NVRTC=1 turns a skip into a failure, as in the core's compile test).
 //! FERROGRAD_DUMP_CUBIN=DIR also writes each cubin there, for cuobjdump.
 
-use ferrograd_core::cuda::kernels::{compile_cubin, find_cuda_include, nvrtc_info, Arch, KernelSource};
-use ferrograd_core::cuda::modules::Module;
+use ferrograd_core::cuda::nvrtc::{compile_cubin, find_cuda_include, nvrtc_info, Arch};
 
 #[test]
 fn model_kernels_compile_for_sm80_and_sm90() {
@@ -13,13 +12,11 @@ fn model_kernels_compile_for_sm80_and_sm90() {
         return;
     }
     let include = find_cuda_include().unwrap_or_else(|e| panic!("{e}"));
-    let modules: [&Module; 2] =
-        [&ferrograd_models::monster_walk::fused::MODULE, &ferrograd_models::persistent::trainer::MODULE];
-    for m in modules {
+    for m in ferrograd_models::MODULES {
         for arch in [Arch::SM80, Arch::SM90] {
             let t = std::time::Instant::now();
-            let cubin = compile_cubin(&KernelSource::new(m.name, m.src), arch, &include)
-                .unwrap_or_else(|e| panic!("{} for {arch}: {e}", m.name));
+            let cubin =
+                compile_cubin(&m.source(), arch, &include).unwrap_or_else(|e| panic!("{} for {arch}: {e}", m.name));
             assert!(cubin.len() > 1000, "{} for {arch}: {} bytes", m.name, cubin.len());
             println!("{} {arch}: {} bytes in {:.1} s", m.name, cubin.len(), t.elapsed().as_secs_f64());
             if let Some(dir) = std::env::var_os("FERROGRAD_DUMP_CUBIN") {

@@ -9,6 +9,7 @@ use ferrograd_core::{DType, Device, Result, Rng, Tensor};
 use ferrograd_models::monster_walk::persistent::spec as monster_spec;
 use ferrograd_models::monster_walk::{Autoencoder, CopyData};
 use ferrograd_models::persistent::{MlpSpec, PersistentMlp, Precision};
+use ferrograd_nn::Linear;
 
 fn gpu() -> Option<Device> {
     match CudaDevice::get(0) {
@@ -178,15 +179,20 @@ fn monster_walk_20_steps_match_float64_and_autograd() -> Result<()> {
     let xs: Vec<Tensor> = (0..2).map(|c| CopyData::build(c, dev)?.samples()).collect::<Result<_>>()?;
     let xh: Vec<Vec<f32>> = xs.iter().map(|x| x.to_vec::<f32>()).collect::<Result<_>>()?;
     let spec = monster_spec()?;
-    let mut reference = Reference::new(&spec, &host_weights(&model.layers)?);
+    let mut reference = Reference::new(&spec, &host_weights(&model.weight_pairs()?)?);
     let ref_losses: Vec<f64> = (0..20).map(|s| reference.step(&xh[s % 2], &xh[s % 2], 5041, &adam).0).collect();
 
     // The autograd path, step by step (train.rs's Autograd stepper).
     let deep = |t: &Tensor| -> Result<Tensor> {
         Ok(Tensor::from_vec(t.to_vec::<f32>()?, t.dims().to_vec(), dev)?.requires_grad())
     };
-    let ag =
-        Autoencoder { layers: model.layers.iter().map(|(w, b)| Ok((deep(w)?, deep(b)?))).collect::<Result<Vec<_>>>()? };
+    let ag = Autoencoder {
+        layers: model
+            .weight_pairs()?
+            .iter()
+            .map(|(w, b)| Ok(Linear::from_tensors(deep(w)?, Some(deep(b)?))))
+            .collect::<Result<Vec<_>>>()?,
+    };
     let params = ag.parameters();
     let (m, v): (Vec<Tensor>, Vec<Tensor>) = (
         params.iter().map(|p| p.zeros_like()).collect::<Result<_>>()?,
@@ -203,7 +209,7 @@ fn monster_walk_20_steps_match_float64_and_autograd() -> Result<()> {
     }
 
     let batches: Vec<(Tensor, Option<Tensor>)> = xs.iter().map(|x| (x.clone(), None)).collect();
-    let mut p = PersistentMlp::new(spec.clone(), &model.layers, dev, 5041, Precision::F32)?;
+    let mut p = PersistentMlp::new(spec.clone(), &model.weight_pairs()?, dev, 5041, Precision::F32)?;
     println!("grid {} smem {} B", p.layout().grid, p.layout().smem_bytes);
     let mut reported = vec![];
     let run = p.train(&batches, 20, &adam, 2, |s, l| reported.push((s, l)))?;
@@ -225,8 +231,8 @@ fn monster_walk_20_steps_match_float64_and_autograd() -> Result<()> {
 
     // Write back, then one more step: its loss and gradient are those of the written-back weights.
     let back = Autoencoder::init(99, dev)?;
-    p.write_into(&back.layers)?;
-    assert_eq!(host_weights(&back.layers)?, p.weights()?);
+    p.write_into(&back.weight_pairs()?)?;
+    assert_eq!(host_weights(&back.weight_pairs()?)?, p.weights()?);
     let (one, g) = p.train_with_last_gradient(&batches[..1], 1, &adam)?;
     let bp = back.parameters();
     let loss = back.loss(&xs[0])?;
@@ -254,11 +260,11 @@ fn monster_walk_tf32_and_bf16_stay_close() -> Result<()> {
     let xs: Vec<Tensor> = (0..2).map(|c| CopyData::build(c, dev)?.samples()).collect::<Result<_>>()?;
     let xh: Vec<Vec<f32>> = xs.iter().map(|x| x.to_vec::<f32>()).collect::<Result<_>>()?;
     let spec = monster_spec()?;
-    let mut reference = Reference::new(&spec, &host_weights(&model.layers)?);
+    let mut reference = Reference::new(&spec, &host_weights(&model.weight_pairs()?)?);
     let ref_losses: Vec<f64> = (0..20).map(|s| reference.step(&xh[s % 2], &xh[s % 2], 5041, &adam).0).collect();
     let batches: Vec<(Tensor, Option<Tensor>)> = xs.iter().map(|x| (x.clone(), None)).collect();
     for (prec, tol) in [(Precision::Tf32, 5e-3), (Precision::Bf16, 5e-2)] {
-        let mut p = PersistentMlp::new(spec.clone(), &model.layers, dev, 5041, prec)?;
+        let mut p = PersistentMlp::new(spec.clone(), &model.weight_pairs()?, dev, 5041, prec)?;
         let run = p.train(&batches, 20, &adam, usize::MAX, |_, _| {})?;
         let worst = (0..20).map(|s| rel(run.losses[s] as f64, ref_losses[s])).fold(0.0, f64::max);
         println!("{prec}: worst relative loss difference over 20 steps {worst:.2e} (tolerance {tol:.0e})");

@@ -12,7 +12,7 @@
 //! included (PyTorch: `torch.cuda.max_memory_allocated`).
 
 use super::check::{poisoned, require};
-use super::{cuda_device, finish_json, open_json, plot_title, Environment, Report, Row};
+use super::{cuda_device, finish_json, plot_title, Environment, Report, Row};
 use crate::plot::{line_chart, Series};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
@@ -41,7 +41,9 @@ pub fn row_name(mode: &str, dtype: DType, d: usize, causal: bool, t: usize) -> S
     format!("{mode} {} d={d} {} T={t}", dtype.as_str(), if causal { "causal" } else { "full" })
 }
 
-fn validate(cfg: &Config) -> CliResult<()> {
+/// The flags, and the largest problem's byte count (q/k/v, output and their gradients: about
+/// four copies of the packed `[B, T, 3, H, D]` buffer) checked for overflow (issue 11).
+pub fn check(cfg: &Config) -> CliResult<()> {
     if !matches!(cfg.dtype, DType::BF16 | DType::F16 | DType::F32) {
         return Err(format!("--dtype {}: the attention bench runs bf16, f16 or f32", cfg.dtype).into());
     }
@@ -51,14 +53,21 @@ fn validate(cfg: &Config) -> CliResult<()> {
     if let Some(t) = cfg.seqs.iter().find(|&&t| t == 0 || t > 65536) {
         return Err(format!("sequence length {t} out of range (1..=65536)").into());
     }
+    let (t, d) = (cfg.seqs.iter().max().copied().unwrap_or(1), cfg.head_dims.iter().max().copied().unwrap_or(1));
+    let bytes = [cfg.heads, t, 3, d, cfg.dtype.size_in_bytes(), 4].iter().try_fold(cfg.batch, |a, &x| a.checked_mul(x));
+    if bytes.is_none() {
+        return Err(format!(
+            "bench attention: B={} H={} T={t} D={d} is too large: its byte count overflows",
+            cfg.batch, cfg.heads
+        )
+        .into());
+    }
     Ok(())
 }
 
 pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
-    validate(cfg)?;
+    check(cfg)?;
     let dev = cuda_device("attention", cfg.device)?;
-    let json = open_json(&cfg.json)?;
-    crate::plot::check_path(&cfg.plot)?;
     let env = Environment::for_device(cfg.device);
     let clock = Clock::new(cfg.device)?;
     let (b, h, dtype) = (cfg.batch, cfg.heads, cfg.dtype);
@@ -159,7 +168,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         line_chart(p, &plot_title(&report), "T (log scale)", "TFLOP/s (log scale)", &series)?;
         writeln!(out, "\nwrote {}", p.display())?;
     }
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }
 
 #[cfg(test)]
@@ -184,10 +193,12 @@ mod tests {
     #[test]
     fn names_and_validation() {
         assert_eq!(row_name("fwd", DType::BF16, 64, true, 1024), "fwd bf16 d=64 causal T=1024");
-        assert!(validate(&cfg()).is_ok());
-        assert!(validate(&Config { dtype: DType::I32, ..cfg() }).is_err());
-        assert!(validate(&Config { seqs: vec![0], ..cfg() }).is_err());
-        assert!(validate(&Config { causal: vec![], ..cfg() }).is_err());
+        assert!(check(&cfg()).is_ok());
+        assert!(check(&Config { dtype: DType::I32, ..cfg() }).is_err());
+        assert!(check(&Config { seqs: vec![0], ..cfg() }).is_err());
+        assert!(check(&Config { causal: vec![], ..cfg() }).is_err());
+        let e = check(&Config { batch: usize::MAX, ..cfg() }).unwrap_err().to_string();
+        assert!(e.contains("overflows"), "{e}");
         let e = run(&cfg(), &mut Vec::new()).unwrap_err().to_string();
         assert!(e.contains("measures a CUDA device"), "{e}");
     }

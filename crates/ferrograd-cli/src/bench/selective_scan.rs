@@ -12,7 +12,7 @@
 //! inputs included.
 
 use super::check::{poisoned, require};
-use super::{cuda_device, finish_json, open_json, Environment, Report, Row};
+use super::{cuda_device, finish_json, Environment, Report, Row};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
 use ferrograd_core::fused::selective_scan::bench::{tolerance, Workload};
@@ -38,7 +38,10 @@ pub fn row_name(mode: &str, dtype: DType, (b, d, n, l): (usize, usize, usize, us
     format!("{mode} {} B={b} D={d} N={n} L={l}", dtype.as_str())
 }
 
-fn validate(cfg: &Config) -> CliResult<()> {
+/// The flags, and the largest problem's byte count checked for overflow (issue 11): the
+/// `[batch, dim, len]` tensors (u, delta, z, out, dout and the gradients: a dozen copies counted
+/// as sixteen) and the `[batch, state, len]` ones (B, C and theirs, counted as eight).
+pub fn check(cfg: &Config) -> CliResult<()> {
     if !matches!(cfg.dtype, DType::BF16 | DType::F32) {
         return Err(format!("--dtype {}: the selective-scan bench runs bf16 or f32", cfg.dtype).into());
     }
@@ -51,13 +54,23 @@ fn validate(cfg: &Config) -> CliResult<()> {
     if let Some(l) = cfg.seqs.iter().find(|&&l| l == 0 || l > 1 << 20) {
         return Err(format!("sequence length {l} out of range (1..=1048576)").into());
     }
+    let l = cfg.seqs.iter().max().copied().unwrap_or(1);
+    let e = cfg.dtype.size_in_bytes();
+    let x = [cfg.dim, l, e, 16].iter().try_fold(cfg.batch, |a, &v| a.checked_mul(v));
+    let bc = [cfg.state, l, e, 8].iter().try_fold(cfg.batch, |a, &v| a.checked_mul(v));
+    if x.zip(bc).and_then(|(x, bc)| x.checked_add(bc)).is_none() {
+        return Err(format!(
+            "bench selective-scan: B={} D={} N={} L={l} is too large: its byte count overflows",
+            cfg.batch, cfg.dim, cfg.state
+        )
+        .into());
+    }
     Ok(())
 }
 
 pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
-    validate(cfg)?;
+    check(cfg)?;
     let dev = cuda_device("selective-scan", cfg.device)?;
-    let json = open_json(&cfg.json)?;
     let env = Environment::for_device(cfg.device);
     let clock = Clock::new(cfg.device)?;
     let (b, d, n, dtype) = (cfg.batch, cfg.dim, cfg.state, cfg.dtype);
@@ -137,7 +150,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     report
         .notes
         .push("one block per (batch, channel), chunks of up to 2048 steps, warp-shuffle scan; f32 state".into());
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }
 
 #[cfg(test)]
@@ -160,11 +173,13 @@ mod tests {
     #[test]
     fn names_and_validation() {
         assert_eq!(row_name("fwd", DType::BF16, (4, 1536, 16, 1024)), "fwd bf16 B=4 D=1536 N=16 L=1024");
-        assert!(validate(&cfg()).is_ok());
-        assert!(validate(&Config { dtype: DType::F16, ..cfg() }).is_err());
-        assert!(validate(&Config { seqs: vec![0], ..cfg() }).is_err());
-        assert!(validate(&Config { state: 0, ..cfg() }).is_err());
-        assert!(validate(&Config { state: 257, ..cfg() }).is_err());
+        assert!(check(&cfg()).is_ok());
+        assert!(check(&Config { dtype: DType::F16, ..cfg() }).is_err());
+        assert!(check(&Config { seqs: vec![0], ..cfg() }).is_err());
+        assert!(check(&Config { state: 0, ..cfg() }).is_err());
+        assert!(check(&Config { state: 257, ..cfg() }).is_err());
+        let e = check(&Config { batch: usize::MAX, ..cfg() }).unwrap_err().to_string();
+        assert!(e.contains("overflows"), "{e}");
         let e = run(&cfg(), &mut Vec::new()).unwrap_err().to_string();
         assert!(e.contains("measures a CUDA device"), "{e}");
     }

@@ -2,19 +2,22 @@
 //! loading), so a machine without CUDA builds and runs the same binary; each entry point checks
 //! that the library exists first because cudarc panics on a missing one.
 
+#[cfg(test)]
+mod abi;
 pub mod alloc;
 mod buffer;
 mod cooperative;
-mod cross_entropy;
 pub mod device;
 mod driver;
+pub(crate) mod error_flag;
 pub mod event;
-pub mod kernels;
+pub mod klayout;
+pub(crate) mod launch;
 mod matmul;
 pub mod memory;
 pub mod modules;
-mod ops;
-pub(crate) mod optim;
+pub mod nvrtc;
+pub(crate) mod ops;
 pub mod pinned;
 pub mod probe;
 pub mod storage;

@@ -1,5 +1,5 @@
 //! Monster Walk: fill a device with tensors derived from the order of the Monster group and train a
-//! small autoencoder over all of them (`shared/MONSTER_WALK.md` is the exact definition).
+//! small autoencoder over all of them (`docs/monster-walk.md` is the definition, for users).
 //!
 //! - `walk`: exact big-integer walk and digit sums (CPU).
 //! - `data`: the four resident representations of a copy, built on the target device.

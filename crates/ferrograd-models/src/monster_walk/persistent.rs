@@ -42,7 +42,7 @@ impl MonsterPersistent {
         if let Some(why) = PersistentMlp::unavailable(&spec, device, batch_rows, precision)? {
             return Ok(Err(why));
         }
-        let inner = PersistentMlp::new(spec, &model.layers, device, batch_rows, precision)?;
+        let inner = PersistentMlp::new(spec, &model.weight_pairs()?, device, batch_rows, precision)?;
         Ok(Ok(MonsterPersistent { inner }))
     }
 
@@ -63,7 +63,7 @@ impl MonsterPersistent {
         let run = self.inner.train(&pairs, steps, adam, nb, |s, loss| {
             on_epoch((s + 1) / nb.max(1), loss as f64, start.elapsed().as_secs_f64())
         })?;
-        self.inner.write_into(&model.layers)?;
+        self.inner.write_into(&model.weight_pairs()?)?;
         Ok(Outcome {
             training_time_s: run.seconds,
             steps,

@@ -1,5 +1,13 @@
 // attention.cu: the backward's helper kernels (delta, dQ conversion) and the entry points of
 // the attention module (one module per head dim; the ABI is in attention_common.cuh).
+//
+// The module's source: its headers are declared in mod.rs `attention_module!`, which passes the
+// head dim as `-D FG_ATTN_D=<d>`.
+
+#include "common.cuh"
+#include "attention_common.cuh"
+#include "attention_tc.cu"
+#include "attention_simt.cu"
 
 // ---------------------------------------------------------------------------------------------
 // Backward helpers, every dtype: delta = rowsum(dO * O) (and dq_acc zeroed), dq_acc -> dq

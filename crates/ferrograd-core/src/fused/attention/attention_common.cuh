@@ -3,10 +3,11 @@
 // chip; the backward recomputes P from the log-sum-exp).
 // Rust side: src/fused/attention/{mod.rs, cuda.rs}; CPU twin (the reference): cpu.rs.
 //
-// One NVRTC module per head dim (mod.rs `attention_module!`): common.cuh, `#define FG_ATTN_D <d>`,
-// this file, attention_tc.cu (tensor-core kernels), attention_simt.cu (f32) and attention.cu
-// (helpers, entry points), concatenated. Every entry point carries the head dim in its name
-// (`fg_attn_fwd_d64_k64_bf16`), so modules of different head dims never share a kernel name.
+// One NVRTC module per head dim (mod.rs `attention_module!`, `-D FG_ATTN_D=<d>` from Rust):
+// attention.cu includes common.cuh, this file, attention_tc.cu (tensor-core kernels) and
+// attention_simt.cu (f32), then defines the helpers and entry points. Every entry point carries the
+// head dim in its name (`fg_attn_fwd_d64_k64_bf16`), which keeps profiles readable (functions are
+// cached by module and name, so equal names in two modules would be safe too).
 //
 // Entry points (T = bf16 / f16 use tensor cores; f32 runs the SIMT kernels, exact f32 FMAs):
 //   fg_attn_fwd_d{D}_k{BKV}_{bf16,f16}, fg_attn_fwd_d{D}_f32
@@ -50,7 +51,7 @@
 // by 16 bytes, so ldmatrix's eight row addresses fall in distinct banks.
 
 #ifndef FG_ATTN_D
-#error "FG_ATTN_D (the head dim) must be defined before attention_common.cuh"
+#error "FG_ATTN_D (the head dim) comes from Rust: fused/attention/mod.rs attention_module!"
 #endif
 
 #define FG_ATTN_WARPS 4

@@ -1,6 +1,6 @@
 // attention_tc.cu: the tensor-core forward and backward of attention (bf16 / f16; see the
-// module's header, attention_common.cuh, for the ABI and the algorithm). Part of one NVRTC module:
-// common.cuh + attention_common.cuh + attention_tc.cu + attention_simt.cu + attention.cu.
+// module's header, attention_common.cuh, for the ABI and the algorithm). Included by attention.cu
+// after common.cuh and attention_common.cuh (declared as a header of the module in mod.rs).
 
 // ---------------------------------------------------------------------------------------------
 // Forward, tensor cores

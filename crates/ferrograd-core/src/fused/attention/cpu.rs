@@ -45,7 +45,7 @@ impl Acc for f64 {
 }
 
 /// A view whose dims are `[B, H, T, D]` (or `[B, H, T]`) as a contiguous vector of `A`.
-fn gather<A: Acc>(s: &CpuStorage, l: &Layout) -> Vec<A> {
+fn gather<A: Acc>(s: &CpuStorage, l: &Layout) -> Result<Vec<A>> {
     crate::cpu_dispatch!(s, v => strided::map(v, l, |x| A::of(x.to_f64())))
 }
 
@@ -55,7 +55,7 @@ fn bhtd(l: &Layout) -> Result<Layout> {
 }
 
 /// `[B, H, T, D]` values written out as a `[B, T, H, D]` storage of `dtype`.
-fn to_bthd<A: Acc>(x: &[A], (b, h, t, d): (usize, usize, usize, usize), dtype: DType) -> CpuStorage {
+fn to_bthd<A: Acc>(x: &[A], (b, h, t, d): (usize, usize, usize, usize), dtype: DType) -> Result<CpuStorage> {
     let it = (0..b * t * h * d).map(|e| {
         let (r, dd) = (e / d, e % d);
         let (r, hh) = (r / h, r % h);
@@ -127,14 +127,20 @@ type Operand<'a> = (&'a CpuStorage, &'a Layout);
 pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Result<FusedOutputs<CpuStorage>> {
     let dtype = q.0.dtype();
     if float_dtype(dtype)? {
-        Ok(forward_as::<f64>(pb, q, k, v, dtype))
+        forward_as::<f64>(pb, q, k, v, dtype)
     } else {
-        Ok(forward_as::<f32>(pb, q, k, v, dtype))
+        forward_as::<f32>(pb, q, k, v, dtype)
     }
 }
 
-fn forward_as<A: Acc>(pb: &Problem, q: Operand, k: Operand, v: Operand, dtype: DType) -> FusedOutputs<CpuStorage> {
-    let (qv, kv, vv) = (gather::<A>(q.0, q.1), gather::<A>(k.0, k.1), gather::<A>(v.0, v.1));
+fn forward_as<A: Acc>(
+    pb: &Problem,
+    q: Operand,
+    k: Operand,
+    v: Operand,
+    dtype: DType,
+) -> Result<FusedOutputs<CpuStorage>> {
+    let (qv, kv, vv) = (gather::<A>(q.0, q.1)?, gather::<A>(k.0, k.1)?, gather::<A>(v.0, v.1)?);
     let Problem { b, h, tq, tk, d, .. } = *pb;
     let mut o = vec![A::zero(); b * h * tq * d];
     let mut lse = vec![A::zero(); b * h * tq];
@@ -147,10 +153,10 @@ fn forward_as<A: Acc>(pb: &Problem, q: Operand, k: Operand, v: Operand, dtype: D
                 .for_each(|(qb, (oc, lc))| forward_rows(pb, bh, qb * QB, qh, kh, vh, oc, lc));
         });
     }
-    vec![
-        (to_bthd(&o, (b, h, tq, d), dtype), Shape::from(vec![b, tq, h, d])),
-        (CpuStorage::from_f64_iter(lse.iter().map(|x| x.f64()), lse_dtype(dtype)), Shape::from(vec![b, h, tq])),
-    ]
+    Ok(vec![
+        (to_bthd(&o, (b, h, tq, d), dtype)?, Shape::from(vec![b, tq, h, d])),
+        (CpuStorage::from_f64_iter(lse.iter().map(|x| x.f64()), lse_dtype(dtype))?, Shape::from(vec![b, h, tq])),
+    ])
 }
 
 /// Query rows `i0 ..` (as many as `lc` holds) of head `bh`: output rows into `oc`, log-sum-exp
@@ -226,6 +232,7 @@ pub(super) fn backward(
 
 fn backward_as<A: Acc>(pb: &Problem, x: [Operand; 6], dtype: DType) -> Result<FusedOutputs<CpuStorage>> {
     let [q, k, v, o, dout, lse] = x.map(|(s, l)| gather::<A>(s, l));
+    let (q, k, v, o, dout, lse) = (q?, k?, v?, o?, dout?, lse?);
     let Problem { b, h, tq, tk, d, causal, .. } = *pb;
     let scale = A::of(pb.scale);
     let rp = A::of(pb.dropout.map_or(1.0, |dr| 1.0 / (1.0 - dr.p)));
@@ -285,8 +292,8 @@ fn backward_as<A: Acc>(pb: &Problem, x: [Operand; 6], dtype: DType) -> Result<Fu
         });
     }
     Ok(vec![
-        (to_bthd(&dq, (b, h, tq, d), dtype), Shape::from(vec![b, tq, h, d])),
-        (to_bthd(&dk, (b, h, tk, d), dtype), Shape::from(vec![b, tk, h, d])),
-        (to_bthd(&dv, (b, h, tk, d), dtype), Shape::from(vec![b, tk, h, d])),
+        (to_bthd(&dq, (b, h, tq, d), dtype)?, Shape::from(vec![b, tq, h, d])),
+        (to_bthd(&dk, (b, h, tk, d), dtype)?, Shape::from(vec![b, tk, h, d])),
+        (to_bthd(&dv, (b, h, tk, d), dtype)?, Shape::from(vec![b, tk, h, d])),
     ])
 }

@@ -6,8 +6,8 @@
 use super::{Problem, CUDA_HEAD_DIMS, MODULES, OP};
 use crate::backend::BackendStorage;
 use crate::cuda::device::driver_err;
+use crate::cuda::launch::{cfg_1d, cfg_warp_rows, launch};
 use crate::cuda::modules::Module;
-use crate::cuda::storage::{launch, sm_count};
 use crate::cuda::{CudaDevice, CudaStorage};
 use crate::fused::FusedOutputs;
 use crate::{shape_err, DType, Error, Layout, Result, Shape};
@@ -302,8 +302,7 @@ pub(super) fn backward(
             ..params(pb)
         };
         if rows > 0 {
-            let blocks = rows.div_ceil(8).clamp(1, sm_count() * 8);
-            launch!(dev, *m, format!("fg_attn_bwd_pre_d{d}_{sfx}"), cfg((blocks, 1), 256, 0);
+            launch!(dev, *m, format!("fg_attn_bwd_pre_d{d}_{sfx}"), cfg_warp_rows(&dev, rows);
                 op, gp, delta.buf.ptr(), dq_acc.buf.ptr(), p);
         }
         let t = tiles(d, dtype);
@@ -312,7 +311,7 @@ pub(super) fn backward(
         let c = cfg((b * h, tk.div_ceil(t.bwd_bkv)), 128, t.bwd_smem);
         launch!(dev, *m, name, c; qp, kp, vp, gp, lp, delta.buf.ptr(), dq_acc.buf.ptr(), dk.buf.ptr(), dv.buf.ptr(), p);
         if rows > 0 {
-            let c = crate::cuda::storage::cfg_1d(rows * d);
+            let c = cfg_1d(&dev, rows * d);
             launch!(dev, *m, format!("fg_attn_dq_d{d}_{sfx}"), c; dq_acc.buf.ptr(), dq.buf.ptr(), p);
         }
     }

@@ -20,7 +20,8 @@ mod cuda;
 
 use super::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
 use crate::cpu::CpuStorage;
-use crate::cuda::modules::Module;
+use crate::cuda::modules::headers::COMMON;
+use crate::cuda::modules::{Define, Header, Module};
 use crate::cuda::CudaStorage;
 use crate::rng::Rng;
 use crate::{shape_err, DType, Error, Layout, Result, Tensor};
@@ -53,29 +54,25 @@ impl AttentionOpts {
 /// Head dims the CUDA kernels are built for (every head dim works on the CPU).
 pub const CUDA_HEAD_DIMS: [usize; 5] = [32, 64, 80, 96, 128];
 
+/// The module's own headers (`attention.cu` includes them after the shared `common.cuh`): the
+/// ABI and helpers, the tensor-core kernels, the f32 kernels.
+const ATTN_COMMON: Header = Header::new("attention_common.cuh", include_str!("attention_common.cuh"));
+const ATTN_TC: Header = Header::new("attention_tc.cu", include_str!("attention_tc.cu"));
+const ATTN_SIMT: Header = Header::new("attention_simt.cu", include_str!("attention_simt.cu"));
+
 macro_rules! attention_module {
     ($id:ident, $name:literal, $d:literal) => {
-        pub const $id: Module = Module {
-            name: $name,
-            src: concat!(
-                include_str!("../../../kernels/common.cuh"),
-                "\n#define FG_ATTN_D ",
-                $d,
-                "\n",
-                include_str!("attention_common.cuh"),
-                include_str!("attention_tc.cu"),
-                include_str!("attention_simt.cu"),
-                include_str!("attention.cu")
-            ),
-        };
+        pub const $id: Module = Module::new($name, include_str!("attention.cu"))
+            .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT])
+            .with_defines(&[Define::int("FG_ATTN_D", $d)]);
     };
 }
 
-attention_module!(ATTENTION_D32, "attention_d32", "32");
-attention_module!(ATTENTION_D64, "attention_d64", "64");
-attention_module!(ATTENTION_D80, "attention_d80", "80");
-attention_module!(ATTENTION_D96, "attention_d96", "96");
-attention_module!(ATTENTION_D128, "attention_d128", "128");
+attention_module!(ATTENTION_D32, "attention_d32", 32);
+attention_module!(ATTENTION_D64, "attention_d64", 64);
+attention_module!(ATTENTION_D80, "attention_d80", 80);
+attention_module!(ATTENTION_D96, "attention_d96", 96);
+attention_module!(ATTENTION_D128, "attention_d128", 128);
 
 /// The kernel modules, one per head dim of [`CUDA_HEAD_DIMS`] (for `cuda::modules::ALL`).
 pub const MODULES: [&Module; 5] = [&ATTENTION_D32, &ATTENTION_D64, &ATTENTION_D80, &ATTENTION_D96, &ATTENTION_D128];

@@ -7,7 +7,7 @@
 
 use super::{Inputs, Problem, CHUNK};
 use crate::backend::BackendStorage;
-use crate::cpu::{strided, CpuStorage};
+use crate::cpu::{alloc, strided, CpuStorage};
 use crate::fused::FusedOutputs;
 use crate::{DType, Error, Layout, Result, Shape, WithDType};
 use rayon::prelude::*;
@@ -50,22 +50,22 @@ struct Data<A> {
     bias: Option<Vec<A>>,
 }
 
-fn gather<A: Acc>((s, l): Operand) -> Vec<A> {
+fn gather<A: Acc>((s, l): Operand) -> Result<Vec<A>> {
     crate::cpu_dispatch!(s, v => strided::map(v, l, |x| A::of(x.to_f64())))
 }
 
 impl<A: Acc> Data<A> {
-    fn new(x: &Inputs<Operand>) -> Data<A> {
-        Data {
-            u: gather(x.u),
-            delta: gather(x.delta),
-            a: gather(x.a),
-            b: gather(x.b),
-            c: gather(x.c),
-            d: x.d.map(gather),
-            z: x.z.map(gather),
-            bias: x.bias.map(gather),
-        }
+    fn new(x: &Inputs<Operand>) -> Result<Data<A>> {
+        Ok(Data {
+            u: gather(x.u)?,
+            delta: gather(x.delta)?,
+            a: gather(x.a)?,
+            b: gather(x.b)?,
+            c: gather(x.c)?,
+            d: x.d.map(gather).transpose()?,
+            z: x.z.map(gather).transpose()?,
+            bias: x.bias.map(gather).transpose()?,
+        })
     }
 }
 
@@ -121,8 +121,8 @@ fn acc_dtype(dtype: DType) -> Result<bool> {
     }
 }
 
-fn out<A: Acc>(x: &[A], dims: Vec<usize>, dtype: DType) -> (CpuStorage, Shape) {
-    (CpuStorage::from_f64_iter(x.iter().map(|v| v.f64()), dtype), Shape::from(dims))
+fn out<A: Acc>(x: &[A], dims: Vec<usize>, dtype: DType) -> Result<(CpuStorage, Shape)> {
+    Ok((CpuStorage::from_f64_iter(x.iter().map(|v| v.f64()), dtype)?, Shape::from(dims)))
 }
 
 /// Outputs: out `[batch, dim, len]` in u's dtype, the chunk-end states `[batch, dim, chunks,
@@ -130,22 +130,23 @@ fn out<A: Acc>(x: &[A], dims: Vec<usize>, dtype: DType) -> (CpuStorage, Shape) {
 pub(super) fn forward(pb: &Problem, x: &Inputs<Operand>) -> Result<FusedOutputs<CpuStorage>> {
     let dtype = x.u.0.dtype();
     if acc_dtype(dtype)? {
-        Ok(forward_as::<f64>(pb, x, dtype, DType::F64))
+        forward_as::<f64>(pb, x, dtype, DType::F64)
     } else {
-        Ok(forward_as::<f32>(pb, x, dtype, DType::F32))
+        forward_as::<f32>(pb, x, dtype, DType::F32)
     }
 }
 
-fn forward_as<A: Acc>(pb: &Problem, x: &Inputs<Operand>, dtype: DType, sdt: DType) -> FusedOutputs<CpuStorage> {
-    let data = Data::<A>::new(x);
+fn forward_as<A: Acc>(pb: &Problem, x: &Inputs<Operand>, dtype: DType, sdt: DType) -> Result<FusedOutputs<CpuStorage>> {
+    let data = Data::<A>::new(x)?;
     let (len, st, nc) = (pb.len, pb.state, pb.chunks());
     let rows = pb.batch * pb.dim;
-    let mut o = vec![A::zero(); rows * len];
-    let mut states = vec![A::zero(); rows * nc * st];
+    let mut o = alloc::zeroed::<A>(rows * len)?;
+    let mut states = alloc::zeroed::<A>(rows * nc * st)?;
     if len > 0 {
-        o.par_chunks_mut(len).zip(states.par_chunks_mut((nc * st).max(1))).enumerate().for_each(|(r, (orow, srow))| {
+        let rows = o.par_chunks_mut(len).zip(states.par_chunks_mut((nc * st).max(1))).enumerate();
+        rows.try_for_each(|(r, (orow, srow))| -> Result<()> {
             let row = data.row(pb, r / pb.dim, r % pb.dim);
-            let mut h = vec![A::zero(); st];
+            let mut h = alloc::zeroed::<A>(st)?;
             for l in 0..len {
                 let dt = dt_of(row.delta[l] + row.bias, pb.softplus);
                 let du = dt * row.u[l];
@@ -163,9 +164,10 @@ fn forward_as<A: Acc>(pb: &Problem, x: &Inputs<Operand>, dtype: DType, sdt: DTyp
                     srow[(l / CHUNK) * st..][..st].copy_from_slice(&h);
                 }
             }
-        });
+            Ok(())
+        })?;
     }
-    vec![out(&o, vec![pb.batch, pb.dim, len], dtype), out(&states, vec![pb.batch, pb.dim, nc, st], sdt)]
+    Ok(vec![out(&o, vec![pb.batch, pb.dim, len], dtype)?, out(&states, vec![pb.batch, pb.dim, nc, st], sdt)?])
 }
 
 /// Outputs: the gradients of the forward's inputs in their order (du, ddelta, dA, dB, dC, then
@@ -186,9 +188,9 @@ pub(super) fn backward(
         });
     }
     if acc_dtype(x.u.0.dtype())? {
-        Ok(backward_as::<f64>(pb, x, dout))
+        backward_as::<f64>(pb, x, dout)
     } else {
-        Ok(backward_as::<f32>(pb, x, dout))
+        backward_as::<f32>(pb, x, dout)
     }
 }
 
@@ -200,14 +202,14 @@ struct ParamGrads<A> {
     dbias: Vec<A>,
 }
 
-fn backward_as<A: Acc>(pb: &Problem, x: &Inputs<Operand>, dout: Operand) -> FusedOutputs<CpuStorage> {
-    let data = Data::<A>::new(x);
-    let dout = gather::<A>(dout);
+fn backward_as<A: Acc>(pb: &Problem, x: &Inputs<Operand>, dout: Operand) -> Result<FusedOutputs<CpuStorage>> {
+    let data = Data::<A>::new(x)?;
+    let dout = gather::<A>(dout)?;
     let (len, st, dpg) = (pb.len, pb.state, pb.dim_per_group());
     let n_x = pb.batch * pb.dim * len;
     let n_bc = pb.batch * pb.groups * st * len;
-    let (mut du, mut ddelta, mut dz) = (vec![A::zero(); n_x], vec![A::zero(); n_x], vec![A::zero(); n_x]);
-    let (mut db, mut dc) = (vec![A::zero(); n_bc], vec![A::zero(); n_bc]);
+    let (mut du, mut ddelta, mut dz) = (alloc::zeroed::<A>(n_x)?, alloc::zeroed::<A>(n_x)?, alloc::zeroed::<A>(n_x)?);
+    let (mut db, mut dc) = (alloc::zeroed::<A>(n_bc)?, alloc::zeroed::<A>(n_bc)?);
     let tasks = pb.batch * pb.groups;
     let mut parts: Vec<ParamGrads<A>> = Vec::new();
     if len > 0 && st > 0 && dpg > 0 && tasks > 0 {
@@ -219,9 +221,12 @@ fn backward_as<A: Acc>(pb: &Problem, x: &Inputs<Operand>, dout: Operand) -> Fuse
             .enumerate()
             .map(|(t, (((du, ddelta), dz), (db, dc)))| {
                 let (bb, g) = (t / pb.groups, t % pb.groups);
-                let mut p =
-                    ParamGrads { da: vec![A::zero(); dpg * st], dd: vec![A::zero(); dpg], dbias: vec![A::zero(); dpg] };
-                let mut hs = vec![A::zero(); len * st];
+                let mut p = ParamGrads {
+                    da: alloc::zeroed::<A>(dpg * st)?,
+                    dd: alloc::zeroed::<A>(dpg)?,
+                    dbias: alloc::zeroed::<A>(dpg)?,
+                };
+                let mut hs = alloc::zeroed::<A>(len * st)?;
                 for k in 0..dpg {
                     let d = g * dpg + k;
                     let row = data.row(pb, bb, d);
@@ -236,14 +241,15 @@ fn backward_as<A: Acc>(pb: &Problem, x: &Inputs<Operand>, dout: Operand) -> Fuse
                         dd: &mut p.dd[k],
                         dbias: &mut p.dbias[k],
                     };
-                    row_backward(pb, &row, &dout[r..r + len], &mut hs, rows);
+                    row_backward(pb, &row, &dout[r..r + len], &mut hs, rows)?;
                 }
-                p
+                Ok(p)
             })
-            .collect();
+            .collect::<Result<_>>()?;
     }
     // The parameter gradients: the tasks' shares summed over the batch, in batch order.
-    let (mut da, mut dd, mut dbias) = (vec![A::zero(); pb.dim * st], vec![A::zero(); pb.dim], vec![A::zero(); pb.dim]);
+    let (mut da, mut dd, mut dbias) =
+        (alloc::zeroed::<A>(pb.dim * st)?, alloc::zeroed::<A>(pb.dim)?, alloc::zeroed::<A>(pb.dim)?);
     for (t, p) in parts.iter().enumerate() {
         let g = t % pb.groups;
         for k in 0..dpg {
@@ -259,22 +265,22 @@ fn backward_as<A: Acc>(pb: &Problem, x: &Inputs<Operand>, dout: Operand) -> Fuse
     let xdims = vec![pb.batch, pb.dim, len];
     let bcdims = vec![pb.batch, pb.groups, st, len];
     let mut res = vec![
-        out(&du, xdims.clone(), xd(&x.u)),
-        out(&ddelta, xdims.clone(), xd(&x.delta)),
-        out(&da, vec![pb.dim, st], xd(&x.a)),
-        out(&db, bcdims.clone(), xd(&x.b)),
-        out(&dc, bcdims, xd(&x.c)),
+        out(&du, xdims.clone(), xd(&x.u))?,
+        out(&ddelta, xdims.clone(), xd(&x.delta))?,
+        out(&da, vec![pb.dim, st], xd(&x.a))?,
+        out(&db, bcdims.clone(), xd(&x.b))?,
+        out(&dc, bcdims, xd(&x.c))?,
     ];
     if let Some(d) = &x.d {
-        res.push(out(&dd, vec![pb.dim], xd(d)));
+        res.push(out(&dd, vec![pb.dim], xd(d))?);
     }
     if let Some(z) = &x.z {
-        res.push(out(&dz, xdims, xd(z)));
+        res.push(out(&dz, xdims, xd(z))?);
     }
     if let Some(b) = &x.bias {
-        res.push(out(&dbias, vec![pb.dim], xd(b)));
+        res.push(out(&dbias, vec![pb.dim], xd(b))?);
     }
-    res
+    Ok(res)
 }
 
 /// Where one row's gradients go: its rows of du, d delta, dz; its group's dB and dC `[state,
@@ -292,10 +298,10 @@ struct RowGrads<'a, A> {
 
 /// One row's backward: the states `hs` (`[len, state]`, scratch) recomputed forward, then the
 /// reverse walk with `s[n]` = a_{l+1} * dL/dh_{l+1}[n] carried.
-fn row_backward<A: Acc>(pb: &Problem, row: &Row<A>, dout: &[A], hs: &mut [A], g: RowGrads<A>) {
+fn row_backward<A: Acc>(pb: &Problem, row: &Row<A>, dout: &[A], hs: &mut [A], g: RowGrads<A>) -> Result<()> {
     let (len, st) = (pb.len, pb.state);
-    let dts: Vec<A> = (0..len).map(|l| dt_of(row.delta[l] + row.bias, pb.softplus)).collect();
-    let mut h = vec![A::zero(); st];
+    let dts = alloc::collect((0..len).map(|l| dt_of(row.delta[l] + row.bias, pb.softplus)))?;
+    let mut h = alloc::zeroed::<A>(st)?;
     for l in 0..len {
         let du = dts[l] * row.u[l];
         for n in 0..st {
@@ -303,7 +309,7 @@ fn row_backward<A: Acc>(pb: &Problem, row: &Row<A>, dout: &[A], hs: &mut [A], g:
             hs[l * st + n] = h[n];
         }
     }
-    let mut s = vec![A::zero(); st];
+    let mut s = alloc::zeroed::<A>(st)?;
     for l in (0..len).rev() {
         let (u, dt) = (row.u[l], dts[l]);
         let dy = match row.z {
@@ -337,4 +343,5 @@ fn row_backward<A: Acc>(pb: &Problem, row: &Row<A>, dout: &[A], hs: &mut [A], g:
         g.ddelta[l] = ddt;
         *g.dbias += ddt;
     }
+    Ok(())
 }

@@ -5,23 +5,13 @@
 //! input's dtype afterwards. Everything is enqueued on `CudaDevice::stream()` with no host
 //! synchronization.
 
-use super::{Inputs, Problem, OP};
+use super::{Inputs, Problem, MAX_CUDA_STATE, MODULE, OP};
 use crate::backend::BackendStorage;
-use crate::cuda::modules::Module;
-use crate::cuda::storage::launch;
+use crate::cuda::launch::launch;
 use crate::cuda::CudaStorage;
 use crate::fused::FusedOutputs;
 use crate::{shape_err, DType, Error, Layout, Result, Shape};
 use cudarc::driver::{DeviceRepr, LaunchConfig};
-
-/// The kernel module (for `cuda::modules::ALL`).
-pub const MODULE: Module = Module {
-    name: "selective_scan",
-    src: concat!(include_str!("../../../kernels/common.cuh"), "\n", include_str!("selective_scan.cu")),
-};
-
-/// The most states the CUDA kernels carry (`FG_SSCAN_MAX_STATE`, shared memory per block).
-pub const MAX_CUDA_STATE: usize = 256;
 
 /// `FgScanParams` of selective_scan.cu, field for field.
 #[repr(C)]

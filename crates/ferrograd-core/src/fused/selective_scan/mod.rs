@@ -22,11 +22,19 @@ mod cuda;
 
 use super::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
 use crate::cpu::CpuStorage;
+use crate::cuda::modules::headers::COMMON;
+use crate::cuda::modules::{Define, Module};
 use crate::cuda::CudaStorage;
-use crate::{shape_err, DType, Error, Layout, Result, Tensor};
+use crate::{shape_err, DType, Error, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
-pub use cuda::{MAX_CUDA_STATE, MODULE};
+/// The kernels, `fg_sscan_{fwd,bwd}_{NT}x{K}_{f32,bf16}` (`selective_scan.cu` documents them).
+pub const MODULE: Module = Module::new("selective_scan", include_str!("selective_scan.cu"))
+    .with_headers(&[COMMON])
+    .with_defines(&[Define::int("FG_SSCAN_MAX_STATE", MAX_CUDA_STATE as i64)]);
+
+/// The most states the CUDA kernels carry (`FG_SSCAN_MAX_STATE`: shared memory per block).
+pub const MAX_CUDA_STATE: usize = 256;
 
 /// Steps per chunk: the forward saves the state at the end of each chunk, the backward walks the
 /// chunks in reverse. The CUDA kernels' longest chunk (128 threads x 16 steps); shorter sequences
@@ -180,6 +188,8 @@ fn resolve(u: &Tensor, delta: &Tensor, a: &Tensor, b: &Tensor, c: &Tensor, args:
         has_bias: args.delta_bias.is_some(),
         softplus: args.delta_softplus,
     };
+    // The saved states are the one output whose size no input bounds.
+    Shape::from(vec![batch, dim, pb.chunks(), state]).checked_elem_count(OP)?;
     if u.device().is_cuda() {
         cuda::check(dtype, &pb)?;
     }

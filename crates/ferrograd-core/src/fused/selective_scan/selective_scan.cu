@@ -33,7 +33,11 @@
 // shared-memory tile padded one word per 32, so that thread t reading its K consecutive steps hits
 // distinct banks.
 
-#define FG_SSCAN_MAX_STATE 256
+#include "common.cuh"
+
+#ifndef FG_SSCAN_MAX_STATE
+#error "FG_SSCAN_MAX_STATE comes from Rust (src/fused/selective_scan/mod.rs MAX_CUDA_STATE)"
+#endif
 #define FG_SSCAN_LOG2E 1.4426950408889634f
 #define FG_SSCAN_PAD(j) ((j) + ((j) >> 5))
 #define FG_SSCAN_FULL 0xffffffffu
