@@ -138,6 +138,9 @@ enum BenchCommand {
     /// TFLOP/s through the fused op (cuBLASLt epilogues), and GPT-2's MLP block; twin: F.linear +
     /// F.gelu eager.
     Linear(LinearArgs),
+    /// Fused selective scan (Mamba) forward and forward+backward time and peak memory (twin:
+    /// bench/torch_selective_scan.py, the sequential recurrence in plain PyTorch).
+    SelectiveScan(SelectiveScanArgs),
 }
 
 #[derive(Args, Debug)]
@@ -162,6 +165,34 @@ struct LinearArgs {
     breakdown: bool,
     #[command(flatten)]
     common: Common,
+}
+
+#[derive(Args, Debug)]
+struct SelectiveScanArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Element type of u, delta, B, C, z: bf16 or f32 (A, D, delta_bias are f32).
+    #[arg(long, default_value = "bf16", value_parser = parse_matmul_dtype)]
+    dtype: DType,
+    /// Batch size.
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 4)]
+    batch: usize,
+    /// Channels (Mamba's d_inner).
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 1536)]
+    dim: usize,
+    /// State size N.
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 16)]
+    state: usize,
+    /// Sequence lengths, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = crate::parse_count, default_value = "256,1024,4096")]
+    seqs: Vec<usize>,
+    /// Also write the results as JSON to this file (the bench draws no figure).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Seed of the Philox generator that fills the inputs.
+    #[arg(long, value_parser = crate::parse_seed, default_value_t = 42)]
+    seed: u64,
 }
 
 #[derive(Args, Debug)]
@@ -386,6 +417,7 @@ pub enum Job {
     Overlap(bench::overlap::Config),
     Attention(bench::attention::Config),
     Linear(bench::linear::Config),
+    SelectiveScan(bench::selective_scan::Config),
     Kernels(kernels::Config),
 }
 
@@ -472,6 +504,16 @@ impl Job {
                 plot: a.common.plot,
                 seed: a.common.seed,
             }),
+            Command::Bench(BenchCommand::SelectiveScan(a)) => Job::SelectiveScan(selective_scan::Config {
+                device: a.device,
+                dtype: a.dtype,
+                batch: a.batch,
+                dim: a.dim,
+                state: a.state,
+                seqs: a.seqs,
+                json: a.json,
+                seed: a.seed,
+            }),
             Command::Kernels(a) => {
                 let ordinal = match a.device {
                     Device::Cuda(n) => n,
@@ -501,6 +543,7 @@ impl Job {
             Job::Overlap(c) => two(&c.json, &None),
             Job::Attention(c) => two(&c.json, &c.plot),
             Job::Linear(c) => two(&c.json, &c.plot),
+            Job::SelectiveScan(c) => two(&c.json, &None),
             // gpt checks its own output paths (checkpoint directories, logs) before training.
             Job::Info | Job::Demo(_) | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) => vec![],
         }
@@ -522,6 +565,7 @@ impl Job {
             Job::Overlap(c) => overlap::check(c),
             Job::Attention(c) => attention::check(c),
             Job::Linear(c) => linear::check(c),
+            Job::SelectiveScan(c) => selective_scan::check(c),
             Job::Info | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) => Ok(()),
         }
     }
@@ -544,6 +588,7 @@ impl Job {
             Job::Overlap(c) => overlap::run(&c, out),
             Job::Attention(c) => attention::run(&c, out),
             Job::Linear(c) => linear::run(&c, out),
+            Job::SelectiveScan(c) => selective_scan::run(&c, out),
             Job::Kernels(c) => kernels::run(&c, out),
         }
     }
@@ -573,6 +618,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::Overlap(_)) => "try a smaller batch (--mib) or matmul (--matmul)",
         Command::Bench(BenchCommand::Attention(_)) => "try shorter sequences (--seqs) or fewer heads (--heads)",
         Command::Bench(BenchCommand::Linear(_)) => "try fewer tokens (--rows 4096)",
+        Command::Bench(BenchCommand::SelectiveScan(_)) => "try shorter sequences (--seqs) or fewer channels (--dim)",
         _ => "free memory held by other processes (nvidia-smi lists them)",
     }
 }

@@ -11,6 +11,7 @@ pub mod linear;
 pub mod matmul;
 pub mod optim;
 pub mod overlap;
+pub mod selective_scan;
 pub mod transfer;
 
 use crate::CliResult;

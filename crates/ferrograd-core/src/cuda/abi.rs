@@ -136,10 +136,28 @@ fn family(kernel: &str) -> &str {
     base
 }
 
+/// The text after each kernel declaration's `__global__ void` (and its own `__launch_bounds__`):
+/// `FG_KERNEL name(`, or `extern "C" __global__ void __launch_bounds__(NT) name(` in the kernels
+/// that set their own bounds (attention, selective scan).
+fn kernel_decls(src: &str) -> Vec<&str> {
+    fn skip(t: &str) -> &str {
+        t.trim_start_matches(|c: char| c.is_whitespace() || c == '\\')
+    }
+    let mut decls: Vec<&str> = src.split("FG_KERNEL ").skip(1).collect();
+    for decl in src.split("extern \"C\" __global__ void").skip(1) {
+        let mut t = skip(decl);
+        if let Some(rest) = t.strip_prefix("__launch_bounds__(") {
+            t = skip(rest.split_once(')').map_or("", |(_, after)| after));
+        }
+        decls.push(t);
+    }
+    decls
+}
+
 #[test]
 fn kernel_abi_doc_names_every_kernel() {
     for m in ALL {
-        for decl in m.src.split("FG_KERNEL ").skip(1) {
+        for decl in kernel_decls(m.src) {
             // A name built by a macro (`FG_ATTN_NAME(fg_attn_dq_d, FG_ATTN_D, SUF)`) is its stem,
             // documented as `fg_attn_dq_d{D}_...`.
             let name = match decl.split_once('(') {
@@ -162,6 +180,11 @@ fn the_parsers_read_what_they_should() {
     assert_eq!(c_name("Eq"), "FG_EQ");
     assert_eq!(family("softmax_rows_##SUF"), "softmax_rows");
     assert_eq!(family("reduce_acc_f32"), "reduce_acc");
+    let own = "extern \"C\" __global__ void __launch_bounds__(NT) fg_sscan_fwd_##NT##x##K##_##SUF(";
+    assert_eq!(
+        kernel_decls(own).iter().map(|d| family(d.split('(').next().unwrap_or(""))).collect::<Vec<_>>(),
+        ["fg_sscan_fwd"]
+    );
     let unary = doc_codes("UnaryCode");
     assert!(unary.len() >= 20 && unary[0] == ("Neg".to_string(), 0), "{unary:?}");
     assert!(cu_enums().contains_key("FgUnaryOp"));

@@ -83,6 +83,8 @@ pub const ALL: &[&Module] = &[
     crate::fused::attention::MODULES[2],
     crate::fused::attention::MODULES[3],
     crate::fused::attention::MODULES[4],
+    // src/fused/selective_scan.
+    &crate::fused::selective_scan::MODULE,
 ];
 
 /// Compile every module for `arch`, and `extra` (other crates' modules, such as

@@ -31,6 +31,7 @@ pub mod cross_entropy;
 pub mod layer_norm;
 pub mod linear;
 mod rows;
+pub mod selective_scan;
 pub mod softmax;
 
 use crate::backprop::track;
