@@ -1,8 +1,9 @@
 //! A device buffer: a byte range of an allocation from the caching allocator. The allocation goes
 //! back to the allocator when its last buffer drops; several buffers share one allocation when many
 //! small tensors were moved in one coalesced copy. Frees are stream-ordered: a block freed here is
-//! only handed out again to work queued after this point on the compute stream, so a kernel still
-//! reading it finishes first.
+//! only handed out again to work queued after this point on the stream it was allocated for (the
+//! thread's current stream then), so a kernel still reading it finishes first; other streams that
+//! used it are waited for through `record_use_on`.
 
 use super::alloc::Allocation;
 use super::device::{driver_err, CudaDevice};
@@ -72,11 +73,12 @@ impl CudaBuffer {
         Ok(CudaBuffer { dev: dev.clone(), guard, byte_offset: 0, len, dtype })
     }
 
-    /// See `CudaDevice::record_compute_use`.
-    pub(crate) fn record_use_on_compute(&self) -> Result<()> {
+    /// Work on `stream` uses this buffer too: its block is not reused before that work is done
+    /// (PyTorch's `record_stream`).
+    pub(crate) fn record_use_on(&self, stream: super::alloc::StreamId) -> Result<()> {
         match self.guard.allocation() {
-            Some(a) => self.dev.record_compute_use(a),
-            None => Ok(()),
+            Some(a) if a.stream() != stream => self.dev.record_use(a, stream),
+            _ => Ok(()),
         }
     }
 

@@ -1,16 +1,21 @@
-//! One `CudaDevice` per ordinal, created on first use and kept for the process: the context, a
-//! compute stream (every op), a copy stream (transfers), a cuBLAS handle, the caching allocator and
-//! the loaded kernels.
+//! One `CudaDevice` per ordinal, created on first use and kept for the process, with everything
+//! that belongs to one GPU: the context, its streams (`cuda/stream.rs`: compute, copy and a pool of
+//! user streams), the cuBLAS handle and its TF32 policy (`cuda/matmul.rs`), the caching allocator
+//! and the loaded kernels. Nothing here is a process global, so several devices do not overwrite
+//! each other's state.
 
-use super::alloc::{AllocError, Allocation, CachingAllocator, MemoryStats};
-use super::driver::{DriverEvents, DriverMemory, COMPUTE, COPY};
+use super::alloc::{AllocError, Allocation, CachingAllocator, MemoryStats, StreamId};
+use super::driver::{DriverEvents, DriverMemory, COPY};
 use super::kernels::{self, Arch, KernelError, KernelSource};
+use super::matmul::Blas;
 use super::modules::Module;
 use super::probe::{self, CudaDeviceInfo};
+use super::stream::StreamTable;
+use super::sync;
 use crate::{Error, Result};
-use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 pub struct CudaDevice {
@@ -18,9 +23,10 @@ pub struct CudaDevice {
     pub info: CudaDeviceInfo,
     pub arch: Arch,
     pub(crate) ctx: Arc<CudaContext>,
-    compute_stream: Arc<CudaStream>,
-    copy_stream: Arc<CudaStream>,
-    pub(crate) blas: Mutex<CudaBlas>,
+    pub(crate) streams: Arc<StreamTable>,
+    pub(crate) blas: Mutex<Blas>,
+    /// f32 matmuls may use TF32 (`MatmulPrecision::High`); starts from the process default.
+    pub(crate) tf32: AtomicBool,
     alloc: Mutex<CachingAllocator<DriverMemory, DriverEvents>>,
     funcs: Mutex<HashMap<String, CudaFunction>>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
@@ -43,6 +49,7 @@ impl From<AllocError> for Error {
             AllocError::OutOfMemory { requested, free, total, allocated, reserved, hint } => {
                 Error::OutOfMemory { requested, free, total, allocated, reserved, hint }
             }
+            AllocError::GraphCapture { call } => Error::GraphCapture { call },
             other => Error::Cuda(other.to_string()),
         }
     }
@@ -91,26 +98,19 @@ impl CudaDevice {
         // NVRTC must be loadable before we promise a working device.
         kernels::nvrtc_info()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("cuCtx", e))?;
-        let stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
-        let copy_stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
-        // SAFETY: cuBLAS needs its library; check before cudarc would panic on a missing one.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err(Error::CudaUnavailable { reason: "libcublas was not found".into() });
-        }
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| driver_err("cublasCreate", e))?;
-        let mut alloc = CachingAllocator::new(
-            DriverMemory { ctx: ctx.clone() },
-            DriverEvents::new(ctx.clone(), [stream.cu_stream(), copy_stream.cu_stream()]),
-        );
+        let streams = Arc::new(StreamTable::new(&ctx)?);
+        let blas = Blas::new(&streams, info.compute_capability)?;
+        let mut alloc =
+            CachingAllocator::new(DriverMemory { ctx: ctx.clone() }, DriverEvents::new(ctx.clone(), streams.clone()));
         alloc.set_memory_limit(super::alloc::memory_limit_from_env()?);
         Ok(CudaDevice {
             ordinal,
             info,
             arch,
             ctx,
-            compute_stream: stream,
-            copy_stream,
+            streams,
             blas: Mutex::new(blas),
+            tf32: AtomicBool::new(super::matmul::default_tf32()),
             alloc: Mutex::new(alloc),
             funcs: Mutex::new(HashMap::new()),
             modules: Mutex::new(HashMap::new()),
@@ -118,25 +118,13 @@ impl CudaDevice {
         })
     }
 
-    /// The stream ops are enqueued on. Every launch and async copy of an op goes through this
-    /// accessor, never a stored stream, so that the stream registry can redirect work (a
-    /// `torch.cuda.stream`-style guard, graph capture) in one place.
-    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        &self.compute_stream
-    }
-
-    /// The stream host<->device transfers and prefetches run on.
-    pub(crate) fn copy_stream(&self) -> &Arc<CudaStream> {
-        &self.copy_stream
-    }
-
     pub(crate) fn allocator(&self) -> MutexGuard<'_, CachingAllocator<DriverMemory, DriverEvents>> {
         lock(&self.alloc)
     }
 
-    /// `bytes` of device memory for the compute stream.
+    /// `bytes` of device memory for this thread's current stream.
     pub(crate) fn alloc_bytes(&self, bytes: usize) -> Result<Allocation> {
-        Ok(self.allocator().allocate(bytes, COMPUTE)?)
+        Ok(self.allocator().allocate(bytes, self.current_stream_id())?)
     }
 
     /// `bytes` from the copy stream's pool (written by a prefetch before compute sees them).
@@ -144,10 +132,9 @@ impl CudaDevice {
         Ok(self.allocator().allocate(bytes, COPY)?)
     }
 
-    /// Compute-stream work now uses `a` (allocated for the copy stream): its block must not be
-    /// reused before that work is done.
-    pub(crate) fn record_compute_use(&self, a: &Allocation) -> Result<()> {
-        Ok(self.allocator().record_stream(a, COMPUTE)?)
+    /// Work on `stream` uses `a` too: its block must not be reused before that work is done.
+    pub(crate) fn record_use(&self, a: &Allocation, stream: StreamId) -> Result<()> {
+        Ok(self.allocator().record_stream(a, stream)?)
     }
 
     pub(crate) fn free(&self, a: Allocation) {
@@ -175,10 +162,13 @@ impl CudaDevice {
     pub fn raw_alloc_free(&self, bytes: usize) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
         // SAFETY: a fresh allocation freed at once; nothing else sees the pointer.
-        unsafe {
-            let p = cudarc::driver::result::malloc_sync(bytes).map_err(|e| driver_err("cuMemAlloc", e))?;
+        let p = sync::host_wait("cuMemAlloc", || unsafe {
+            cudarc::driver::result::malloc_sync(bytes).map_err(|e| driver_err("cuMemAlloc", e))
+        })?;
+        // SAFETY: as above.
+        sync::host_wait("cuMemFree", || unsafe {
             cudarc::driver::result::free_sync(p).map_err(|e| driver_err("cuMemFree", e))
-        }
+        })
     }
 
     pub fn memory_stats(&self) -> MemoryStats {
@@ -208,11 +198,12 @@ impl CudaDevice {
         self.ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))
     }
 
-    /// Block until all queued work on both streams is done.
+    /// Block until all queued work on every stream of the device is done (a counted host wait).
     pub fn synchronize(&self) -> Result<()> {
-        self.stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
-        self.copy_stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
-        lock(&self.pending).wait_all()
+        sync::host_wait("cuCtxSynchronize", || self.ctx.synchronize().map_err(|e| driver_err("cuCtxSynchronize", e)))?;
+        // Every copy has finished: what they kept alive can go.
+        lock(&self.pending).collect();
+        Ok(())
     }
 
     /// The kernel `name` from `module`, compiling (or loading from the disk cache) on first use.
@@ -279,6 +270,7 @@ impl CudaDevice {
         if let Some(m) = lock(&self.modules).get(module.name) {
             return Ok(m.clone());
         }
+        sync::not_capturable("cuModuleLoadData")?;
         let compiled = kernels::get_or_compile(&KernelSource::new(module.name, module.src), self.arch)?;
         let m = self
             .ctx
