@@ -56,6 +56,9 @@ pub struct MonsterArgs {
     /// On CUDA, train through the generic autograd path instead of the fused two-kernel step.
     #[arg(long)]
     pub unfused: bool,
+    /// With --unfused: run the autograd step op by op instead of replaying it as a CUDA graph.
+    #[arg(long)]
+    pub no_graph: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -103,6 +106,7 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
     cfg.init = a.init;
     cfg.save = a.save;
     cfg.fused = !a.unfused;
+    cfg.graph = !a.no_graph;
     if let Some(p) = &cfg.init {
         if !p.exists() {
             return Err(format!("--init {}: no such file", p.display()).into());
@@ -167,7 +171,7 @@ fn progress(epochs: usize) -> Option<ProgressBar> {
 fn table(r: &Report, out: &mut dyn Write) -> CliResult<()> {
     let rows = [
         ("device", r.device.clone()),
-        ("training step", r.step_kind.clone()),
+        ("training step", if r.cuda_graph { format!("{} (CUDA graph)", r.step_kind) } else { r.step_kind.clone() }),
         ("copies x epochs", format!("{} x {} = {} steps", r.copies, r.epochs, r.steps)),
         ("entries resident", format!("{}", r.total_entries)),
         ("training time", format!("{:.3} s", r.training_time_s)),
