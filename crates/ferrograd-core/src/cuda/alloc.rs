@@ -784,7 +784,7 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
         if self.is_capturing() {
             return Ok(());
         }
-        self.release_free_segments()
+        self.release_segments_of(|owner| owner == pool)
     }
 
     /// Returns pending blocks whose events have completed to their pools. Never blocks.
@@ -1151,8 +1151,14 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
     /// pools (a graph replays into its pool's free blocks too). A failed free leaves its segment
     /// cached and is reported after the others have been tried.
     fn release_free_segments(&mut self) -> Result<(), AllocError> {
+        self.release_segments_of(|_| true)
+    }
+
+    /// `release_free_segments` for the owners `which` selects (of those that may be released).
+    fn release_segments_of(&mut self, which: impl Fn(PoolId) -> bool) -> Result<(), AllocError> {
         let whole: Vec<usize> = (self.small.iter().chain(self.large.iter()))
             .filter(|&&(owner, ..)| owner == PoolId::SHARED || self.private.get(&owner) == Some(&true))
+            .filter(|&&(owner, ..)| which(owner))
             .map(|&(.., idx)| idx)
             .filter(|&idx| !self.blocks[idx].is_split())
             .collect();
@@ -1749,15 +1755,17 @@ mod tests {
         let tmp = a.allocate(1000, S1)?;
         a.free(tmp)?;
         a.unroute(S1)?;
+        let cached = a.allocate(100, S0)?;
+        a.free(cached)?; // a free shared segment, which releasing the pool leaves alone
         a.release_pool(p)?;
         let st = a.stats();
-        assert_eq!((st.device_frees, st.segments.current), (1, 1), "the free small segment went back");
+        assert_eq!((st.device_frees, st.segments.current), (1, 2), "the pool's free small segment went back");
         let out_ptr = out.ptr();
         a.free(out)?;
         let fresh = a.allocate(5 * MIB, S1)?;
         assert_ne!(fresh.ptr(), out_ptr, "a released pool's blocks never serve the shared cache");
         a.empty_cache()?;
-        assert_eq!(a.stats().segments.current, 1);
+        assert_eq!(a.stats().segments.current, 1, "the released pool's and the free shared segment went back");
         assert!(a.segments().iter().all(|s| s.owner == PoolId::SHARED));
         assert!(a.private.is_empty(), "an empty released pool is forgotten");
         check(&a, [&fresh]);

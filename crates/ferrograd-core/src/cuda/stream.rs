@@ -210,6 +210,12 @@ impl CudaDevice {
         self.stream_in(current_slot(self.ordinal))
     }
 
+    /// The cudarc stream ops are enqueued on now (this thread's current stream), for code that
+    /// launches its own kernels or calls other CUDA libraries in order with ours.
+    pub fn current_cuda_stream(&self) -> &Arc<CudaStream> {
+        self.stream()
+    }
+
     /// The allocator's id of this thread's current stream.
     pub(crate) fn current_stream_id(&self) -> StreamId {
         StreamId(current_slot(self.ordinal) as u64)
