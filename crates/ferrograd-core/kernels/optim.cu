@@ -62,29 +62,31 @@ FG_KERNEL adam_f32_dev(OptTable t, float lr, float b1, float b2, float omb1, flo
 }
 
 // Rust's f64::powi (compiler-builtins' __powidf2: square and multiply), so that the device's bias
-// corrections equal, bit for bit, those `adam_step` forms on the host for the same step.
+// corrections equal, bit for bit, those `adam_step` forms on the host for the same step. The _rn
+// intrinsics keep the compiler from contracting a product and the subtraction below into an FMA
+// (one rounding instead of two), which the host never does.
 __device__ double fg_powi(double a, int b) {
   const bool recip = b < 0;
   unsigned int n = recip ? 0u - (unsigned int)b : (unsigned int)b;
   double r = 1.0;
   for (;;) {
-    if (n & 1u) r *= a;
+    if (n & 1u) r = __dmul_rn(r, a);
     n >>= 1;
     if (n == 0u) break;
-    a *= a;
+    a = __dmul_rn(a, a);
   }
-  return recip ? 1.0 / r : r;
+  return recip ? __ddiv_rn(1.0, r) : r;
 }
 
 // One thread: step += 1, then bc = [1 - b1^step, 1 - b2^step] in f64, rounded to f32 (the host's
 // `1.0 - beta.powi(step)` as f32).
 FG_KERNEL adam_bias_correction(double* step, float* bc, double b1, double b2) {
   if (fg_tid() != 0) return;
-  const double s = *step + 1.0;
+  const double s = __dadd_rn(*step, 1.0);
   *step = s;
   const int e = s < 2147483647.0 ? (int)s : 2147483647;
-  bc[0] = (float)(1.0 - fg_powi(b1, e));
-  bc[1] = (float)(1.0 - fg_powi(b2, e));
+  bc[0] = __double2float_rn(__dsub_rn(1.0, fg_powi(b1, e)));
+  bc[1] = __double2float_rn(__dsub_rn(1.0, fg_powi(b2, e)));
 }
 
 // SGD with momentum / Nesterov / weight decay, PyTorch's update:

@@ -156,7 +156,8 @@ fn embedding_and_cross_entropy_step_makes_no_host_wait() -> Result<()> {
     host_waits_of_a_step(true)
 }
 
-/// Warm-up steps and replays of a captured step end exactly where as many eager steps do.
+/// Warm-up steps and replays of a captured step end exactly where as many eager steps do (within
+/// rounding where atomics make the eager steps themselves vary).
 fn graph_matches_eager(embedding: bool) -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let device = Device::Cuda(dev.ordinal);
@@ -190,11 +191,22 @@ fn graph_matches_eager(embedding: bool) -> Result<()> {
         graph.replay()?;
         losses.push(loss.item_f64()?);
     }
-    assert_eq!(losses, eager_losses, "losses step by step");
     let (a, b) = (eager.state()?, model.state()?);
-    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(a), bits(b), "state tensor {i} differs after {STEPS} steps");
+    if embedding {
+        // The embedding's backward adds rows with atomics, whose order varies from run to run.
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-4 * y.abs().max(1e-3);
+        for (l, e) in losses.iter().zip(&eager_losses) {
+            assert!(close(*l, *e), "losses {losses:?} vs eager {eager_losses:?}");
+        }
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert!(a.iter().zip(b).all(|(x, y)| close(*x as f64, *y as f64)), "state tensor {i}");
+        }
+    } else {
+        assert_eq!(losses, eager_losses, "losses step by step");
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(a), bits(b), "state tensor {i} differs after {STEPS} steps");
+        }
     }
     assert_eq!(b.last(), Some(&vec![STEPS as f32]), "the device step count");
     drop(graph);

@@ -46,8 +46,9 @@
 //!
 //! # Best fit, split and merge
 //!
-//! Each pool is a `BTreeSet` ordered by `(stream, size, ptr)`, so the smallest free block on the
-//! requesting stream that is large enough is found in `O(log n)` (ties go to the lowest address,
+//! Each pool is a `BTreeSet` ordered by `(owner, stream, size, ptr)` (the owner is the shared cache
+//! or a private pool, below), so the smallest free block of the requesting stream's cache that is
+//! large enough is found in `O(log n)` (ties go to the lowest address,
 //! which keeps the layout deterministic). Best fit leaves large blocks intact for large requests.
 //! If the chosen block is larger than needed it is *split* and the remainder goes back to the pool,
 //! but only when the remainder is useful: at least 512 bytes in the small pool, more than 1 MiB in
@@ -64,7 +65,10 @@
 //! use it can be handed straight to the next request *on that stream*: the new user's kernels are
 //! queued behind the old ones. This is why blocks belong to the stream they were allocated on,
 //! pools are keyed by stream, and a block cached for stream S is never given to stream T. The cost
-//! is memory cached per stream; `empty_cache` returns it.
+//! is memory cached per stream; `empty_cache` returns it. In the CUDA backend a [`StreamId`] is the
+//! stream's slot in its device's stream table (0 the default compute stream, 1 the copy stream,
+//! then the streams users create), and a tensor's memory belongs to the thread's *current* stream
+//! when it is made (`cuda/stream.rs`).
 //!
 //! When a block is used on another stream as well, the caller says so with
 //! [`CachingAllocator::record_stream`]. On [`CachingAllocator::free`] an event is then recorded on
@@ -79,6 +83,34 @@
 //! Returning a segment to the driver relies on [`RawDeviceMemory::raw_free`] being ordered after
 //! all work already queued (`cuMemFree` synchronizes the device), because same-stream frees are
 //! never waited for.
+//!
+//! # Private pools and CUDA-graph capture
+//!
+//! A CUDA graph replays its kernels on the addresses they had when it was captured, so memory a
+//! graph uses must stay the graph's for as long as the graph lives, including the blocks the
+//! captured step freed again (a temporary is freed during capture, but every replay still writes
+//! it). PyTorch's answer, taken here: a *private pool* ([`CachingAllocator::create_pool`], a
+//! [`PoolId`] beside the stream in every key). While a stream is *routed* to a pool
+//! ([`CachingAllocator::route`]) every request on it is served from that pool's blocks, and every
+//! block of the pool, freed by whoever and whenever, goes back to the pool: never to the shared
+//! cache, where another stream could get it while a replay writes it. `empty_cache` and the
+//! out-of-memory flush leave a live pool's segments alone. When the graphs are gone,
+//! [`CachingAllocator::release_pool`] lets its free segments go back to the driver (at once, and
+//! the rest as their blocks are freed, at the next flush).
+//!
+//! The capture itself may not reach the driver: `cuMemAlloc` and `cuMemFree` synchronize, which a
+//! capture forbids, and the driver would invalidate it. So a route is either *warming up* (the pool
+//! grows from the driver as usual: the backend runs the step once or more on the capture stream
+//! before recording it) or *capturing*: then a request the pool cannot serve fails at once with
+//! [`AllocError::GraphCapture`] (no retry, no flush: both would synchronize), and the capture ends
+//! with that error instead of hanging or recording a broken graph. Because the step asks for the
+//! same sizes in the same order each time, the warmed-up pool serves it (a free block is found by
+//! best fit among the pool's blocks exactly as in the shared cache). During a capture, a freed
+//! block that other streams used cannot get its events yet (an event recorded inside a capture
+//! cannot be queried); it stays pending and its events are recorded when no capture is under way
+//! ([`CachingAllocator::unroute`]). The backend also counts every driver call that makes the host
+//! wait and refuses them all during capture (`cuda/sync.rs`); the allocator's own check names the
+//! call before the driver is asked.
 //!
 //! # Out of memory
 //!
@@ -120,10 +152,10 @@
 //!
 //! # Not yet here
 //!
-//! Expandable segments (virtual-memory remapping), private pools for CUDA-graph capture (the pool
-//! key would grow a pool id beside the stream), `max_split_size` and a garbage-collection
-//! threshold, and per-pool statistics. The allocator takes `&mut self`: the backend keeps one per
-//! device behind a mutex, which is uncontended on the usual single compute stream.
+//! Expandable segments (virtual-memory remapping), `max_split_size` and a garbage-collection
+//! threshold, per-pool statistics, and sharing one private pool between graphs captured on
+//! different streams at once. The allocator takes `&mut self`: the backend keeps one per device
+//! behind a mutex, which is uncontended while one thread drives the device.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
