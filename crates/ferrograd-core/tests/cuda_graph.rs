@@ -251,7 +251,7 @@ fn forbidden_calls_fail_the_capture_and_the_device_recovers() -> Result<()> {
     // ... or swallowed by the closure: the capture still fails.
     let r = capture.capture(|| {
         let y = x.mul_scalar(2.0)?;
-        let _ignored = y.item_f64();
+        let _ignored = y.to_vec::<f32>();
         Ok(y)
     });
     assert_eq!(refused(r), "cuMemcpyDtoH");

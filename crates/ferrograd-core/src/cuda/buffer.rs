@@ -39,9 +39,25 @@ impl AllocGuard {
     }
 }
 
+/// A buffer's claim on its allocation: its own (every op output: no reference count to allocate)
+/// or a share of one that several buffers use (a coalesced transfer).
+enum Claim {
+    Own(AllocGuard),
+    Shared(Arc<AllocGuard>),
+}
+
+impl Claim {
+    fn allocation(&self) -> Option<&Allocation> {
+        match self {
+            Claim::Own(g) => g.allocation(),
+            Claim::Shared(g) => g.allocation(),
+        }
+    }
+}
+
 pub struct CudaBuffer {
     pub(crate) dev: Arc<CudaDevice>,
-    pub(crate) guard: Arc<AllocGuard>,
+    guard: Claim,
     byte_offset: usize,
     pub(crate) len: usize,
     pub(crate) dtype: DType,
@@ -53,7 +69,7 @@ impl CudaBuffer {
         let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| {
             crate::Error::InvalidArgument(format!("{len} elements of {dtype} overflow the address space"))
         })?;
-        let guard = Arc::new(Self::raw(dev, bytes)?);
+        let guard = Claim::Own(Self::raw(dev, bytes)?);
         let b = CudaBuffer { dev: dev.clone(), guard, byte_offset: 0, len, dtype };
         if bytes > 0 && POISON.load(Ordering::Relaxed) {
             dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
@@ -69,7 +85,7 @@ impl CudaBuffer {
         let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| {
             crate::Error::InvalidArgument(format!("{len} elements of {dtype} overflow the address space"))
         })?;
-        let guard = Arc::new(AllocGuard { dev: dev.clone(), alloc: Some(dev.alloc_bytes_for_copy(bytes)?) });
+        let guard = Claim::Own(AllocGuard { dev: dev.clone(), alloc: Some(dev.alloc_bytes_for_copy(bytes)?) });
         Ok(CudaBuffer { dev: dev.clone(), guard, byte_offset: 0, len, dtype })
     }
 
@@ -94,7 +110,7 @@ impl CudaBuffer {
         len: usize,
         dtype: DType,
     ) -> CudaBuffer {
-        CudaBuffer { dev: dev.clone(), guard, byte_offset, len, dtype }
+        CudaBuffer { dev: dev.clone(), guard: Claim::Shared(guard), byte_offset, len, dtype }
     }
 
     /// Device address of element `i`.

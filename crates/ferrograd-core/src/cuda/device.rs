@@ -43,6 +43,37 @@ pub(crate) fn driver_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Cuda(format!("{what}: {e:?}"))
 }
 
+/// Most parameters a kernel launched through `launch!` may take.
+pub(crate) const MAX_KERNEL_ARGS: usize = 24;
+
+/// A kernel's arguments as the driver takes them: pointers to the values, here on the stack. The
+/// values are borrowed for `'a`, so they outlive the launch.
+pub(crate) struct KernelArgs<'a> {
+    ptrs: [*mut std::ffi::c_void; MAX_KERNEL_ARGS],
+    len: usize,
+    _values: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> KernelArgs<'a> {
+    #[inline]
+    pub(crate) fn new() -> Self {
+        KernelArgs { ptrs: [std::ptr::null_mut(); MAX_KERNEL_ARGS], len: 0, _values: std::marker::PhantomData }
+    }
+
+    /// Adds `v` as the next parameter (beyond `MAX_KERNEL_ARGS` the launch fails).
+    #[inline]
+    pub(crate) fn push<T: cudarc::driver::DeviceRepr>(&mut self, v: &'a T) {
+        if let Some(p) = self.ptrs.get_mut(self.len) {
+            *p = v as *const T as *mut std::ffi::c_void;
+        }
+        self.len += 1;
+    }
+
+    fn as_mut_slice(&mut self) -> Option<&mut [*mut std::ffi::c_void]> {
+        self.ptrs.get_mut(..self.len)
+    }
+}
+
 impl From<AllocError> for Error {
     fn from(e: AllocError) -> Self {
         match e {
@@ -220,7 +251,43 @@ impl CudaDevice {
         Ok(f)
     }
 
-    /// Launch `name` from an embedded `module` (a model's own fused kernels) on the compute stream.
+    /// Launch `f` on this thread's current stream: the driver call itself, with the arguments'
+    /// pointers on the stack (what the `launch!` macro ends in; cudarc's builder would collect
+    /// them in a `Vec`).
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameters in type and count, and every device
+    /// pointer among them must address live memory of the sizes the kernel touches.
+    #[inline]
+    pub(crate) unsafe fn launch_args(
+        &self,
+        f: &CudaFunction,
+        name: &str,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &mut KernelArgs<'_>,
+    ) -> Result<()> {
+        let Some(ptrs) = args.as_mut_slice() else {
+            return Err(Error::Kernel {
+                name: name.to_string(),
+                msg: format!("more than {MAX_KERNEL_ARGS} arguments"),
+            });
+        };
+        self.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+        // SAFETY: the caller vouches for the arguments.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                self.stream().cu_stream(),
+                ptrs,
+            )
+        }
+        .map_err(|e| driver_err(&format!("launch {name}"), e))
+    }
+
+    /// Launch `name` from an embedded `module` (a model's own fused kernels) on the current stream.
     ///
     /// # Safety
     /// `args` must point to values whose types and count match the kernel's parameters, and every

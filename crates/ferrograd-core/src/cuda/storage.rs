@@ -37,6 +37,7 @@ unsafe impl DeviceRepr for KLayout {}
 impl KLayout {
     /// Marshal a layout, merging dims that are contiguous with each other and dropping size-1
     /// dims, so most views fit the kernels' 8 dims and contiguous ones take the fast path.
+    #[inline]
     pub fn new(l: &Layout) -> Result<KLayout> {
         let mut k = KLayout { offset: l.offset() as u64, ..Default::default() };
         if l.is_contiguous() {
@@ -169,16 +170,16 @@ macro_rules! launch {
     ($dev:expr, $module:expr, $name:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
         let name: &str = &$name;
         let f = $dev.func(&$module, name)?;
-        let mut b = $dev.stream().launch_builder(&f);
-        $crate::cuda::storage::launch!(@push b; $($arg),*);
+        let mut args = $crate::cuda::device::KernelArgs::new();
+        $crate::cuda::storage::launch!(@push args; $($arg),*);
         // SAFETY: argument types and counts follow docs/kernel-abi.md for this kernel; every
         // pointer refers to a live buffer of the right length.
-        unsafe { b.launch($cfg) }.map_err(|e| $crate::cuda::device::driver_err(&format!("launch {name}"), e))?;
+        unsafe { $dev.launch_args(&f, name, $cfg, &mut args) }?;
     }};
     (@push $b:ident; ) => {};
     (@push $b:ident; $head:expr $(, $tail:expr)*) => {
         let h = $head;
-        cudarc::driver::PushKernelArg::arg(&mut $b, &h);
+        $b.push(&h);
         $crate::cuda::storage::launch!(@push $b; $($tail),*);
     };
 }
