@@ -77,9 +77,6 @@ pub(crate) struct Blas {
     workspaces: HashMap<usize, Allocation>,
 }
 
-// SAFETY: the handle is used only under the device's mutex, with the context bound.
-unsafe impl Send for Blas {}
-
 impl Blas {
     pub(crate) fn new(streams: &StreamTable, compute_capability: (i32, i32)) -> Result<Blas> {
         // SAFETY: cuBLAS needs its library; check before cudarc would panic on a missing one.
