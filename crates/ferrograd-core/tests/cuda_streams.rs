@@ -6,7 +6,15 @@ use ferrograd_core::cuda::{
     matmul_precision, set_matmul_precision, set_poison_allocations, CudaDevice, MatmulPrecision, SyncCounter,
 };
 use ferrograd_core::{DType, Device, Result, Rng, Tensor};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Held by the tests whose f32 matmuls must run under one precision: the TF32 test changes the
+/// policy, and the test threads of this binary share the device.
+static PRECISION: Mutex<()> = Mutex::new(());
+
+fn precision_lock() -> MutexGuard<'static, ()> {
+    PRECISION.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn gpu() -> Option<Arc<CudaDevice>> {
     match CudaDevice::get(0) {
@@ -122,6 +130,7 @@ fn record_stream_keeps_memory_until_the_other_stream_is_done() -> Result<()> {
 #[test]
 fn matmul_on_a_user_stream_equals_the_default_stream() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
+    let _precision = precision_lock();
     let device = Device::Cuda(dev.ordinal);
     let mut rng = Rng::new(3);
     let a = Tensor::randn_with(&mut rng, 0.0, 1.0, (3, 300, 200), DType::F32, device)?;
@@ -142,6 +151,9 @@ fn matmul_on_a_user_stream_equals_the_default_stream() -> Result<()> {
 #[test]
 fn tf32_policy_is_per_device_with_a_process_default() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
+    let _precision = precision_lock();
+    // A second GPU, where there is one, keeps its own policy.
+    let other = CudaDevice::get(1).ok();
     let device = Device::Cuda(dev.ordinal);
     let mut rng = Rng::new(4);
     let a = Tensor::randn_with(&mut rng, 0.0, 1.0, (256, 512), DType::F32, device)?;
@@ -153,12 +165,18 @@ fn tf32_policy_is_per_device_with_a_process_default() -> Result<()> {
     assert_eq!(dev.matmul_precision(), matmul_precision(), "a device starts from the process default");
     dev.set_matmul_precision(MatmulPrecision::High);
     assert_eq!(matmul_precision(), MatmulPrecision::Highest, "the default is untouched");
+    if let Some(other) = &other {
+        assert_eq!(other.matmul_precision(), MatmulPrecision::Highest, "cuda:1 keeps its policy");
+    }
     let tf32 = err(&a.matmul(&b)?)?;
     dev.set_matmul_precision(MatmulPrecision::Highest);
     let f32 = err(&a.matmul(&b)?)?;
     assert!(tf32 > 10.0 * f32, "TF32 error {tf32} vs f32 error {f32}");
     set_matmul_precision(MatmulPrecision::High);
     assert_eq!(dev.matmul_precision(), MatmulPrecision::High, "the process setter reaches open devices");
+    if let Some(other) = &other {
+        assert_eq!(other.matmul_precision(), MatmulPrecision::High, "... every open device");
+    }
     set_matmul_precision(MatmulPrecision::Highest);
     assert_eq!(dev.matmul_precision(), MatmulPrecision::Highest);
     Ok(())
