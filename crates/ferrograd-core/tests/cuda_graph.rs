@@ -151,7 +151,6 @@ fn mlp_training_step_makes_no_host_wait() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs device-side index checks from the house branch"]
 fn embedding_and_cross_entropy_step_makes_no_host_wait() -> Result<()> {
     host_waits_of_a_step(true)
 }
@@ -223,7 +222,6 @@ fn replayed_mlp_step_matches_eager_steps_bit_for_bit() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs device-side index checks from the house branch"]
 fn replayed_embedding_cross_entropy_step_matches_eager_steps() -> Result<()> {
     graph_matches_eager(true)
 }

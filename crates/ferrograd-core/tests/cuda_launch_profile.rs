@@ -11,7 +11,8 @@
 //! enqueueing (the device is synchronized between chains, so the launch queue never fills).
 
 use cudarc::driver::{result, PushKernelArg};
-use ferrograd_core::cuda::storage::{cfg_1d, KLayout};
+use ferrograd_core::cuda::klayout::KLayout;
+use ferrograd_core::cuda::launch::cfg_1d;
 use ferrograd_core::cuda::{modules, CudaDevice};
 use ferrograd_core::{DType, Device, Layout, Result, Tensor};
 use std::ffi::c_void;
@@ -59,7 +60,7 @@ fn launch_overhead_breakdown() -> Result<()> {
     let binary = dev.load_module(&modules::BINARY)?.load_function("binary_f32").map_err(err)?;
     let fill = dev.load_module(&modules::COPY)?.load_function("fill_b32").map_err(err)?;
     let kl = KLayout::new(&Layout::contiguous(n))?;
-    let cfg = cfg_1d(n);
+    let cfg = cfg_1d(&dev, n);
     let stream = dev.current_cuda_stream().clone();
     let ctx = stream.context().clone();
     let (nn, op, bits) = (n as u64, 0i32, 0u64);

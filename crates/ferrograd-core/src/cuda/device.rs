@@ -6,9 +6,10 @@
 
 use super::alloc::{AllocError, Allocation, CachingAllocator, MemoryStats, StreamId};
 use super::driver::{DriverEvents, DriverMemory, COPY};
-use super::kernels::{self, Arch, KernelError, KernelSource};
+use super::launch::DeviceFuncs;
 use super::matmul::Blas;
 use super::modules::Module;
+use super::nvrtc::{self, Arch, KernelError};
 use super::probe::{self, CudaDeviceInfo};
 use super::stream::StreamTable;
 use super::sync;
@@ -22,15 +23,19 @@ pub struct CudaDevice {
     pub ordinal: usize,
     pub info: CudaDeviceInfo,
     pub arch: Arch,
+    /// Multiprocessors of this GPU: launch shapes fill this chip (`cuda/launch.rs`).
+    sms: usize,
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) streams: Arc<StreamTable>,
     pub(crate) blas: Mutex<Blas>,
     /// f32 matmuls may use TF32 (`MatmulPrecision::High`); starts from the process default.
     pub(crate) tf32: AtomicBool,
     alloc: Mutex<CachingAllocator<DriverMemory, DriverEvents>>,
-    funcs: Mutex<HashMap<String, CudaFunction>>,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Loaded modules and their kernels, by (module name, kernel name).
+    funcs: DeviceFuncs,
     pending: Mutex<super::event::Pending>,
+    /// Where kernels report a bad index for the next host read (`cuda/error_flag.rs`).
+    pub(crate) error_flag: super::error_flag::ErrorFlag,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -123,19 +128,21 @@ impl CudaDevice {
 
     fn open(ordinal: usize) -> Result<CudaDevice> {
         let info = probe::device_info(ordinal)?;
-        super::storage::set_sm_count(info.multiprocessors as usize);
         let (maj, min) = info.compute_capability;
         let arch = Arch::from_compute_capability(maj, min)?;
         // NVRTC must be loadable before we promise a working device.
-        kernels::nvrtc_info()?;
+        nvrtc::nvrtc_info()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("cuCtx", e))?;
         let streams = Arc::new(StreamTable::new(&ctx)?);
         let blas = Blas::new(&streams, info.compute_capability)?;
         let mut alloc =
             CachingAllocator::new(DriverMemory { ctx: ctx.clone() }, DriverEvents::new(ctx.clone(), streams.clone()));
         alloc.set_memory_limit(super::alloc::memory_limit_from_env()?);
+        let error_flag = super::error_flag::ErrorFlag::new(&ctx)?;
         Ok(CudaDevice {
+            error_flag,
             ordinal,
+            sms: (info.multiprocessors as usize).max(1),
             info,
             arch,
             ctx,
@@ -143,8 +150,7 @@ impl CudaDevice {
             blas: Mutex::new(blas),
             tf32: AtomicBool::new(super::matmul::default_tf32()),
             alloc: Mutex::new(alloc),
-            funcs: Mutex::new(HashMap::new()),
-            modules: Mutex::new(HashMap::new()),
+            funcs: DeviceFuncs::default(),
             pending: Mutex::new(Default::default()),
         })
     }
@@ -229,26 +235,35 @@ impl CudaDevice {
         self.ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))
     }
 
-    /// Block until all queued work on every stream of the device is done (a counted host wait).
+    /// Block until all queued work on every stream of the device is done (a counted host wait);
+    /// a bad index a kernel met since the last host read is reported here
+    /// (`Error::IndexOutOfRange`).
     pub fn synchronize(&self) -> Result<()> {
         sync::host_wait("cuCtxSynchronize", || self.ctx.synchronize().map_err(|e| driver_err("cuCtxSynchronize", e)))?;
         // Every copy has finished: what they kept alive can go.
         lock(&self.pending).collect();
-        Ok(())
+        self.take_device_error()
+    }
+
+    /// Multiprocessors of this GPU.
+    pub fn sm_count(&self) -> usize {
+        self.sms
     }
 
     /// The kernel `name` from `module`, compiling (or loading from the disk cache) on first use.
+    /// Kernels are cached by (module, name): a model's kernel named like a core kernel is its own.
     pub(crate) fn func(&self, module: &Module, name: &str) -> Result<CudaFunction> {
-        if let Some(f) = lock(&self.funcs).get(name) {
-            return Ok(f.clone());
-        }
-        let m = self.load_module(module)?;
-        let f = m.load_function(name).map_err(|e| Error::Kernel {
-            name: name.to_string(),
-            msg: format!("not found in module {}: {e:?}", module.name),
-        })?;
-        lock(&self.funcs).insert(name.to_string(), f.clone());
-        Ok(f)
+        self.funcs.get(
+            module,
+            name,
+            |m| self.load_cuda_module(m),
+            |m, name| {
+                m.load_function(name).map_err(|e| Error::Kernel {
+                    name: name.to_string(),
+                    msg: format!("not found in module {}: {e:?}", module.name),
+                })
+            },
+        )
     }
 
     /// Launch `f` on this thread's current stream: the driver call itself, with the arguments'
@@ -334,16 +349,14 @@ impl CudaDevice {
 
     /// Compile (or fetch from the disk cache) and load `module` into this context, once.
     pub fn load_module(&self, module: &Module) -> Result<Arc<CudaModule>> {
-        if let Some(m) = lock(&self.modules).get(module.name) {
-            return Ok(m.clone());
-        }
+        self.funcs.module(module, |m| self.load_cuda_module(m))
+    }
+
+    fn load_cuda_module(&self, module: &Module) -> Result<Arc<CudaModule>> {
         sync::not_capturable("cuModuleLoadData")?;
-        let compiled = kernels::get_or_compile(&KernelSource::new(module.name, module.src), self.arch)?;
-        let m = self
-            .ctx
+        let compiled = nvrtc::get_or_compile(&module.source(), self.arch)?;
+        self.ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.to_vec()))
-            .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))?;
-        lock(&self.modules).insert(module.name, m.clone());
-        Ok(m)
+            .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))
     }
 }

@@ -243,7 +243,6 @@ fn cuda_nn_mlp_step_with_clip_and_adamw_makes_no_host_wait() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs device-side index checks (embedding, cross_entropy) from the house branch"]
 fn cuda_nn_embedding_cross_entropy_step_makes_no_host_wait() -> Result<()> {
     let Some(gpu) = cuda("cuda_nn_embedding_cross_entropy_step_makes_no_host_wait") else { return Ok(()) };
     let calls = host_waits_of_an_nn_step(gpu, true)?;
