@@ -75,6 +75,10 @@ pub struct MonsterArgs {
     /// On CUDA, train through the generic autograd path (the same as --step unfused).
     #[arg(long, conflicts_with = "step")]
     pub unfused: bool,
+    /// With --unfused / --step unfused: run the autograd step op by op instead of replaying it as
+    /// a CUDA graph.
+    #[arg(long)]
+    pub no_graph: bool,
     /// The CUDA training step: persistent (the whole run in one kernel; the default where the GPU
     /// and the model allow it), fused (two kernels a step) or unfused (the generic autograd path).
     #[arg(long, value_enum)]
@@ -145,6 +149,7 @@ fn config(a: &MonsterArgs, device: Device) -> CliResult<TrainConfig> {
     let step = if a.unfused { StepArg::Unfused } else { a.step.unwrap_or(StepArg::Persistent) };
     cfg.fused = step != StepArg::Unfused;
     cfg.persistent = step == StepArg::Persistent;
+    cfg.graph = !a.no_graph;
     cfg.precision =
         a.precision.parse().map_err(|_| format!("--precision {:?}: expected f32, tf32 or bf16", a.precision))?;
     cfg.allow_nonfinite = a.allow_nonfinite;
@@ -317,7 +322,14 @@ fn progress(epochs: usize) -> Option<ProgressBar> {
 fn table(r: &Report, out: &mut dyn Write) -> CliResult<()> {
     let rows = [
         ("device", r.device.clone()),
-        ("training step", r.precision.as_ref().map_or(r.step_kind.clone(), |p| format!("{}, {p}", r.step_kind))),
+        ("training step", {
+            let kind = r.precision.as_ref().map_or(r.step_kind.clone(), |p| format!("{}, {p}", r.step_kind));
+            if r.cuda_graph {
+                format!("{kind} (CUDA graph)")
+            } else {
+                kind
+            }
+        }),
         ("copies x epochs", format!("{} x {} = {} steps of {} samples", r.copies, r.epochs, r.steps, r.batch)),
         ("entries resident", format!("{}", r.total_entries)),
         ("training time", format!("{:.3} s", r.training_time_s)),

@@ -25,8 +25,8 @@ struct OptTable {
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
 // omb1 = 1 - b1 and omb2 = 1 - b2 come from the host, formed in f64 as PyTorch forms them.
-FG_KERNEL adam_f32(OptTable t, float lr, float b1, float b2, float omb1, float omb2, float eps, float wd, float bc1,
-                   float bc2, int decoupled) {
+__device__ __forceinline__ void adam_apply(const OptTable& t, float lr, float b1, float b2, float omb1, float omb2,
+                                           float eps, float wd, float bc1, float bc2, int decoupled) {
   const fg_u64 tid = fg_tid(), stride = fg_nthreads();
   const float step = lr / bc1, sbc2 = sqrtf(bc2);
   for (unsigned int k = 0; k < t.count; ++k) {
@@ -49,6 +49,48 @@ FG_KERNEL adam_f32(OptTable t, float lr, float b1, float b2, float omb1, float o
       p[i] = pi - step * (mi / (sqrtf(vi) / sbc2 + eps));
     }
   }
+}
+
+// The bias corrections bc1 = 1 - b1^step, bc2 = 1 - b2^step come from the host...
+FG_KERNEL adam_f32(OptTable t, float lr, float b1, float b2, float omb1, float omb2, float eps, float wd, float bc1,
+                   float bc2, int decoupled) {
+  adam_apply(t, lr, b1, b2, omb1, omb2, eps, wd, bc1, bc2, decoupled);
+}
+
+// ... or from device memory (`bc` = [bc1, bc2], written by adam_bias_correction), so that a CUDA
+// graph replaying the step applies each step's own correction (PyTorch's capturable Adam). CPU
+// twin: `adam_step_counted` in src/optim.rs.
+FG_KERNEL adam_f32_dev(OptTable t, float lr, float b1, float b2, float omb1, float omb2, float eps, float wd,
+                       const float* bc, int decoupled) {
+  adam_apply(t, lr, b1, b2, omb1, omb2, eps, wd, bc[0], bc[1], decoupled);
+}
+
+// Rust's f64::powi (compiler-builtins' __powidf2: square and multiply), so that the device's bias
+// corrections equal, bit for bit, those `adam_step` forms on the host for the same step. The _rn
+// intrinsics keep the compiler from contracting a product and the subtraction below into an FMA
+// (one rounding instead of two), which the host never does.
+__device__ double fg_powi(double a, int b) {
+  const bool recip = b < 0;
+  unsigned int n = recip ? 0u - (unsigned int)b : (unsigned int)b;
+  double r = 1.0;
+  for (;;) {
+    if (n & 1u) r = __dmul_rn(r, a);
+    n >>= 1;
+    if (n == 0u) break;
+    a = __dmul_rn(a, a);
+  }
+  return recip ? __ddiv_rn(1.0, r) : r;
+}
+
+// One thread: step += 1, then bc = [1 - b1^step, 1 - b2^step] in f64, rounded to f32 (the host's
+// `1.0 - beta.powi(step)` as f32).
+FG_KERNEL adam_bias_correction(double* step, float* bc, double b1, double b2) {
+  if (fg_tid() != 0) return;
+  const double s = __dadd_rn(*step, 1.0);
+  *step = s;
+  const int e = s < 2147483647.0 ? (int)s : 2147483647;
+  bc[0] = __double2float_rn(__dsub_rn(1.0, fg_powi(b1, e)));
+  bc[1] = __double2float_rn(__dsub_rn(1.0, fg_powi(b2, e)));
 }
 
 // SGD with momentum / Nesterov / weight decay, PyTorch's update:

@@ -71,6 +71,12 @@ pub enum Error {
     #[error("CUDA error: {0}")]
     Cuda(String),
 
+    #[error(
+        "{call} is not allowed while capturing a CUDA graph (it would make the host wait for the device, \
+         reach the driver's allocator, or cannot be recorded); the capture was ended and the device keeps working"
+    )]
+    GraphCapture { call: &'static str },
+
     #[error("kernel {name}: {msg}")]
     Kernel { name: String, msg: String },
 

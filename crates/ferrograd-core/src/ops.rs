@@ -77,6 +77,9 @@ impl Tensor {
 
     /// Both operands broadcast to their common shape.
     pub fn broadcast_pair(&self, rhs: &Tensor, op: &'static str) -> Result<(Tensor, Tensor)> {
+        if self.shape() == rhs.shape() {
+            return Ok((self.clone(), rhs.clone())); // the common case, without building a shape
+        }
         let shape = self.shape().broadcast_with(rhs.shape(), op)?;
         Ok((self.broadcast_as(shape.clone())?, rhs.broadcast_as(shape)?))
     }

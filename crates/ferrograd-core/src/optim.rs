@@ -154,6 +154,40 @@ pub fn adam_step(
     Ok(())
 }
 
+/// One Adam/AdamW step whose count lives in `step`, a one-element f64 tensor on the parameters'
+/// device that this call increments: on CUDA the increment and the bias corrections happen on the
+/// device, so a CUDA graph that captured the call applies each replay's own step (PyTorch's
+/// `capturable=True`). The update equals `adam_step`'s for the same count, bit for bit.
+pub fn adam_step_counted(
+    params: &[Tensor],
+    grads: &[Tensor],
+    m: &[Tensor],
+    v: &[Tensor],
+    c: &AdamConfig,
+    step: &Tensor,
+) -> Result<()> {
+    check("adam_step_counted", params, &[grads, m, v])?;
+    if step.dtype() != DType::F64 || step.elem_count() != 1 || !step.is_contiguous() {
+        return Err(Error::InvalidArgument(format!(
+            "adam_step_counted: the step must be one contiguous f64 element, got {:?} {}",
+            step.dims(),
+            step.dtype()
+        )));
+    }
+    let device = params.first().map_or(step.device(), |p| p.device());
+    if step.device() != device {
+        return Err(Error::DeviceMismatch { op: "adam_step_counted", lhs: device, rhs: step.device() });
+    }
+    if let crate::Device::Cuda(o) = device {
+        let dev = crate::cuda::CudaDevice::get(o)?;
+        let grads = contiguous_grads(grads)?;
+        return crate::cuda::ops::optim::adam_counted(&dev, params, &grads, m, v, c, step);
+    }
+    let n = step.to_vec::<f64>()?[0] + 1.0;
+    step.set(&Tensor::full(n, step.shape().clone(), DType::F64, device)?)?;
+    adam_step(params, grads, m, v, c, n as u64)
+}
+
 /// One SGD step; `bufs` are the momentum buffers (ignored when momentum is 0), initialised from
 /// the gradient on the `first` step.
 pub fn sgd_step(params: &[Tensor], grads: &[Tensor], bufs: &[Tensor], c: &SgdConfig, first: bool) -> Result<()> {

@@ -7,8 +7,9 @@ use crate::storage::Storage;
 use crate::{Device, Result, Tensor, TensorId};
 use std::sync::Arc;
 
-/// A host->device copy in flight on the copy stream. `wait` orders the compute stream after it and
-/// hands out the tensor; until then, compute queued on the device does not wait for the copy.
+/// A host->device copy in flight on the copy stream. `wait` orders the thread's current stream
+/// after it and hands out the tensor; until then, compute queued on the device does not wait for
+/// the copy.
 pub struct Prefetch {
     tensor: Tensor,
     done: Option<(Arc<CudaDevice>, crate::cuda::event::Event)>,
@@ -21,7 +22,7 @@ impl Prefetch {
             dev.ctx.bind_to_thread().map_err(|e| crate::cuda::device::driver_err("cuCtxSetCurrent", e))?;
             ev.wait_on(dev.stream())?;
             if let Some(c) = self.tensor.storage().as_cuda() {
-                c.buf.record_use_on_compute()?;
+                c.buf.record_use_on(dev.current_stream_id())?;
             }
         }
         Ok(self.tensor)
@@ -125,6 +126,18 @@ impl Tensor {
 
     pub fn is_pinned(&self) -> bool {
         self.0.pinned.is_some()
+    }
+
+    /// Declares that work queued on `stream` uses this CUDA tensor too (PyTorch's
+    /// `record_stream`): when the tensor is freed, its memory is not handed out again before that
+    /// work is done. Needed when a tensor made on one stream is used on another and may be dropped
+    /// before the streams are joined.
+    pub fn record_stream(&self, stream: &crate::cuda::Stream) -> Result<()> {
+        let want = crate::Device::Cuda(stream.device().ordinal);
+        match &*self.storage() {
+            Storage::Cuda(c) if c.dev().ordinal == stream.device().ordinal => c.buf.record_use_on(stream.id()),
+            _ => Err(crate::Error::DeviceMismatch { op: "record_stream", lhs: self.device(), rhs: want }),
+        }
     }
 
     /// Move many tensors to `device` at once: to a GPU they travel in one coalesced copy.

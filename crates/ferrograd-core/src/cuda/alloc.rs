@@ -46,8 +46,9 @@
 //!
 //! # Best fit, split and merge
 //!
-//! Each pool is a `BTreeSet` ordered by `(stream, size, ptr)`, so the smallest free block on the
-//! requesting stream that is large enough is found in `O(log n)` (ties go to the lowest address,
+//! Each pool is a `BTreeSet` ordered by `(owner, stream, size, ptr)` (the owner is the shared cache
+//! or a private pool, below), so the smallest free block of the requesting stream's cache that is
+//! large enough is found in `O(log n)` (ties go to the lowest address,
 //! which keeps the layout deterministic). Best fit leaves large blocks intact for large requests.
 //! If the chosen block is larger than needed it is *split* and the remainder goes back to the pool,
 //! but only when the remainder is useful: at least 512 bytes in the small pool, more than 1 MiB in
@@ -64,7 +65,10 @@
 //! use it can be handed straight to the next request *on that stream*: the new user's kernels are
 //! queued behind the old ones. This is why blocks belong to the stream they were allocated on,
 //! pools are keyed by stream, and a block cached for stream S is never given to stream T. The cost
-//! is memory cached per stream; `empty_cache` returns it.
+//! is memory cached per stream; `empty_cache` returns it. In the CUDA backend a [`StreamId`] is the
+//! stream's slot in its device's stream table (0 the default compute stream, 1 the copy stream,
+//! then the streams users create), and a tensor's memory belongs to the thread's *current* stream
+//! when it is made (`cuda/stream.rs`).
 //!
 //! When a block is used on another stream as well, the caller says so with
 //! [`CachingAllocator::record_stream`]. On [`CachingAllocator::free`] an event is then recorded on
@@ -79,6 +83,34 @@
 //! Returning a segment to the driver relies on [`RawDeviceMemory::raw_free`] being ordered after
 //! all work already queued (`cuMemFree` synchronizes the device), because same-stream frees are
 //! never waited for.
+//!
+//! # Private pools and CUDA-graph capture
+//!
+//! A CUDA graph replays its kernels on the addresses they had when it was captured, so memory a
+//! graph uses must stay the graph's for as long as the graph lives, including the blocks the
+//! captured step freed again (a temporary is freed during capture, but every replay still writes
+//! it). PyTorch's answer, taken here: a *private pool* ([`CachingAllocator::create_pool`], a
+//! [`PoolId`] beside the stream in every key). While a stream is *routed* to a pool
+//! ([`CachingAllocator::route`]) every request on it is served from that pool's blocks, and every
+//! block of the pool, freed by whoever and whenever, goes back to the pool: never to the shared
+//! cache, where another stream could get it while a replay writes it. `empty_cache` and the
+//! out-of-memory flush leave a live pool's segments alone. When the graphs are gone,
+//! [`CachingAllocator::release_pool`] lets its free segments go back to the driver (at once, and
+//! the rest as their blocks are freed, at the next flush).
+//!
+//! The capture itself may not reach the driver: `cuMemAlloc` and `cuMemFree` synchronize, which a
+//! capture forbids, and the driver would invalidate it. So a route is either *warming up* (the pool
+//! grows from the driver as usual: the backend runs the step once or more on the capture stream
+//! before recording it) or *capturing*: then a request the pool cannot serve fails at once with
+//! [`AllocError::GraphCapture`] (no retry, no flush: both would synchronize), and the capture ends
+//! with that error instead of hanging or recording a broken graph. Because the step asks for the
+//! same sizes in the same order each time, the warmed-up pool serves it (a free block is found by
+//! best fit among the pool's blocks exactly as in the shared cache). During a capture, a freed
+//! block that other streams used cannot get its events yet (an event recorded inside a capture
+//! cannot be queried); it stays pending and its events are recorded when no capture is under way
+//! ([`CachingAllocator::unroute`]). The backend also counts every driver call that makes the host
+//! wait and refuses them all during capture (`cuda/sync.rs`); the allocator's own check names the
+//! call before the driver is asked.
 //!
 //! # Out of memory
 //!
@@ -120,10 +152,10 @@
 //!
 //! # Not yet here
 //!
-//! Expandable segments (virtual-memory remapping), private pools for CUDA-graph capture (the pool
-//! key would grow a pool id beside the stream), `max_split_size` and a garbage-collection
-//! threshold, and per-pool statistics. The allocator takes `&mut self`: the backend keeps one per
-//! device behind a mutex, which is uncontended on the usual single compute stream.
+//! Expandable segments (virtual-memory remapping), `max_split_size` and a garbage-collection
+//! threshold, per-pool statistics, and sharing one private pool between graphs captured on
+//! different streams at once. The allocator takes `&mut self`: the backend keeps one per device
+//! behind a mutex, which is uncontended while one thread drives the device.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -155,6 +187,16 @@ pub struct StreamId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EventId(pub u64);
 
+/// Whose cache a block belongs to: the shared cache ([`PoolId::SHARED`]) or a private pool made by
+/// [`CachingAllocator::create_pool`] for CUDA-graph capture (see the module documentation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PoolId(pub u64);
+
+impl PoolId {
+    /// The cache every stream allocates from unless routed to a private pool.
+    pub const SHARED: PoolId = PoolId(0);
+}
+
 /// What a driver call reports on failure.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RawAllocError {
@@ -162,6 +204,9 @@ pub enum RawAllocError {
     OutOfMemory,
     /// Any other failure, described by the driver; returned to the caller as is.
     Driver(String),
+    /// The calling thread is capturing a CUDA graph, during which `call` is forbidden (it would
+    /// synchronize or is not capturable); nothing was done.
+    Capture(&'static str),
 }
 
 /// Device memory as the driver provides it. The CUDA backend implements it over
@@ -218,6 +263,11 @@ pub enum AllocError {
     InvalidHandle,
     /// `FERROGRAD_CUDA_MEMORY_LIMIT` holds something that is not a byte size.
     InvalidLimit { value: String },
+    /// A request on a stream that is being captured into a CUDA graph would have to call `call`
+    /// (`cuMemAlloc` when its private pool has no block for it): forbidden during capture.
+    GraphCapture { call: &'static str },
+    /// `pool` is not a live private pool of this allocator (never created, or released).
+    InvalidPool { pool: PoolId, why: &'static str },
 }
 
 impl AllocError {
@@ -225,6 +275,7 @@ impl AllocError {
         let message = match err {
             RawAllocError::OutOfMemory => "out of memory".to_string(),
             RawAllocError::Driver(m) => m,
+            RawAllocError::Capture(call) => return AllocError::GraphCapture { call },
         };
         AllocError::Driver { op, message }
     }
@@ -250,6 +301,12 @@ impl fmt::Display for AllocError {
                 "{MEMORY_LIMIT_ENV}={value:?} is not a byte size \
                  (examples: 8GiB, 512MiB, 1500000000)"
             ),
+            AllocError::GraphCapture { call } => write!(
+                f,
+                "{call} is forbidden while capturing a CUDA graph: the capture's private pool has no \
+                 block for this request (warm the step up in the pool first, with the same sizes)"
+            ),
+            AllocError::InvalidPool { pool, why } => write!(f, "private pool {}: {why}", pool.0),
         }
     }
 }
@@ -367,6 +424,8 @@ pub struct SegmentInfo {
     pub size: usize,
     pub stream: StreamId,
     pub pool: PoolKind,
+    /// The shared cache or the private pool the segment belongs to.
+    pub owner: PoolId,
     pub blocks: Vec<BlockInfo>,
 }
 
@@ -502,6 +561,8 @@ struct Block {
     requested: usize,
     stream: StreamId,
     pool: PoolKind,
+    /// Shared cache or private pool; a block never changes owner.
+    owner: PoolId,
     state: State,
     /// Address neighbours inside the same segment (indices into the block table).
     prev: Option<usize>,
@@ -519,9 +580,18 @@ impl Block {
     }
 }
 
-/// Pool key: ordering by stream, then size, then address gives per-stream best fit with the lowest
-/// address first; the block-table index rides along to avoid a second lookup.
-type Key = (StreamId, usize, u64, usize);
+/// Pool key: ordering by owner, stream, then size, then address gives per-owner, per-stream best
+/// fit with the lowest address first; the block-table index rides along to avoid a second lookup.
+type Key = (PoolId, StreamId, usize, u64, usize);
+
+/// Requests on `stream` are served from private pool `pool`; while `capturing`, never from the
+/// driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Route {
+    stream: StreamId,
+    pool: PoolId,
+    capturing: bool,
+}
 
 /// The caching allocator for one device. See the module documentation for the design.
 pub struct CachingAllocator<M, S> {
@@ -534,6 +604,15 @@ pub struct CachingAllocator<M, S> {
     large: BTreeSet<Key>,
     /// Events to wait for, per stream in recording order, with the block each one holds back.
     pending: BTreeMap<StreamId, VecDeque<(EventId, usize)>>,
+    /// Streams whose requests go to a private pool (warm-up and capture of a CUDA graph).
+    routes: Vec<Route>,
+    /// Private pools by id: `true` once released (its graph is gone; no new requests, and its free
+    /// segments may go back to the driver).
+    private: BTreeMap<PoolId, bool>,
+    next_pool: u64,
+    /// Blocks freed during a capture after use on other streams: their events are recorded when no
+    /// capture is under way any more (an event recorded inside a capture cannot be queried).
+    deferred: Vec<(usize, Vec<StreamId>)>,
     limit: Option<usize>,
     stats: MemoryStats,
 }
@@ -549,6 +628,10 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
             small: BTreeSet::new(),
             large: BTreeSet::new(),
             pending: BTreeMap::new(),
+            routes: Vec::new(),
+            private: BTreeMap::new(),
+            next_pool: 1,
+            deferred: Vec::new(),
             limit: None,
             stats: MemoryStats::default(),
         }
@@ -557,6 +640,27 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
     /// Allocates `bytes` for use on `stream`, from the cache if possible, else from the device,
     /// flushing the cache and retrying once before reporting [`AllocError::OutOfMemory`].
     pub fn allocate(&mut self, bytes: usize, stream: StreamId) -> Result<Allocation, AllocError> {
+        let route = self.routes.iter().find(|r| r.stream == stream).copied();
+        match route {
+            Some(r) => self.allocate_from(bytes, stream, r.pool, r.capturing),
+            None => self.allocate_from(bytes, stream, PoolId::SHARED, false),
+        }
+    }
+
+    /// Allocates from the shared cache even when `stream` is routed to a private pool (for memory
+    /// that outlives any graph, such as a cuBLAS workspace).
+    pub fn allocate_shared(&mut self, bytes: usize, stream: StreamId) -> Result<Allocation, AllocError> {
+        let capturing = self.routes.iter().any(|r| r.stream == stream && r.capturing);
+        self.allocate_from(bytes, stream, PoolId::SHARED, capturing)
+    }
+
+    fn allocate_from(
+        &mut self,
+        bytes: usize,
+        stream: StreamId,
+        owner: PoolId,
+        capturing: bool,
+    ) -> Result<Allocation, AllocError> {
         if bytes == 0 {
             return Ok(Allocation { ptr: 0, size: 0, block_size: 0, stream, slot: usize::MAX, serial: 0 });
         }
@@ -565,21 +669,26 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
         };
         let pool = PoolKind::for_size(rounded);
         self.process_pending_frees()?;
-        if let Some(idx) = self.find_free(pool, stream, rounded) {
+        if let Some(idx) = self.find_free(pool, owner, stream, rounded) {
             return Ok(self.take_block(idx, rounded, bytes));
         }
-        if let Some(idx) = self.alloc_segment(pool, rounded, stream)? {
+        if capturing {
+            // A graph replays its kernels on the addresses seen during capture; new memory would
+            // have to come from cuMemAlloc, which a capture may not call.
+            return Err(AllocError::GraphCapture { call: "cuMemAlloc" });
+        }
+        if let Some(idx) = self.alloc_segment(pool, rounded, stream, owner)? {
             return Ok(self.take_block(idx, rounded, bytes));
         }
         // Out of memory: a pending block may serve the request once its events are waited for;
         // otherwise give every free segment back and ask the device again.
         self.stats.alloc_retries += 1;
         self.synchronize_pending()?;
-        if let Some(idx) = self.find_free(pool, stream, rounded) {
+        if let Some(idx) = self.find_free(pool, owner, stream, rounded) {
             return Ok(self.take_block(idx, rounded, bytes));
         }
         self.release_free_segments()?;
-        match self.alloc_segment(pool, rounded, stream)? {
+        match self.alloc_segment(pool, rounded, stream, owner)? {
             Some(idx) => Ok(self.take_block(idx, rounded, bytes)),
             None => Err(self.out_of_memory(bytes)),
         }
@@ -603,6 +712,16 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
             return Ok(());
         }
         self.blocks[idx].state = State::Pending;
+        if self.is_capturing() {
+            self.deferred.push((idx, uses));
+            return Ok(());
+        }
+        self.record_free_events(idx, uses)
+    }
+
+    /// Records an event on each stream in `uses` for pending block `idx`; it is freed once all
+    /// have completed.
+    fn record_free_events(&mut self, idx: usize, uses: Vec<StreamId>) -> Result<(), AllocError> {
         let mut result = Ok(());
         for stream in uses {
             match self.streams.record_event(stream) {
@@ -635,6 +754,69 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
             block.stream_uses.push(stream);
         }
         Ok(())
+    }
+
+    /// A new, empty private pool (PyTorch's graph mempool). Route a stream to it with
+    /// [`Self::route`]; release it with [`Self::release_pool`] when its graphs are gone.
+    pub fn create_pool(&mut self) -> PoolId {
+        let id = PoolId(self.next_pool);
+        self.next_pool += 1;
+        self.private.insert(id, false);
+        id
+    }
+
+    /// Serves every request on `stream` from private pool `pool` until [`Self::unroute`]. With
+    /// `capturing`, a request the pool cannot serve fails with [`AllocError::GraphCapture`] instead
+    /// of reaching the driver, and frees of blocks used on other streams defer their events.
+    pub fn route(&mut self, stream: StreamId, pool: PoolId, capturing: bool) -> Result<(), AllocError> {
+        match self.private.get(&pool) {
+            None => return Err(AllocError::InvalidPool { pool, why: "no such pool" }),
+            Some(true) => return Err(AllocError::InvalidPool { pool, why: "already released" }),
+            Some(false) => {}
+        }
+        if self.routes.iter().any(|r| r.stream == stream && r.pool != pool) {
+            return Err(AllocError::InvalidPool { pool, why: "the stream is already routed to another pool" });
+        }
+        self.routes.retain(|r| r.stream != stream);
+        self.routes.push(Route { stream, pool, capturing });
+        Ok(())
+    }
+
+    /// Requests on `stream` go to the shared cache again. Once no capture is under way, the events
+    /// deferred during capture are recorded.
+    pub fn unroute(&mut self, stream: StreamId) -> Result<(), AllocError> {
+        self.routes.retain(|r| r.stream != stream);
+        if self.is_capturing() {
+            return Ok(());
+        }
+        let mut result = Ok(());
+        for (idx, uses) in std::mem::take(&mut self.deferred) {
+            let r = self.record_free_events(idx, uses);
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    }
+
+    /// Whether a stream is routed to a private pool for capture.
+    pub fn is_capturing(&self) -> bool {
+        self.routes.iter().any(|r| r.capturing)
+    }
+
+    /// The pool's graphs are gone: no stream may use it any more, and its segments go back to the
+    /// driver once all their blocks are free (now for those that already are, unless a capture is
+    /// under way; the others at the next [`Self::empty_cache`] or out-of-memory retry).
+    pub fn release_pool(&mut self, pool: PoolId) -> Result<(), AllocError> {
+        match self.private.get_mut(&pool) {
+            Some(released) if !*released => *released = true,
+            _ => return Err(AllocError::InvalidPool { pool, why: "no such pool or already released" }),
+        }
+        self.routes.retain(|r| r.pool != pool);
+        if self.is_capturing() {
+            return Ok(());
+        }
+        self.release_segments_of(|owner| owner == pool)
     }
 
     /// Returns pending blocks whose events have completed to their pools. Never blocks.
@@ -745,6 +927,7 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
                     size: blocks.iter().map(|b| b.size).sum(),
                     stream: first.stream,
                     pool: first.pool,
+                    owner: first.owner,
                     blocks,
                 }
             })
@@ -790,13 +973,13 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
 
     fn key(&self, idx: usize) -> Key {
         let b = &self.blocks[idx];
-        (b.stream, b.size, b.ptr, idx)
+        (b.owner, b.stream, b.size, b.ptr, idx)
     }
 
-    /// Smallest free block of `pool` on `stream` with at least `size` bytes.
-    fn find_free(&mut self, pool: PoolKind, stream: StreamId, size: usize) -> Option<usize> {
-        let &(s, _, _, idx) = self.pool_mut(pool).range((stream, size, 0, 0)..).next()?;
-        (s == stream).then_some(idx)
+    /// Smallest free block of `pool` owned by `owner` on `stream` with at least `size` bytes.
+    fn find_free(&mut self, pool: PoolKind, owner: PoolId, stream: StreamId, size: usize) -> Option<usize> {
+        let &(o, s, _, _, idx) = self.pool_mut(pool).range((owner, stream, size, 0, 0)..).next()?;
+        (o == owner && s == stream).then_some(idx)
     }
 
     /// Blocks enter and leave pools only through these two, which keeps the inactive-split stats
@@ -849,7 +1032,13 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
 
     /// Gets a new segment from the device and puts it in `pool` as one free block; `Ok(None)` when
     /// the device or the cap has no room for it.
-    fn alloc_segment(&mut self, pool: PoolKind, rounded: usize, stream: StreamId) -> Result<Option<usize>, AllocError> {
+    fn alloc_segment(
+        &mut self,
+        pool: PoolKind,
+        rounded: usize,
+        stream: StreamId,
+        owner: PoolId,
+    ) -> Result<Option<usize>, AllocError> {
         // The preferred size first, then the smallest segment that serves the request.
         let smallest = match pool {
             PoolKind::Small => Some(rounded),
@@ -875,6 +1064,7 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
                 requested: 0,
                 stream,
                 pool,
+                owner,
                 state: State::Free,
                 prev: None,
                 next: None,
@@ -891,9 +1081,9 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
     /// Takes free block `idx` out of its pool for a request, splitting off what it does not need.
     fn take_block(&mut self, idx: usize, rounded: usize, requested: usize) -> Allocation {
         self.pool_remove(idx);
-        let (ptr, size, stream, pool, next) = {
+        let (ptr, size, stream, pool, owner, next) = {
             let b = &self.blocks[idx];
-            (b.ptr, b.size, b.stream, b.pool, b.next)
+            (b.ptr, b.size, b.stream, b.pool, b.owner, b.next)
         };
         if pool.should_split(size - rounded) {
             let rest = self.new_slot(Block {
@@ -902,6 +1092,7 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
                 requested: 0,
                 stream,
                 pool,
+                owner,
                 state: State::Free,
                 prev: Some(idx),
                 next,
@@ -988,11 +1179,19 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
         result
     }
 
-    /// Returns every segment that is one free block to the device. A failed free leaves its segment
+    /// Returns every segment that is one free block to the device, except those of live private
+    /// pools (a graph replays into its pool's free blocks too). A failed free leaves its segment
     /// cached and is reported after the others have been tried.
     fn release_free_segments(&mut self) -> Result<(), AllocError> {
+        self.release_segments_of(|_| true)
+    }
+
+    /// `release_free_segments` for the owners `which` selects (of those that may be released).
+    fn release_segments_of(&mut self, which: impl Fn(PoolId) -> bool) -> Result<(), AllocError> {
         let whole: Vec<usize> = (self.small.iter().chain(self.large.iter()))
-            .map(|&(_, _, _, idx)| idx)
+            .filter(|&&(owner, ..)| owner == PoolId::SHARED || self.private.get(&owner) == Some(&true))
+            .filter(|&&(owner, ..)| which(owner))
+            .map(|&(.., idx)| idx)
             .filter(|&idx| !self.blocks[idx].is_split())
             .collect();
         let mut result = Ok(());
@@ -1015,6 +1214,12 @@ impl<M: RawDeviceMemory, S: StreamSync> CachingAllocator<M, S> {
                     }
                 }
             }
+        }
+        // A released pool without segments is gone for good.
+        let mut empty: Vec<PoolId> = self.private.iter().filter(|&(_, &released)| released).map(|(&p, _)| p).collect();
+        empty.retain(|&p| !self.blocks.iter().any(|b| b.state != State::Vacant && b.owner == p));
+        for p in empty {
+            self.private.remove(&p);
         }
         result
     }
@@ -1185,8 +1390,8 @@ mod tests {
         assert_eq!(st.inactive_split_blocks.current, splits);
         assert_eq!(a.small.len() + a.large.len(), free_blocks);
         for key in a.small.iter().chain(a.large.iter()) {
-            assert_eq!(a.key(key.3), *key);
-            assert_eq!(a.blocks[key.3].state, State::Free);
+            assert_eq!(a.key(key.4), *key);
+            assert_eq!(a.blocks[key.4].state, State::Free);
         }
         let pending: usize = a.pending.values().map(VecDeque::len).sum();
         assert_eq!(a.streams().events.len(), pending, "events leaked or lost");
@@ -1515,6 +1720,132 @@ mod tests {
         assert_eq!(st.segments.current, 1, "its segment is never returned");
         let y = a.allocate(5 * MIB, S0)?;
         assert!(y.ptr() >= ptr + size as u64 || y.ptr() + y.block_size() as u64 <= ptr);
+        Ok(())
+    }
+
+    const S2: StreamId = StreamId(2);
+
+    /// A graph's life: warm-up grows a private pool from the driver, capture is served from it
+    /// alone (blocks freed during capture are reused within it), the pool's memory stays reserved
+    /// after capture, and releasing the pool returns it.
+    #[test]
+    fn private_pool_serves_warmup_and_capture_without_the_driver() -> R {
+        let mut a = allocator(1 << 30);
+        let shared = a.allocate(4096, S2)?;
+        let shared_ptr = shared.ptr();
+        a.free(shared)?;
+        let p = a.create_pool();
+        a.route(S2, p, false)?;
+        let x = a.allocate(4096, S2)?;
+        assert_eq!(a.stats().device_allocs, 2, "the shared block cached on S2 stays out of the pool");
+        let y = a.allocate(3 * MIB, S2)?;
+        let (px, py) = (x.ptr(), y.ptr());
+        a.free(x)?;
+        a.free(y)?;
+        check(&a, []);
+        a.route(S2, p, true)?;
+        assert!(a.is_capturing());
+        let before = a.stats();
+        let x2 = a.allocate(4000, S2)?;
+        let y2 = a.allocate(3 * MIB, S2)?;
+        assert_eq!((x2.ptr(), y2.ptr()), (px, py), "capture gets the warm-up's blocks");
+        a.free(x2)?;
+        let x3 = a.allocate(4096, S2)?;
+        assert_eq!(x3.ptr(), px, "a block freed during capture goes back to the pool");
+        assert_eq!(a.allocate(30 * MIB, S2), Err(AllocError::GraphCapture { call: "cuMemAlloc" }));
+        assert_eq!(a.allocate_shared(30 * MIB, S2), Err(AllocError::GraphCapture { call: "cuMemAlloc" }));
+        let ws = a.allocate_shared(4096, S2)?;
+        assert_eq!(ws.ptr(), shared_ptr, "the shared cache still serves allocate_shared");
+        let st = a.stats();
+        assert_eq!((st.device_allocs, st.ooms, st.alloc_retries), (before.device_allocs, 0, 0));
+        let other = a.allocate(30 * MIB, S0)?; // another stream is not captured
+        assert_eq!(a.stats().device_allocs, before.device_allocs + 1);
+        check(&a, [&y2, &x3, &ws, &other]);
+        a.unroute(S2)?;
+        assert!(!a.is_capturing());
+        let after = a.allocate(4096, S2)?;
+        assert_ne!(after.ptr(), px, "after capture S2 allocates from the shared cache again");
+        for h in [y2, x3, ws, other, after] {
+            a.free(h)?;
+        }
+        a.empty_cache()?;
+        let segs = a.segments();
+        assert!(!segs.is_empty() && segs.iter().all(|s| s.owner == p), "the pool outlives empty_cache: {segs:?}");
+        a.release_pool(p)?;
+        assert_eq!((a.memory().used, a.stats().reserved_bytes.current), (0, 0));
+        assert!(matches!(a.route(S2, p, false), Err(AllocError::InvalidPool { .. })));
+        check(&a, []);
+        Ok(())
+    }
+
+    #[test]
+    fn released_pool_returns_segments_as_their_blocks_are_freed() -> R {
+        let mut a = allocator(1 << 30);
+        let p = a.create_pool();
+        a.route(S1, p, false)?;
+        let out = a.allocate(5 * MIB, S1)?; // a graph output the caller keeps
+        let tmp = a.allocate(1000, S1)?;
+        a.free(tmp)?;
+        a.unroute(S1)?;
+        let cached = a.allocate(100, S0)?;
+        a.free(cached)?; // a free shared segment, which releasing the pool leaves alone
+        a.release_pool(p)?;
+        let st = a.stats();
+        assert_eq!((st.device_frees, st.segments.current), (1, 2), "the pool's free small segment went back");
+        let out_ptr = out.ptr();
+        a.free(out)?;
+        let fresh = a.allocate(5 * MIB, S1)?;
+        assert_ne!(fresh.ptr(), out_ptr, "a released pool's blocks never serve the shared cache");
+        a.empty_cache()?;
+        assert_eq!(a.stats().segments.current, 1, "the released pool's and the free shared segment went back");
+        assert!(a.segments().iter().all(|s| s.owner == PoolId::SHARED));
+        assert!(a.private.is_empty(), "an empty released pool is forgotten");
+        check(&a, [&fresh]);
+        Ok(())
+    }
+
+    #[test]
+    fn cross_stream_frees_during_capture_record_their_events_after_it() -> R {
+        let mut a = allocator(1 << 30);
+        let p = a.create_pool();
+        a.route(S1, p, false)?;
+        let warm = a.allocate(1000, S1)?;
+        a.free(warm)?;
+        a.route(S1, p, true)?;
+        let x = a.allocate(1000, S1)?;
+        let ptr = x.ptr();
+        a.record_stream(&x, S0)?;
+        a.free(x)?;
+        assert!(a.streams().events.is_empty(), "no event is recorded inside a capture");
+        assert_eq!(a.stats().active_bytes.current, 1024, "the block is pending");
+        let y = a.allocate(1000, S1)?;
+        assert_ne!(y.ptr(), ptr);
+        a.unroute(S1)?;
+        assert_eq!(a.streams().events.len(), 1, "recorded once the capture is over");
+        a.streams_mut().complete(S0);
+        a.process_pending_frees()?;
+        assert_eq!(a.stats().active_bytes.current, 1024, "only y is active");
+        check(&a, [&y]);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_pool_operations_are_typed() -> R {
+        let mut a = allocator(1 << 30);
+        assert!(matches!(a.route(S0, PoolId(7), false), Err(AllocError::InvalidPool { why: "no such pool", .. })));
+        assert!(matches!(a.route(S0, PoolId::SHARED, false), Err(AllocError::InvalidPool { .. })));
+        let (p, q) = (a.create_pool(), a.create_pool());
+        a.route(S0, p, false)?;
+        a.route(S0, p, true)?; // the same pool again: now capturing
+        assert!(matches!(a.route(S0, q, false), Err(AllocError::InvalidPool { .. })));
+        a.release_pool(p)?;
+        assert!(!a.is_capturing(), "releasing a pool removes its routes");
+        assert!(matches!(a.release_pool(p), Err(AllocError::InvalidPool { .. })));
+        let e = a.route(S1, p, false).err().map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(e, format!("private pool {}: no such pool", p.0), "an empty released pool is forgotten");
+        a.memory_mut().fail_next = Some(RawAllocError::Capture("cuMemAlloc"));
+        assert_eq!(a.allocate(100, S1), Err(AllocError::GraphCapture { call: "cuMemAlloc" }));
+        assert_eq!(a.stats().alloc_retries, 0, "a refused driver call is not retried");
         Ok(())
     }
 

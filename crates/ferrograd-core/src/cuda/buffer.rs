@@ -1,8 +1,9 @@
 //! A device buffer: a byte range of an allocation from the caching allocator. The allocation goes
 //! back to the allocator when its last buffer drops; several buffers share one allocation when many
 //! small tensors were moved in one coalesced copy. Frees are stream-ordered: a block freed here is
-//! only handed out again to work queued after this point on the compute stream, so a kernel still
-//! reading it finishes first.
+//! only handed out again to work queued after this point on the stream it was allocated for (the
+//! thread's current stream then), so a kernel still reading it finishes first; other streams that
+//! used it are waited for through `record_use_on`.
 
 use super::alloc::Allocation;
 use super::device::{driver_err, CudaDevice};
@@ -38,9 +39,25 @@ impl AllocGuard {
     }
 }
 
+/// A buffer's claim on its allocation: its own (every op output: no reference count to allocate)
+/// or a share of one that several buffers use (a coalesced transfer).
+enum Claim {
+    Own(AllocGuard),
+    Shared(Arc<AllocGuard>),
+}
+
+impl Claim {
+    fn allocation(&self) -> Option<&Allocation> {
+        match self {
+            Claim::Own(g) => g.allocation(),
+            Claim::Shared(g) => g.allocation(),
+        }
+    }
+}
+
 pub struct CudaBuffer {
     pub(crate) dev: Arc<CudaDevice>,
-    pub(crate) guard: Arc<AllocGuard>,
+    guard: Claim,
     byte_offset: usize,
     pub(crate) len: usize,
     pub(crate) dtype: DType,
@@ -52,7 +69,7 @@ impl CudaBuffer {
         let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| {
             crate::Error::InvalidArgument(format!("{len} elements of {dtype} overflow the address space"))
         })?;
-        let guard = Arc::new(Self::raw(dev, bytes)?);
+        let guard = Claim::Own(Self::raw(dev, bytes)?);
         let b = CudaBuffer { dev: dev.clone(), guard, byte_offset: 0, len, dtype };
         if bytes > 0 && POISON.load(Ordering::Relaxed) {
             dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
@@ -68,15 +85,16 @@ impl CudaBuffer {
         let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| {
             crate::Error::InvalidArgument(format!("{len} elements of {dtype} overflow the address space"))
         })?;
-        let guard = Arc::new(AllocGuard { dev: dev.clone(), alloc: Some(dev.alloc_bytes_for_copy(bytes)?) });
+        let guard = Claim::Own(AllocGuard { dev: dev.clone(), alloc: Some(dev.alloc_bytes_for_copy(bytes)?) });
         Ok(CudaBuffer { dev: dev.clone(), guard, byte_offset: 0, len, dtype })
     }
 
-    /// See `CudaDevice::record_compute_use`.
-    pub(crate) fn record_use_on_compute(&self) -> Result<()> {
+    /// Work on `stream` uses this buffer too: its block is not reused before that work is done
+    /// (PyTorch's `record_stream`).
+    pub(crate) fn record_use_on(&self, stream: super::alloc::StreamId) -> Result<()> {
         match self.guard.allocation() {
-            Some(a) => self.dev.record_compute_use(a),
-            None => Ok(()),
+            Some(a) if a.stream() != stream => self.dev.record_use(a, stream),
+            _ => Ok(()),
         }
     }
 
@@ -92,7 +110,7 @@ impl CudaBuffer {
         len: usize,
         dtype: DType,
     ) -> CudaBuffer {
-        CudaBuffer { dev: dev.clone(), guard, byte_offset, len, dtype }
+        CudaBuffer { dev: dev.clone(), guard: Claim::Shared(guard), byte_offset, len, dtype }
     }
 
     /// Device address of element `i`.

@@ -117,10 +117,12 @@ impl MappedF32 {
         let bytes = len.max(1) * 4;
         dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // Page-locking host memory synchronizes: a counted host wait (`cuda/sync.rs`).
         // SAFETY: a fresh page-locked allocation; nothing else sees it yet.
-        let host = unsafe { result::malloc_host(bytes, flags) }
-            .map_err(|e| driver_err(&format!("cuMemHostAlloc({bytes} bytes, mapped)"), e))?
-            as *mut f32;
+        let host = super::sync::host_wait("cuMemHostAlloc", || {
+            unsafe { result::malloc_host(bytes, flags) }
+                .map_err(|e| driver_err(&format!("cuMemHostAlloc({bytes} bytes, mapped)"), e))
+        })? as *mut f32;
         let mut device: sys::CUdeviceptr = 0;
         // SAFETY: `host` was allocated with DEVICEMAP above.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut _, 0) };
@@ -171,6 +173,8 @@ impl MappedF32 {
 impl Drop for MappedF32 {
     fn drop(&mut self) {
         // SAFETY: allocated by cuMemHostAlloc in `new`; the owner synchronises before dropping.
-        let _ = unsafe { result::free_host(self.host as *mut _) };
+        super::sync::host_wait_in_drop("cuMemFreeHost", || {
+            let _ = unsafe { result::free_host(self.host as *mut _) };
+        });
     }
 }

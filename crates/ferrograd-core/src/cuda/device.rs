@@ -1,17 +1,22 @@
-//! One `CudaDevice` per ordinal, created on first use and kept for the process: the context, a
-//! compute stream (every op), a copy stream (transfers), a cuBLAS handle, the caching allocator and
-//! the loaded kernels.
+//! One `CudaDevice` per ordinal, created on first use and kept for the process, with everything
+//! that belongs to one GPU: the context, its streams (`cuda/stream.rs`: compute, copy and a pool of
+//! user streams), the cuBLAS handle and its TF32 policy (`cuda/matmul.rs`), the caching allocator
+//! and the loaded kernels. Nothing here is a process global, so several devices do not overwrite
+//! each other's state.
 
-use super::alloc::{AllocError, Allocation, CachingAllocator, MemoryStats};
-use super::driver::{DriverEvents, DriverMemory, COMPUTE, COPY};
+use super::alloc::{AllocError, Allocation, CachingAllocator, MemoryStats, StreamId};
+use super::driver::{DriverEvents, DriverMemory, COPY};
 use super::launch::DeviceFuncs;
+use super::matmul::Blas;
 use super::modules::Module;
 use super::nvrtc::{self, Arch, KernelError};
 use super::probe::{self, CudaDeviceInfo};
+use super::stream::StreamTable;
+use super::sync;
 use crate::{Error, Result};
-use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 pub struct CudaDevice {
@@ -21,9 +26,10 @@ pub struct CudaDevice {
     /// Multiprocessors of this GPU: launch shapes fill this chip (`cuda/launch.rs`).
     sms: usize,
     pub(crate) ctx: Arc<CudaContext>,
-    compute_stream: Arc<CudaStream>,
-    copy_stream: Arc<CudaStream>,
-    pub(crate) blas: Mutex<CudaBlas>,
+    pub(crate) streams: Arc<StreamTable>,
+    pub(crate) blas: Mutex<Blas>,
+    /// f32 matmuls may use TF32 (`MatmulPrecision::High`); starts from the process default.
+    pub(crate) tf32: AtomicBool,
     alloc: Mutex<CachingAllocator<DriverMemory, DriverEvents>>,
     /// Loaded modules and their kernels, by (module name, kernel name).
     funcs: DeviceFuncs,
@@ -42,12 +48,44 @@ pub(crate) fn driver_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Cuda(format!("{what}: {e:?}"))
 }
 
+/// Most parameters a kernel launched through `launch!` may take.
+pub(crate) const MAX_KERNEL_ARGS: usize = 24;
+
+/// A kernel's arguments as the driver takes them: pointers to the values, here on the stack. The
+/// values are borrowed for `'a`, so they outlive the launch.
+pub(crate) struct KernelArgs<'a> {
+    ptrs: [*mut std::ffi::c_void; MAX_KERNEL_ARGS],
+    len: usize,
+    _values: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> KernelArgs<'a> {
+    #[inline]
+    pub(crate) fn new() -> Self {
+        KernelArgs { ptrs: [std::ptr::null_mut(); MAX_KERNEL_ARGS], len: 0, _values: std::marker::PhantomData }
+    }
+
+    /// Adds `v` as the next parameter (beyond `MAX_KERNEL_ARGS` the launch fails).
+    #[inline]
+    pub(crate) fn push<T: cudarc::driver::DeviceRepr>(&mut self, v: &'a T) {
+        if let Some(p) = self.ptrs.get_mut(self.len) {
+            *p = v as *const T as *mut std::ffi::c_void;
+        }
+        self.len += 1;
+    }
+
+    fn as_mut_slice(&mut self) -> Option<&mut [*mut std::ffi::c_void]> {
+        self.ptrs.get_mut(..self.len)
+    }
+}
+
 impl From<AllocError> for Error {
     fn from(e: AllocError) -> Self {
         match e {
             AllocError::OutOfMemory { requested, free, total, allocated, reserved, hint } => {
                 Error::OutOfMemory { requested, free, total, allocated, reserved, hint }
             }
+            AllocError::GraphCapture { call } => Error::GraphCapture { call },
             other => Error::Cuda(other.to_string()),
         }
     }
@@ -95,17 +133,10 @@ impl CudaDevice {
         // NVRTC must be loadable before we promise a working device.
         nvrtc::nvrtc_info()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("cuCtx", e))?;
-        let stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
-        let copy_stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
-        // SAFETY: cuBLAS needs its library; check before cudarc would panic on a missing one.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err(Error::CudaUnavailable { reason: "libcublas was not found".into() });
-        }
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| driver_err("cublasCreate", e))?;
-        let mut alloc = CachingAllocator::new(
-            DriverMemory { ctx: ctx.clone() },
-            DriverEvents::new(ctx.clone(), [stream.cu_stream(), copy_stream.cu_stream()]),
-        );
+        let streams = Arc::new(StreamTable::new(&ctx)?);
+        let blas = Blas::new(&streams, info.compute_capability)?;
+        let mut alloc =
+            CachingAllocator::new(DriverMemory { ctx: ctx.clone() }, DriverEvents::new(ctx.clone(), streams.clone()));
         alloc.set_memory_limit(super::alloc::memory_limit_from_env()?);
         let error_flag = super::error_flag::ErrorFlag::new(&ctx)?;
         Ok(CudaDevice {
@@ -115,34 +146,22 @@ impl CudaDevice {
             info,
             arch,
             ctx,
-            compute_stream: stream,
-            copy_stream,
+            streams,
             blas: Mutex::new(blas),
+            tf32: AtomicBool::new(super::matmul::default_tf32()),
             alloc: Mutex::new(alloc),
             funcs: DeviceFuncs::default(),
             pending: Mutex::new(Default::default()),
         })
     }
 
-    /// The stream ops are enqueued on. Every launch and async copy of an op goes through this
-    /// accessor, never a stored stream, so that the stream registry can redirect work (a
-    /// `torch.cuda.stream`-style guard, graph capture) in one place.
-    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        &self.compute_stream
-    }
-
-    /// The stream host<->device transfers and prefetches run on.
-    pub(crate) fn copy_stream(&self) -> &Arc<CudaStream> {
-        &self.copy_stream
-    }
-
     pub(crate) fn allocator(&self) -> MutexGuard<'_, CachingAllocator<DriverMemory, DriverEvents>> {
         lock(&self.alloc)
     }
 
-    /// `bytes` of device memory for the compute stream.
+    /// `bytes` of device memory for this thread's current stream.
     pub(crate) fn alloc_bytes(&self, bytes: usize) -> Result<Allocation> {
-        Ok(self.allocator().allocate(bytes, COMPUTE)?)
+        Ok(self.allocator().allocate(bytes, self.current_stream_id())?)
     }
 
     /// `bytes` from the copy stream's pool (written by a prefetch before compute sees them).
@@ -150,10 +169,9 @@ impl CudaDevice {
         Ok(self.allocator().allocate(bytes, COPY)?)
     }
 
-    /// Compute-stream work now uses `a` (allocated for the copy stream): its block must not be
-    /// reused before that work is done.
-    pub(crate) fn record_compute_use(&self, a: &Allocation) -> Result<()> {
-        Ok(self.allocator().record_stream(a, COMPUTE)?)
+    /// Work on `stream` uses `a` too: its block must not be reused before that work is done.
+    pub(crate) fn record_use(&self, a: &Allocation, stream: StreamId) -> Result<()> {
+        Ok(self.allocator().record_stream(a, stream)?)
     }
 
     pub(crate) fn free(&self, a: Allocation) {
@@ -181,10 +199,13 @@ impl CudaDevice {
     pub fn raw_alloc_free(&self, bytes: usize) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
         // SAFETY: a fresh allocation freed at once; nothing else sees the pointer.
-        unsafe {
-            let p = cudarc::driver::result::malloc_sync(bytes).map_err(|e| driver_err("cuMemAlloc", e))?;
+        let p = sync::host_wait("cuMemAlloc", || unsafe {
+            cudarc::driver::result::malloc_sync(bytes).map_err(|e| driver_err("cuMemAlloc", e))
+        })?;
+        // SAFETY: as above.
+        sync::host_wait("cuMemFree", || unsafe {
             cudarc::driver::result::free_sync(p).map_err(|e| driver_err("cuMemFree", e))
-        }
+        })
     }
 
     pub fn memory_stats(&self) -> MemoryStats {
@@ -214,12 +235,13 @@ impl CudaDevice {
         self.ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))
     }
 
-    /// Block until all queued work on both streams is done; a bad index a kernel met since the
-    /// last host read is reported here (`Error::IndexOutOfRange`).
+    /// Block until all queued work on every stream of the device is done (a counted host wait);
+    /// a bad index a kernel met since the last host read is reported here
+    /// (`Error::IndexOutOfRange`).
     pub fn synchronize(&self) -> Result<()> {
-        self.stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
-        self.copy_stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
-        lock(&self.pending).wait_all()?;
+        sync::host_wait("cuCtxSynchronize", || self.ctx.synchronize().map_err(|e| driver_err("cuCtxSynchronize", e)))?;
+        // Every copy has finished: what they kept alive can go.
+        lock(&self.pending).collect();
         self.take_device_error()
     }
 
@@ -244,7 +266,43 @@ impl CudaDevice {
         )
     }
 
-    /// Launch `name` from an embedded `module` (a model's own fused kernels) on the compute stream.
+    /// Launch `f` on this thread's current stream: the driver call itself, with the arguments'
+    /// pointers on the stack (what the `launch!` macro ends in; cudarc's builder would collect
+    /// them in a `Vec`).
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameters in type and count, and every device
+    /// pointer among them must address live memory of the sizes the kernel touches.
+    #[inline]
+    pub(crate) unsafe fn launch_args(
+        &self,
+        f: &CudaFunction,
+        name: &str,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &mut KernelArgs<'_>,
+    ) -> Result<()> {
+        let Some(ptrs) = args.as_mut_slice() else {
+            return Err(Error::Kernel {
+                name: name.to_string(),
+                msg: format!("more than {MAX_KERNEL_ARGS} arguments"),
+            });
+        };
+        self.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+        // SAFETY: the caller vouches for the arguments.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                self.stream().cu_stream(),
+                ptrs,
+            )
+        }
+        .map_err(|e| driver_err(&format!("launch {name}"), e))
+    }
+
+    /// Launch `name` from an embedded `module` (a model's own fused kernels) on the current stream.
     ///
     /// # Safety
     /// `args` must point to values whose types and count match the kernel's parameters, and every
@@ -295,6 +353,7 @@ impl CudaDevice {
     }
 
     fn load_cuda_module(&self, module: &Module) -> Result<Arc<CudaModule>> {
+        sync::not_capturable("cuModuleLoadData")?;
         let compiled = nvrtc::get_or_compile(&module.source(), self.arch)?;
         self.ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.to_vec()))

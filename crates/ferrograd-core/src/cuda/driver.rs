@@ -1,15 +1,16 @@
-//! The allocator's view of the real driver: raw device memory and events on our two streams.
+//! The allocator's view of the real driver: raw device memory and events on the device's streams
+//! (a `StreamId` is a slot of the device's stream table, `cuda/stream.rs`). Allocating, freeing and
+//! waiting for an event make the host wait, so they go through the counted `sync::host_wait`.
 
 use super::alloc::{EventId, RawAllocError, RawDeviceMemory, StreamId, StreamSync};
+use super::stream::{StreamTable, COPY_SLOT};
+use super::sync::host_wait;
 use cudarc::driver::{result, sys, CudaContext};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The compute stream every op is enqueued on (index 0 of `DriverEvents::streams`; index 1 is the
-/// copy stream that host<->device transfers run on).
-pub const COMPUTE: StreamId = StreamId(0);
 /// The copy stream, for blocks that a prefetch writes before compute first uses them.
-pub const COPY: StreamId = StreamId(1);
+pub const COPY: StreamId = StreamId(COPY_SLOT as u64);
 
 pub struct DriverMemory {
     pub(crate) ctx: Arc<CudaContext>,
@@ -27,13 +28,14 @@ impl RawDeviceMemory for DriverMemory {
     fn raw_alloc(&mut self, bytes: usize) -> Result<u64, RawAllocError> {
         self.ctx.bind_to_thread().map_err(raw_err)?;
         // SAFETY: a plain allocation in the bound context.
-        unsafe { result::malloc_sync(bytes) }.map_err(raw_err)
+        host_wait("cuMemAlloc", || unsafe { result::malloc_sync(bytes) }.map_err(raw_err))
     }
 
     unsafe fn raw_free(&mut self, ptr: u64) -> Result<(), RawAllocError> {
         self.ctx.bind_to_thread().map_err(raw_err)?;
         // cuMemFree waits for work that may still use the memory.
-        unsafe { result::free_sync(ptr) }.map_err(raw_err)
+        // SAFETY: the caller vouches that `ptr` came from `raw_alloc` and is freed once.
+        host_wait("cuMemFree", || unsafe { result::free_sync(ptr) }.map_err(raw_err))
     }
 
     fn mem_info(&self) -> (usize, usize) {
@@ -41,10 +43,10 @@ impl RawDeviceMemory for DriverMemory {
     }
 }
 
-/// Events recorded for cross-stream frees. Streams are identified by the fixed ids above.
+/// Events recorded for cross-stream frees, on the streams of the device's table.
 pub struct DriverEvents {
     pub(crate) ctx: Arc<CudaContext>,
-    pub(crate) streams: [sys::CUstream; 2],
+    pub(crate) streams: Arc<StreamTable>,
     events: HashMap<u64, sys::CUevent>,
     next: u64,
 }
@@ -53,7 +55,7 @@ pub struct DriverEvents {
 unsafe impl Send for DriverEvents {}
 
 impl DriverEvents {
-    pub fn new(ctx: Arc<CudaContext>, streams: [sys::CUstream; 2]) -> Self {
+    pub(crate) fn new(ctx: Arc<CudaContext>, streams: Arc<StreamTable>) -> Self {
         DriverEvents { ctx, streams, events: HashMap::new(), next: 0 }
     }
 }
@@ -61,7 +63,7 @@ impl DriverEvents {
 impl StreamSync for DriverEvents {
     fn record_event(&mut self, stream: StreamId) -> Result<EventId, RawAllocError> {
         self.ctx.bind_to_thread().map_err(raw_err)?;
-        let s = *self.streams.get(stream.0 as usize).ok_or(RawAllocError::Driver(format!("unknown {stream:?}")))?;
+        let s = self.streams.cu_stream(stream).ok_or(RawAllocError::Driver(format!("unknown {stream:?}")))?;
         let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(raw_err)?;
         // SAFETY: both handles are live.
         unsafe { result::event::record(ev, s) }.map_err(raw_err)?;
@@ -83,7 +85,7 @@ impl StreamSync for DriverEvents {
     fn synchronize_event(&mut self, event: EventId) -> Result<(), RawAllocError> {
         let ev = *self.events.get(&event.0).ok_or(RawAllocError::Driver(format!("unknown {event:?}")))?;
         // SAFETY: the event is live until release_event.
-        unsafe { result::event::synchronize(ev) }.map_err(raw_err)
+        host_wait("cuEventSynchronize", || unsafe { result::event::synchronize(ev) }.map_err(raw_err))
     }
 
     fn release_event(&mut self, event: EventId) {

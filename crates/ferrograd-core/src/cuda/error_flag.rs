@@ -112,9 +112,11 @@ impl ErrorFlag {
     pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<ErrorFlag> {
         ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
         let bytes = std::mem::size_of::<Record>();
+        // cuMemAlloc and page-locking synchronize: a counted host wait (`cuda/sync.rs`), made once
+        // when the device opens.
         // SAFETY: fresh allocations, freed in Drop (or below on failure); the memset covers the
         // word just allocated; the host record is written before any kernel can see it.
-        unsafe {
+        super::sync::host_wait("cuMemAlloc(error flag)", || unsafe {
             let claim = result::malloc_sync(4).map_err(|e| driver_err("cuMemAlloc(error flag)", e))?;
             let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
             let host = match result::malloc_host(bytes, flags) {
@@ -132,7 +134,7 @@ impl ErrorFlag {
                 .result()
                 .map_err(|e| driver_err("cuMemHostGetDevicePointer", e))?;
             Ok(flag)
-        }
+        })
     }
 
     /// The two kernel arguments: (claim word, record), both device addresses.
@@ -164,11 +166,11 @@ impl Drop for ErrorFlag {
     fn drop(&mut self) {
         // SAFETY: both were allocated in `new` and nothing uses them after the device is gone.
         // Failures would only leak; there is nothing better to do in a destructor.
-        unsafe {
+        super::sync::host_wait_in_drop("cuMemFree(error flag)", || unsafe {
             let _ = self.ctx.bind_to_thread();
             let _ = result::free_sync(self.claim);
             let _ = result::free_host(self.host as *mut _);
-        }
+        });
     }
 }
 

@@ -1,5 +1,6 @@
-//! A CUDA event with RAII destruction, and the device's list of host objects that must outlive
-//! asynchronous copies (pinned buffers, pinned tensors) until the copy's event completes.
+//! A CUDA event with RAII destruction (what orders streams: record on one, wait on another), and
+//! the device's list of host objects that must outlive asynchronous copies (pinned buffers, pinned
+//! tensors) until the copy's event completes.
 
 use super::device::driver_err;
 use crate::Result;
@@ -37,9 +38,12 @@ impl Event {
             .map_err(|e| driver_err("cuStreamWaitEvent", e))
     }
 
+    /// Blocks the host until the work before this event is done (a counted host wait).
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: the event is live.
-        unsafe { result::event::synchronize(self.0) }.map_err(|e| driver_err("cuEventSynchronize", e))
+        super::sync::host_wait("cuEventSynchronize", || {
+            unsafe { result::event::synchronize(self.0) }.map_err(|e| driver_err("cuEventSynchronize", e))
+        })
     }
 
     pub fn is_done(&self) -> bool {

@@ -24,6 +24,7 @@ unsafe impl DeviceRepr for KLayout {}
 impl KLayout {
     /// Marshal a layout, merging dims that are contiguous with each other and dropping size-1
     /// dims, so most views fit the kernels' 8 dims and contiguous ones take the fast path.
+    #[inline]
     pub fn new(l: &Layout) -> Result<KLayout> {
         let mut k = KLayout { offset: l.offset() as u64, ..Default::default() };
         if l.is_contiguous() {

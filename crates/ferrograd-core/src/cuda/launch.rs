@@ -94,22 +94,24 @@ pub(crate) fn width_suffix(dtype: DType) -> &'static str {
     }
 }
 
-/// Launch `$name` from `$module` on the device's current stream with the given arguments.
-/// Each argument is bound to a local first, so it outlives the launch call.
+/// Launch `$name` from `$module` on this thread's current stream (`CudaDevice::stream`) with the
+/// given arguments, through `CudaDevice::launch_args`: the arguments' pointers on the stack and one
+/// `cuLaunchKernel` (cudarc's launch builder would collect them in a `Vec` per launch). Each
+/// argument is bound to a local first, so it outlives the launch call.
 macro_rules! launch {
     ($dev:expr, $module:expr, $name:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
         let name: &str = &$name;
         let f = $dev.func(&$module, name)?;
-        let mut b = $dev.stream().launch_builder(&f);
-        $crate::cuda::launch::launch!(@push b; $($arg),*);
+        let mut args = $crate::cuda::device::KernelArgs::new();
+        $crate::cuda::launch::launch!(@push args; $($arg),*);
         // SAFETY: argument types and counts follow docs/kernel-abi.md for this kernel; every
         // pointer refers to a live buffer of the right length.
-        unsafe { b.launch($cfg) }.map_err(|e| $crate::cuda::device::driver_err(&format!("launch {name}"), e))?;
+        unsafe { $dev.launch_args(&f, name, $cfg, &mut args) }?;
     }};
     (@push $b:ident; ) => {};
     (@push $b:ident; $head:expr $(, $tail:expr)*) => {
         let h = $head;
-        cudarc::driver::PushKernelArg::arg(&mut $b, &h);
+        $b.push(&h);
         $crate::cuda::launch::launch!(@push $b; $($tail),*);
     };
 }

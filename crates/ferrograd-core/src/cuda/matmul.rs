@@ -2,12 +2,20 @@
 //! column-major `C^T = B^T A^T`, so a row-major operand is passed untransposed and a transposed
 //! view (unit row stride) is passed with `OP_T`: neither is copied. f16/bf16 accumulate in f32;
 //! f32 is exact (no TF32) unless the device allows TF32.
+//!
+//! Each device has one cuBLAS handle ([`Blas`]), bound at each call to the thread's current
+//! stream, with a workspace of our own per stream (`cublasSetWorkspace`): cuBLAS then never
+//! allocates by itself, which a CUDA-graph capture would forbid, and work on two streams never
+//! shares scratch memory.
 
-use super::device::driver_err;
+use super::alloc::{Allocation, StreamId};
+use super::device::{driver_err, CudaDevice};
 use super::storage::CudaStorage;
+use super::stream::{current_slot, StreamTable, COMPUTE_SLOT};
 use crate::backend::{BackendStorage, MatmulDims};
 use crate::{DType, Error, Layout, Result};
-use cudarc::cublas::{result as blas, sys};
+use cudarc::cublas::{result as blas, sys, CudaBlas};
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -19,17 +27,92 @@ pub enum MatmulPrecision {
     High,
 }
 
+/// The process-wide default that devices take when they open.
 static TF32: AtomicBool = AtomicBool::new(false);
 
-pub fn set_matmul_precision(p: MatmulPrecision) {
-    TF32.store(p == MatmulPrecision::High, Ordering::Relaxed)
+pub(crate) fn default_tf32() -> bool {
+    TF32.load(Ordering::Relaxed)
 }
 
+/// Sets the process default and the policy of every device opened so far (what
+/// `torch.set_float32_matmul_precision` does); `CudaDevice::set_matmul_precision` sets one device.
+pub fn set_matmul_precision(p: MatmulPrecision) {
+    TF32.store(p == MatmulPrecision::High, Ordering::Relaxed);
+    for d in super::device::opened_devices() {
+        d.set_matmul_precision(p);
+    }
+}
+
+/// The process default (devices may differ; see `CudaDevice::matmul_precision`).
 pub fn matmul_precision() -> MatmulPrecision {
-    if TF32.load(Ordering::Relaxed) {
+    precision(TF32.load(Ordering::Relaxed))
+}
+
+fn precision(tf32: bool) -> MatmulPrecision {
+    if tf32 {
         MatmulPrecision::High
     } else {
         MatmulPrecision::Highest
+    }
+}
+
+impl CudaDevice {
+    /// This device's f32 matmul precision.
+    pub fn matmul_precision(&self) -> MatmulPrecision {
+        precision(self.tf32.load(Ordering::Relaxed))
+    }
+
+    /// Sets this device's f32 matmul precision (other devices keep theirs).
+    pub fn set_matmul_precision(&self, p: MatmulPrecision) {
+        self.tf32.store(p == MatmulPrecision::High, Ordering::Relaxed)
+    }
+}
+
+/// A device's cuBLAS handle, the stream slot it is bound to, and a workspace per stream.
+pub(crate) struct Blas {
+    handle: CudaBlas,
+    bound: Option<usize>,
+    workspace_bytes: usize,
+    /// Never freed: a stream's workspace lives as long as the device, like the stream itself.
+    workspaces: HashMap<usize, Allocation>,
+}
+
+impl Blas {
+    pub(crate) fn new(streams: &StreamTable, compute_capability: (i32, i32)) -> Result<Blas> {
+        // SAFETY: cuBLAS needs its library; check before cudarc would panic on a missing one.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::CudaUnavailable { reason: "libcublas was not found".into() });
+        }
+        let compute = streams.get(COMPUTE_SLOT).ok_or_else(|| Error::Cuda("no compute stream".into()))?;
+        let handle = CudaBlas::new(compute.clone()).map_err(|e| driver_err("cublasCreate", e))?;
+        // cuBLAS's own default sizes (32 MiB from Hopper on, 4 MiB before), so that it picks the
+        // same kernels as with its internal workspace.
+        let workspace_bytes = if compute_capability.0 >= 9 { 32 << 20 } else { 4 << 20 };
+        Ok(Blas { handle, bound: None, workspace_bytes, workspaces: HashMap::new() })
+    }
+
+    /// The handle, bound to `dev`'s current stream with that stream's workspace.
+    fn bind(&mut self, dev: &CudaDevice) -> Result<sys::cublasHandle_t> {
+        let slot = current_slot(dev.ordinal);
+        let handle = *self.handle.handle();
+        if self.bound == Some(slot) {
+            return Ok(handle);
+        }
+        if !self.workspaces.contains_key(&slot) {
+            let a = dev.allocator().allocate_shared(self.workspace_bytes, StreamId(slot as u64))?;
+            self.workspaces.insert(slot, a);
+        }
+        let ws = self.workspaces.get(&slot).map_or(0, |a| a.ptr());
+        // SAFETY: the stream and the workspace live as long as the device; setting the stream
+        // resets cuBLAS to its internal workspace, so ours is set again right after.
+        unsafe {
+            blas::set_stream(handle, dev.stream().cu_stream() as _).map_err(|e| driver_err("cublasSetStream", e))?;
+            sys::cublasSetWorkspace_v2(handle, ws as *mut c_void, self.workspace_bytes)
+                .result()
+                .map_err(|e| driver_err("cublasSetWorkspace", e))?;
+        }
+        self.bound = Some(slot);
+        Ok(handle)
     }
 }
 
@@ -109,7 +192,7 @@ pub fn matmul(a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout, d: Mat
     let (data_type, compute) = match dtype {
         DType::F32 => (
             sys::cudaDataType::CUDA_R_32F,
-            if matmul_precision() == MatmulPrecision::High {
+            if dev.matmul_precision() == MatmulPrecision::High {
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
             } else {
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
@@ -134,12 +217,13 @@ pub fn matmul(a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout, d: Mat
         (&one32 as *const f32 as _, &zero32 as *const f32 as _)
     };
     dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
-    let blas_handle = dev.blas.lock().unwrap_or_else(|e| e.into_inner());
+    let mut blas_state = dev.blas.lock().unwrap_or_else(|e| e.into_inner());
+    let handle = blas_state.bind(dev)?;
     // SAFETY: pointers address live buffers holding `batch` matrices at the given strides and
     // leading dims (checked by `operand`); alpha/beta live until the call returns.
     unsafe {
         blas::gemm_strided_batched_ex(
-            *blas_handle.handle(),
+            handle,
             op(opb.trans),
             op(opa.trans),
             n as i32,

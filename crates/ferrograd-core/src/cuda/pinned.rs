@@ -33,8 +33,10 @@ impl PinnedBuf {
         }
         dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
         // SAFETY: a plain page-locked allocation, usable from every context (PORTABLE).
-        let p = unsafe { cudarc::driver::result::malloc_host(cap, sys::CU_MEMHOSTALLOC_PORTABLE) }
-            .map_err(|e| driver_err(&format!("cuMemHostAlloc({cap} bytes)"), e))?;
+        let p = super::sync::host_wait("cuMemHostAlloc", || {
+            unsafe { cudarc::driver::result::malloc_host(cap, sys::CU_MEMHOSTALLOC_PORTABLE) }
+                .map_err(|e| driver_err(&format!("cuMemHostAlloc({cap} bytes)"), e))
+        })?;
         Ok(PinnedBuf { ptr: p as *mut u8, cap })
     }
 
@@ -78,12 +80,14 @@ pub struct HostPin {
 impl HostPin {
     pub fn register(dev: &CudaDevice, ptr: *const u8, bytes: usize) -> Result<HostPin> {
         dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
-        // SAFETY: the caller keeps the range alive and unmoved until this pin drops.
-        let r = unsafe { sys::cuMemHostRegister_v2(ptr as *mut _, bytes, sys::CU_MEMHOSTREGISTER_PORTABLE) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(driver_err("cuMemHostRegister", r));
-        }
-        Ok(HostPin { ptr: ptr as usize, bytes })
+        super::sync::host_wait("cuMemHostRegister", || {
+            // SAFETY: the caller keeps the range alive and unmoved until this pin drops.
+            let r = unsafe { sys::cuMemHostRegister_v2(ptr as *mut _, bytes, sys::CU_MEMHOSTREGISTER_PORTABLE) };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                return Err(driver_err("cuMemHostRegister", r));
+            }
+            Ok(HostPin { ptr: ptr as usize, bytes })
+        })
     }
 
     pub fn contains(&self, ptr: *const u8, bytes: usize) -> bool {
@@ -94,7 +98,9 @@ impl HostPin {
 
 impl Drop for HostPin {
     fn drop(&mut self) {
-        // SAFETY: registered by `register` and not yet unregistered.
-        let _ = unsafe { sys::cuMemHostUnregister(self.ptr as *mut _) };
+        super::sync::host_wait_in_drop("cuMemHostUnregister", || {
+            // SAFETY: registered by `register` and not yet unregistered.
+            let _ = unsafe { sys::cuMemHostUnregister(self.ptr as *mut _) };
+        })
     }
 }

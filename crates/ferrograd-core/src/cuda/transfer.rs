@@ -9,12 +9,18 @@
 //! - `htod_many` packs many small tensors into one pinned buffer and moves them in one copy.
 //!
 //! The copy stream first waits for the compute stream, because a destination block handed out
-//! by the allocator may have been freed by compute work that is still queued.
+//! by the allocator may have been freed by compute work that is still queued. ("Compute stream"
+//! here is the thread's current stream, `CudaDevice::stream()`.)
+//!
+//! Copies to or from host memory cannot be part of a CUDA graph here (the host buffer would have to
+//! outlive the graph, and reading back makes the host wait): each path refuses them during capture
+//! (`sync::not_capturable`), and the calls that wait are counted (`sync::host_wait`).
 
 use super::buffer::CudaBuffer;
 use super::device::{driver_err, CudaDevice};
 use super::event::Event;
 use super::pinned::PinnedBuf;
+use super::sync::{host_wait, not_capturable};
 use crate::Result;
 use cudarc::driver::{result, sys};
 use rayon::prelude::*;
@@ -68,11 +74,16 @@ pub fn htod(dev: &Arc<CudaDevice>, src: &[u8], dst: &CudaBuffer) -> Result<()> {
     debug_assert!(src.len() <= dst.bytes());
     bind(dev)?;
     if src.len() < STAGE_MIN {
-        // SAFETY: `dst` holds at least `src.len()` bytes; the driver stages a pageable source
-        // before the call returns.
-        return unsafe { result::memcpy_htod_async(dst.ptr(), src, dev.stream().cu_stream()) }
-            .map_err(|e| driver_err("cuMemcpyHtoDAsync", e));
+        // A copy from pageable memory "might be synchronous with respect to host" (the driver's
+        // words): counted as a wait.
+        return host_wait("cuMemcpyHtoDAsync(pageable)", || {
+            // SAFETY: `dst` holds at least `src.len()` bytes; the driver stages a pageable source
+            // before the call returns.
+            unsafe { result::memcpy_htod_async(dst.ptr(), src, dev.stream().cu_stream()) }
+                .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))
+        });
     }
+    not_capturable("cuMemcpyHtoDAsync")?;
     copy_after_compute(dev)?;
     let mut bufs = [PinnedBuf::new(dev, CHUNK)?, PinnedBuf::new(dev, CHUNK)?];
     let events = [Event::new()?, Event::new()?];
@@ -115,6 +126,7 @@ pub unsafe fn htod_pinned(
     keep: Box<dyn Send + Sync>,
     after_compute: bool,
 ) -> Result<Event> {
+    not_capturable("cuMemcpyHtoDAsync")?;
     bind(dev)?;
     if after_compute {
         copy_after_compute(dev)?;
@@ -138,11 +150,14 @@ pub fn dtoh(dev: &Arc<CudaDevice>, src: &CudaBuffer, dst: &mut [u8]) -> Result<(
     debug_assert!(dst.len() <= src.bytes());
     bind(dev)?;
     if dst.len() < STAGE_MIN {
-        // SAFETY: `src` holds at least `dst.len()` bytes; we synchronise before `dst` is read.
-        unsafe { result::memcpy_dtoh_async(dst, src.ptr(), dev.stream().cu_stream()) }
-            .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
-        return dev.stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e));
+        return host_wait("cuMemcpyDtoH", || {
+            // SAFETY: `src` holds at least `dst.len()` bytes; we synchronise before `dst` is read.
+            unsafe { result::memcpy_dtoh_async(dst, src.ptr(), dev.stream().cu_stream()) }
+                .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
+            dev.stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))
+        });
     }
+    not_capturable("cuMemcpyDtoH")?;
     copy_after_compute(dev)?;
     let mut bufs = [PinnedBuf::new(dev, CHUNK)?, PinnedBuf::new(dev, CHUNK)?];
     let events = [Event::new()?, Event::new()?];
@@ -183,6 +198,7 @@ pub(crate) fn htod_many(
         offsets.push(total);
         total += p.len().div_ceil(PACK_ALIGN) * PACK_ALIGN;
     }
+    not_capturable("cuMemcpyHtoDAsync")?;
     let guard = Arc::new(CudaBuffer::raw(dev, total)?);
     if total == 0 {
         return Ok((guard, offsets));

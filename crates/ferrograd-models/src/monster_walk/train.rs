@@ -1,6 +1,12 @@
 //! The training run: every copy resident before the first step, one copy (5041 samples) per Adam
 //! step, no host transfer or synchronisation inside the loop except one loss read per epoch.
 //!
+//! On CUDA the autograd path (`fused: false`) is captured as a CUDA graph after three warm-up steps
+//! and replayed (`graph`, the default), as PyTorch's twin does: each step is then one copy of the
+//! batch into a fixed input buffer and one graph launch. The step count of Adam lives on the
+//! device (`adam_step_counted`), so each replay applies its own bias correction; the result equals
+//! the eager path's bit for bit.
+//!
 //! Non-finite losses: on the CPU the loss of every step is read (it costs nothing there); on CUDA
 //! only the loss at the end of each epoch is, so the loop never waits for the GPU. When that loss
 //! is NaN or infinite, the weights and Adam moments saved at the epoch's start are restored and
@@ -9,16 +15,18 @@
 //! `skip_nonfinite` each such step's update is undone instead (as a mixed-precision loss scaler
 //! skips steps with infinite gradients) and training goes on. A non-finite loss in the middle of a
 //! CUDA epoch that later becomes finite again is not seen (Adam turns a NaN gradient into NaN
-//! weights, so in practice the loss stays NaN).
+//! weights, so in practice the loss stays NaN). Under graph replay this works unchanged: the
+//! snapshot and its restore copy into the same tensors the graph reads and writes (the device's
+//! Adam step count among them), and the loss tensor each replay overwrites is read as any other.
 
 use super::data::{CopyData, COPY_BYTES};
 use super::model::Autoencoder;
 use super::plan::{human, measure_copy, plan, MemoryPlan, PlanRequest};
 use super::walk::{ENTRIES, RINGS, SAMPLES, STEPS};
 use crate::persistent::{PhaseProfile, Precision};
-use ferrograd_core::cuda::{modules, CudaDevice};
-use ferrograd_core::optim::{adam_step, AdamConfig};
-use ferrograd_core::{Device, Error, Result, Tensor};
+use ferrograd_core::cuda::{modules, Capture, CudaDevice, Graph};
+use ferrograd_core::optim::{adam_step, adam_step_counted, AdamConfig};
+use ferrograd_core::{DType, Device, Error, Result, Tensor};
 use ferrograd_nn::checkpoint::LoadOptions;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -37,6 +45,9 @@ pub struct TrainConfig {
     /// On CUDA, train with the fused two-kernel step (the default) instead of the generic
     /// autograd path (kept for comparison and as the reference).
     pub fused: bool,
+    /// On CUDA, replay the autograd path's step as a CUDA graph (the default) instead of running
+    /// it op by op.
+    pub graph: bool,
     /// With `fused`: run the whole training in one persistent kernel where the GPU and the model
     /// allow (the default), else the fused step, with the reason in the report.
     pub persistent: bool,
@@ -61,6 +72,7 @@ impl TrainConfig {
             init: None,
             save: None,
             fused: true,
+            graph: true,
             persistent: true,
             precision: Precision::F32,
             allow_nonfinite: false,
@@ -105,6 +117,9 @@ pub struct Report {
     pub data_build_time_s: f64,
     /// "fused" (two kernels a step) or "autograd" (the generic op-by-op path).
     pub step_kind: String,
+    /// Whether the step was replayed as a CUDA graph.
+    #[serde(default)]
+    pub cuda_graph: bool,
     /// The persistent kernel's precision (f32 = 3xTF32, tf32, bf16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<String>,
@@ -186,6 +201,7 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
         .collect();
     let adam = AdamConfig { lr: cfg.lr, ..AdamConfig::default() };
     let fused = cfg.fused && cfg.device.is_cuda();
+    let graph = !fused && cfg.graph && cfg.device.is_cuda();
     let (persistent, step_fallback) = match fused && cfg.persistent {
         // Undoing single steps needs the host between steps; the persistent kernel has none.
         true if cfg.skip_nonfinite => (None, Some("--skip-nonfinite undoes single steps from the host".to_string())),
@@ -240,6 +256,8 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
     }
     let mut stepper: Box<dyn Stepper> = if fused {
         Box::new(super::fused::FusedTrainer::new(&model, cfg.device, cfg.batch.min(SAMPLES), adam)?)
+    } else if graph {
+        Box::new(GraphSteps::new(&model, adam)?)
     } else {
         Box::new(Autograd::new(&model, adam)?)
     };
@@ -275,6 +293,7 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
         final_loss,
         steps: g.step as usize,
         step_kind: if fused { "fused" } else { "autograd" }.into(),
+        cuda_graph: graph,
         step_fallback,
         skipped_steps: g.skipped,
         ..report_base(cfg, &copies, &mp, measured, data_build_time_s, &model)
@@ -317,6 +336,7 @@ fn report_base(
         step_fallback: None,
         phases: None,
         skipped_steps: 0,
+        cuda_graph: false,
     }
 }
 
@@ -527,6 +547,110 @@ impl Stepper for Autograd {
     fn set_step_count(&mut self, step: u64) {
         self.step = step;
     }
+}
+
+/// Warm-up steps before the capture (PyTorch's twin takes three too); they train like any step.
+const WARMUP_STEPS: usize = 3;
+
+/// The autograd step captured as a CUDA graph, one graph per batch length (the last batch of a
+/// copy is shorter when `--batch` does not divide 5041).
+struct GraphSteps {
+    model: Autoencoder,
+    params: Vec<Tensor>,
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+    /// Adam's step count, on the device.
+    step: Tensor,
+    adam: AdamConfig,
+    shapes: Vec<ShapeGraph>,
+    last: Option<Tensor>,
+}
+
+/// What one batch length needs: its fixed input, its capture (side stream and private pool), and
+/// once warmed up, the graph and the loss tensor each replay overwrites.
+struct ShapeGraph {
+    input: Tensor,
+    capture: Capture,
+    warmups: usize,
+    graph: Option<(Graph, Tensor)>,
+}
+
+impl GraphSteps {
+    fn new(model: &Autoencoder, adam: AdamConfig) -> Result<GraphSteps> {
+        let params = model.parameters();
+        let device = params.first().map_or(Device::Cpu, |p| p.device());
+        let m = params.iter().map(|p| p.zeros_like()).collect::<Result<_>>()?;
+        let v = params.iter().map(|p| p.zeros_like()).collect::<Result<_>>()?;
+        let step = Tensor::zeros(1, DType::F64, device)?;
+        Ok(GraphSteps { model: model.clone(), params, m, v, step, adam, shapes: Vec::new(), last: None })
+    }
+}
+
+/// Forward, backward and Adam on the fixed input: what is warmed up and captured.
+fn autograd_step(
+    model: &Autoencoder,
+    params: &[Tensor],
+    m: &[Tensor],
+    v: &[Tensor],
+    adam: &AdamConfig,
+    step: &Tensor,
+    x: &Tensor,
+) -> Result<Tensor> {
+    let loss = model.loss(x)?;
+    let grads = loss.backward()?;
+    let g: Vec<Tensor> = params
+        .iter()
+        .map(|p| grads.get(p).cloned().ok_or_else(|| Error::Backward("a weight got no gradient".into())))
+        .collect::<Result<_>>()?;
+    adam_step_counted(params, &g, m, v, adam, step)?;
+    Ok(loss.detach())
+}
+
+impl Stepper for GraphSteps {
+    fn step(&mut self, x: &Tensor) -> Result<()> {
+        let i = match self.shapes.iter().position(|s| s.input.dims() == x.dims()) {
+            Some(i) => i,
+            None => {
+                let Device::Cuda(o) = x.device() else {
+                    return Err(Error::InvalidArgument("CUDA graphs need a CUDA device".into()));
+                };
+                let capture = Capture::new(&CudaDevice::get(o)?)?;
+                self.shapes.push(ShapeGraph { input: x.zeros_like()?, capture, warmups: 0, graph: None });
+                self.shapes.len() - 1
+            }
+        };
+        let GraphSteps { model, params, m, v, step, adam, shapes, last } = self;
+        let s = &mut shapes[i];
+        s.input.set(x)?;
+        let input = &s.input;
+        let run = || autograd_step(model, params, m, v, adam, step, input);
+        if s.warmups < WARMUP_STEPS {
+            *last = Some(s.capture.warmup(run)?);
+            s.warmups += 1;
+            return Ok(());
+        }
+        if s.graph.is_none() {
+            s.graph = Some(s.capture.capture(run)?);
+        }
+        if let Some((graph, loss)) = &s.graph {
+            graph.replay()?;
+            *last = Some(loss.clone());
+        }
+        Ok(())
+    }
+    fn loss(&self) -> Result<Tensor> {
+        self.last.clone().ok_or_else(|| Error::InvalidArgument("no step taken yet".into()))
+    }
+    fn finish(&self, _model: &Autoencoder) -> Result<()> {
+        Ok(())
+    }
+    /// Adam's step count lives on the device: it is among the tensors (restored in place with the
+    /// weights and moments, so the captured graphs keep their addresses), and the host count is 0.
+    fn state(&self) -> (Vec<Tensor>, u64) {
+        let tensors = self.params.iter().chain(&self.m).chain(&self.v).chain(std::iter::once(&self.step));
+        (tensors.cloned().collect(), 0)
+    }
+    fn set_step_count(&mut self, _step: u64) {}
 }
 
 pub fn describe(d: Device) -> String {

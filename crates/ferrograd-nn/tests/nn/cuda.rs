@@ -239,3 +239,82 @@ fn overlap_efficiency_formula_and_measurement() -> Result<()> {
     }
     Ok(())
 }
+
+/// One eager training step through nn's own pieces (layers, `clip_grad_norm`, AdamW) after two
+/// warm-up steps: the host waits it makes, by driver call name (`ferrograd_core::cuda::SyncCounter`).
+/// With `embedding`, token ids go through an `Embedding` and the loss is cross entropy.
+fn host_waits_of_an_nn_step(device: Device, embedding: bool) -> Result<Vec<(&'static str, u64)>> {
+    const VOCAB: usize = 50;
+    const CLASSES: usize = 10;
+    const BATCH: usize = 64;
+    let mut rng = Rng::new(21);
+    let embed = if embedding { Some(Embedding::new(VOCAB, 16, &mut rng, device)?) } else { None };
+    let out = if embedding { CLASSES } else { 1 };
+    let model = mlp_on(&[16, 48, 48, out], Activation::Relu, &mut rng, device)?;
+    let mut named = model.named_parameters();
+    if let Some(e) = &embed {
+        named.extend(e.named_parameters().into_iter().map(|(k, v)| (format!("embed.{k}"), v)));
+    }
+    let params: Vec<Tensor> = named.iter().map(|(_, p)| p.clone()).collect();
+    let mut opt = ferrograd_nn::optim::adamw(named, 3e-3, 0.01)?;
+    let batch = |rng: &mut Rng| -> Result<(Tensor, Tensor)> {
+        if embedding {
+            let ids = |k: usize, rng: &mut Rng| {
+                Tensor::rand_with(rng, 0.0, k as f64, BATCH, DType::F32, CPU)?.to_dtype(DType::U32)?.to_device(device)
+            };
+            Ok((ids(VOCAB, rng)?, ids(CLASSES, rng)?))
+        } else {
+            let x = Tensor::randn_with(rng, 0.0, 1.0, (BATCH, 16), DType::F32, device)?;
+            let y = x.sum(1, true)?.tanh()?;
+            Ok((x, y))
+        }
+    };
+    let data = (0..3).map(|_| batch(&mut rng)).collect::<Result<Vec<_>>>()?;
+    let step = |opt: &mut ferrograd_nn::optim::Adam, x: &Tensor, y: &Tensor| -> Result<Tensor> {
+        let loss = match &embed {
+            Some(e) => model.forward(&e.forward(x)?)?.cross_entropy(y, None)?,
+            None => model.forward(x)?.mse_loss(y)?,
+        };
+        let mut grads = loss.backward()?;
+        ferrograd_nn::optim::clip_grad_norm(&mut grads, &params, 1.0)?;
+        opt.step(&grads)?;
+        Ok(loss.detach())
+    };
+    for (x, y) in &data[..2] {
+        step(&mut opt, x, y)?;
+    }
+    if let Device::Cuda(i) = device {
+        ferrograd_core::cuda::CudaDevice::get(i)?.synchronize()?;
+    }
+    let counter = ferrograd_core::cuda::SyncCounter::start();
+    let loss = step(&mut opt, &data[2].0, &data[2].1)?;
+    let calls = counter.calls();
+    assert!(loss.item_f64()?.is_finite());
+    Ok(calls)
+}
+
+#[test]
+fn cuda_nn_mlp_step_with_clip_and_adamw_makes_no_host_wait() -> Result<()> {
+    let Some(gpu) = cuda("cuda_nn_mlp_step_with_clip_and_adamw_makes_no_host_wait") else { return Ok(()) };
+    let calls = host_waits_of_an_nn_step(gpu, false)?;
+    assert!(calls.is_empty(), "a warmed-up nn training step made host-waiting driver calls: {calls:?}");
+    Ok(())
+}
+
+#[test]
+fn cuda_nn_embedding_cross_entropy_step_makes_no_host_wait() -> Result<()> {
+    let Some(gpu) = cuda("cuda_nn_embedding_cross_entropy_step_makes_no_host_wait") else { return Ok(()) };
+    let calls = host_waits_of_an_nn_step(gpu, true)?;
+    assert!(calls.is_empty(), "a warmed-up embedding + cross-entropy step made host-waiting driver calls: {calls:?}");
+    Ok(())
+}
+
+/// The same step on the CPU (no driver, so nothing is counted): keeps the test model exercised
+/// where no GPU is.
+#[test]
+fn nn_step_counter_runs_on_the_cpu() -> Result<()> {
+    for embedding in [false, true] {
+        assert_eq!(host_waits_of_an_nn_step(CPU, embedding)?, vec![], "embedding {embedding}");
+    }
+    Ok(())
+}

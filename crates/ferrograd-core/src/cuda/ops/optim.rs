@@ -4,10 +4,12 @@
 use crate::cuda::device::CudaDevice;
 use crate::cuda::launch::{cfg_1d, launch};
 use crate::cuda::modules;
+use crate::cuda::storage::CudaStorage;
 use crate::optim::{AdamConfig, SgdConfig};
 use crate::storage::Storage;
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 use cudarc::driver::DeviceRepr;
+use std::sync::Arc;
 
 /// Tensors one launch updates (`FG_OPT_MAX` in kernels/optim.cu, passed as a define).
 pub(crate) const MAX: usize = 40;
@@ -70,6 +72,28 @@ pub(crate) fn adam(
             t, c.lr as f32, c.beta1 as f32, c.beta2 as f32, (1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32,
             c.eps as f32, c.weight_decay as f32, bc1, bc2,
             c.decoupled as i32);
+        Ok(())
+    })
+}
+
+/// Adam whose bias corrections come from the device: `step` (f64, on the device) is incremented
+/// and the corrections formed there, so the launches can be replayed by a CUDA graph.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn adam_counted(
+    dev: &Arc<CudaDevice>,
+    params: &[Tensor],
+    grads: &[Tensor],
+    m: &[Tensor],
+    v: &[Tensor],
+    c: &AdamConfig,
+    step: &Tensor,
+) -> Result<()> {
+    let bc = CudaStorage::uninit(dev, 2, DType::F32)?;
+    launch!(dev, modules::OPTIM, "adam_bias_correction", cfg_1d(dev, 1); ptr(step)?, bc.buf.ptr(), c.beta1, c.beta2);
+    batches([params, grads, m, v], |t, widest| {
+        launch!(dev, modules::OPTIM, "adam_f32_dev", cfg_1d(dev, widest);
+            t, c.lr as f32, c.beta1 as f32, c.beta2 as f32, (1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32,
+            c.eps as f32, c.weight_decay as f32, bc.buf.ptr(), c.decoupled as i32);
         Ok(())
     })
 }
