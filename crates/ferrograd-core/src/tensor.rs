@@ -307,6 +307,17 @@ impl Tensor {
         backprop::backward(self, store)
     }
 
+    /// Like `backward_into`, calling `on_leaf(leaf, grad)` as soon as each leaf variable's
+    /// gradient is final, in the order the walk finishes them (reverse topological order). An
+    /// error from the hook stops the walk and is returned.
+    pub fn backward_into_with_hook(
+        &self,
+        store: &mut backprop::GradStore,
+        on_leaf: &mut dyn FnMut(&Tensor, &Tensor) -> Result<()>,
+    ) -> Result<()> {
+        backprop::backward_with_hook(self, store, Some(on_leaf))
+    }
+
     /// Overwrite this tensor's elements with `src`'s (same shape and dtype), keeping identity and
     /// storage: how optimizers update parameters in place.
     pub fn set(&self, src: &Tensor) -> Result<()> {
