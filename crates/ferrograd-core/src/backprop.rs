@@ -158,7 +158,12 @@ pub(crate) fn backward_with_hook(root: &Tensor, store: &mut GradStore, mut on_le
         return Err(Error::Backward("the loss does not depend on any variable that requires grad".into()));
     }
     let _guard = crate::backprop::no_grad();
-    let order = topo_order(root);
+    let mut order = topo_order(root);
+    // Creation order is a topological order too (an op's output is made after its inputs), and
+    // walking it backwards differentiates each node as soon as the ops created after it are done:
+    // a weight's transpose right after the matmul that used it, not after every earlier layer as
+    // the depth-first order would (PyTorch's engine orders by creation sequence the same way).
+    order.sort_unstable_by_key(|t| t.id());
     // Uses of each node by other nodes of the walk. The depth-first order puts a leaf as early as
     // it was first seen, so in reverse it would come last; counting uses lets a leaf's gradient
     // be stored (and reported) as soon as its last user has been differentiated instead.

@@ -50,7 +50,7 @@ impl Shard {
         if self.world == 0 || self.rank >= self.world {
             return Err(Error::InvalidArgument(format!("shard: rank {} of world size {}", self.rank, self.world)));
         }
-        if n % self.world != 0 {
+        if !n.is_multiple_of(self.world) {
             return Err(Error::InvalidArgument(format!(
                 "a batch of {n} samples does not split evenly over {} ranks",
                 self.world
@@ -109,7 +109,7 @@ impl DataLoader {
             sh.range(config.batch_size)
                 .map_err(|e| Error::InvalidArgument(format!("DataLoader: batch_size {}: {e}", config.batch_size)))?;
             let last = dataset.len() % config.batch_size;
-            if !config.drop_last && last % sh.world != 0 {
+            if !config.drop_last && !last.is_multiple_of(sh.world) {
                 return Err(Error::InvalidArgument(format!(
                     "DataLoader: the last batch of an epoch holds {last} samples, which do not split over {} ranks; \
                      set drop_last or pick a batch size that divides the dataset ({} samples)",
