@@ -10,8 +10,10 @@
 
 mod bench;
 mod demo;
+mod dist;
 mod info;
 mod kernels;
+mod launch;
 mod memory;
 mod monster;
 mod plot;
@@ -55,6 +57,11 @@ enum Command {
     /// Monster Walk: fill the device with copies of the Monster-group tensor and train the
     /// autoencoder on them (shared/MONSTER_WALK.md); `monster-walk export` writes the data.
     MonsterWalk(monster::MonsterArgs),
+    /// Start one process per GPU (torchrun-style): `launch --nproc-per-node 2 -- ferrograd ...`.
+    Launch(launch::LaunchArgs),
+    /// Checks of a multi-process setup, run under `launch`: collectives, a data-parallel MLP.
+    #[command(subcommand)]
+    Dist(dist::DistCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -74,6 +81,29 @@ enum BenchCommand {
     Optim(OptimArgs),
     /// How much of a batch copy the data loader's prefetch hides behind compute.
     Overlap(OverlapArgs),
+    /// NCCL all-reduce bus bandwidth across the ranks of a launch (twin: torch.distributed).
+    Allreduce(AllreduceArgs),
+}
+
+#[derive(Args, Debug)]
+struct AllreduceArgs {
+    /// Buffer sizes in MiB, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256,1024")]
+    sizes: Vec<f64>,
+    /// Element type: f32, bf16 or f16.
+    #[arg(long, default_value = "f32", value_parser = bench::allreduce::parse_dtype)]
+    dtype: DType,
+    /// Untimed all-reduces per size first.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// All-reduces per timed batch (5 batches; the median is reported).
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Also write the results as JSON to this file (rank 0).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
 }
 
 #[derive(Args, Debug)]
@@ -261,6 +291,19 @@ fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
             out,
         ),
         Command::MonsterWalk(a) => monster::run(a, out),
+        Command::Launch(a) => crate::launch::run(a, out),
+        Command::Dist(c) => dist::run(c, out),
+        Command::Bench(BenchCommand::Allreduce(a)) => allreduce::run(
+            &allreduce::Config {
+                sizes_mib: a.sizes,
+                dtype: a.dtype,
+                warmup: a.warmup,
+                iters: a.iters,
+                json: a.json,
+                seed: a.seed,
+            },
+            out,
+        ),
         Command::Bench(BenchCommand::Matmul(a)) => matmul::run(
             &matmul::Config {
                 device: a.device,
@@ -346,6 +389,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::Launch(_)) => "try smaller tensors (--elems)",
         Command::Bench(BenchCommand::Optim(_)) => "try fewer tensors (--tensors)",
         Command::Bench(BenchCommand::Overlap(_)) => "try a smaller batch (--mib) or matmul (--matmul)",
+        Command::Bench(BenchCommand::Allreduce(_)) => "try smaller buffers (--sizes 1,16,64)",
         _ => "free memory held by other processes (nvidia-smi lists them)",
     }
 }
