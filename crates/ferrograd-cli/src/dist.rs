@@ -155,7 +155,7 @@ fn check(out: &mut dyn Write) -> CliResult<()> {
 }
 
 fn mlp(a: MlpArgs, out: &mut dyn Write) -> CliResult<()> {
-    if !(a.bucket_mib > 0.0) {
+    if a.bucket_mib.is_nan() || a.bucket_mib <= 0.0 {
         return Err("--bucket-mib must be positive".into());
     }
     let pg = ProcessGroup::init()?;

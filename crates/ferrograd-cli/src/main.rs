@@ -16,6 +16,7 @@ mod kernels;
 mod launch;
 mod memory;
 mod monster;
+mod monster_dist;
 mod plot;
 mod timing;
 

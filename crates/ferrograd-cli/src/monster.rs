@@ -81,10 +81,22 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
         writeln!(out, "wrote {}", path.display())?;
         return Ok(());
     }
-    let (device, why) = match a.device {
-        Some(d) => (d, "--device".to_string()),
-        None => Device::best_with_reason()?,
+    // Under `ferrograd launch`: data parallel, this process on cuda:LOCAL_RANK.
+    let pg = crate::monster_dist::group()?;
+    let (device, why) = match (&pg, a.device) {
+        (Some(pg), Some(d)) if d != pg.device() => {
+            return Err(format!(
+                "--device {d}: under launch, rank {} trains on {} (LOCAL_RANK)",
+                pg.rank(),
+                pg.device()
+            )
+            .into())
+        }
+        (Some(pg), _) => (pg.device(), format!("rank {} of {}, data parallel", pg.rank(), pg.world_size())),
+        (None, Some(d)) => (d, "--device".to_string()),
+        (None, None) => Device::best_with_reason()?,
     };
+    let main_rank = pg.as_ref().is_none_or(|p| p.is_main());
     let mut cfg = TrainConfig::spec_defaults(device);
     let on_cpu = device.is_cpu();
     cfg.plan = match (a.copies, a.fill, &a.budget) {
@@ -103,6 +115,10 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
     cfg.init = a.init;
     cfg.save = a.save;
     cfg.fused = !a.unfused;
+    cfg.dist = pg.as_ref().map(crate::monster_dist::hooks);
+    if !main_rank {
+        cfg.save = None;
+    }
     if let Some(p) = &cfg.init {
         if !p.exists() {
             return Err(format!("--init {}: no such file", p.display()).into());
@@ -116,9 +132,9 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
              about a minute (the GPU default is 113 x 71; pass --copies/--epochs to change)"
         )?;
     }
-    let bar = progress(cfg.epochs);
+    let bar = if main_rank { progress(cfg.epochs) } else { None };
     let mut log: Vec<String> = vec![];
-    let (report, plan) = train(&cfg, |s: &EpochStats| {
+    let (mut report, plan) = train(&cfg, |s: &EpochStats| {
         let mem = s.device_memory_used.map(|b| format!(", {} on device", human(b))).unwrap_or_default();
         let msg = format!("loss {:.6}, {:.0} samples/s{mem}", s.loss, s.samples_per_s);
         match &bar {
@@ -131,6 +147,13 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
     })?;
     if let Some(b) = bar {
         b.finish();
+    }
+    if let Some(pg) = &pg {
+        report.allreduce_share = Some(crate::monster_dist::allreduce_share(&pg.comm(), report.training_time_s)?);
+        if !pg.is_main() {
+            writeln!(out, "rank {}: done, loss {:.6} (rank 0 reports)", pg.rank(), report.final_loss)?;
+            return Ok(());
+        }
     }
     for l in log {
         writeln!(out, "{l}")?;
@@ -178,6 +201,12 @@ fn table(r: &Report, out: &mut dyn Write) -> CliResult<()> {
     ];
     for (k, v) in rows {
         writeln!(out, "  {k:<18} {v}")?;
+    }
+    if r.world_size > 1 {
+        writeln!(out, "  {:<18} {} (copies per GPU: {})", "GPUs", r.world_size, r.copies / r.world_size)?;
+    }
+    if let Some(s) = r.allreduce_share {
+        writeln!(out, "  {:<18} {:.1}% of the training time", "all-reduce share", 100.0 * s)?;
     }
     Ok(())
 }

@@ -55,7 +55,7 @@ fn size_name(mib: f64) -> String {
 }
 
 pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
-    if cfg.iters == 0 || cfg.sizes_mib.is_empty() || cfg.sizes_mib.iter().any(|s| !(*s > 0.0)) {
+    if cfg.iters == 0 || cfg.sizes_mib.is_empty() || cfg.sizes_mib.iter().any(|s| s.is_nan() || *s <= 0.0) {
         return Err("--iters must be at least 1 and every --sizes entry positive".into());
     }
     let pg = ProcessGroup::init()?;

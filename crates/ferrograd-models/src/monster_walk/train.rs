@@ -9,6 +9,7 @@ use ferrograd_core::cuda::{modules, CudaDevice};
 use ferrograd_core::optim::{adam_step, AdamConfig};
 use ferrograd_core::{DType, Device, Error, Result, Tensor};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Debug, Clone)]
@@ -25,6 +26,33 @@ pub struct TrainConfig {
     /// On CUDA, train with the fused two-kernel step (the default) instead of the generic
     /// autograd path (kept for comparison and as the reference).
     pub fused: bool,
+    /// Data parallel over several processes, one GPU each (`ferrograd launch`): each rank fills
+    /// its GPU with copies of its own, trains one copy per step, and gradients are averaged
+    /// over the ranks every step.
+    pub dist: Option<DistHooks>,
+}
+
+/// An in-place operation on a device tensor across the ranks.
+pub type TensorHook = Arc<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
+
+/// What a data-parallel run needs from the process group (`ferrograd-dist` provides it; this
+/// crate stays free of NCCL).
+#[derive(Clone)]
+pub struct DistHooks {
+    pub rank: usize,
+    pub world: usize,
+    /// Average a flat f32 device tensor over all ranks in place; compute queued later waits for it.
+    pub all_reduce_mean: TensorHook,
+    /// Overwrite a tensor with rank 0's values.
+    pub broadcast: TensorHook,
+    /// The smallest of a number over all ranks (every rank must take the same number of steps).
+    pub min: Arc<dyn Fn(usize) -> Result<usize> + Send + Sync>,
+}
+
+impl std::fmt::Debug for DistHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DistHooks(rank {} of {})", self.rank, self.world)
+    }
 }
 
 impl TrainConfig {
@@ -40,6 +68,7 @@ impl TrainConfig {
             init: None,
             save: None,
             fused: true,
+            dist: None,
         }
     }
 }
@@ -80,6 +109,17 @@ pub struct Report {
     pub data_build_time_s: f64,
     /// "fused" (two kernels a step) or "autograd" (the generic op-by-op path).
     pub step_kind: String,
+    /// Processes (GPUs) that trained together; copies, entries and samples count all of them.
+    #[serde(default = "one")]
+    pub world_size: usize,
+    /// Data parallel: the share of the training time the gradient all-reduces took (device time
+    /// on the communication stream over wall time; the step waits for them).
+    #[serde(default)]
+    pub allreduce_share: Option<f64>,
+}
+
+fn one() -> usize {
+    1
 }
 
 fn memory_used(device: Device) -> Option<usize> {
@@ -111,11 +151,28 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
         Device::Cpu => None,
     };
     let (first, copy_bytes) = measure_copy(cfg.device)?;
-    let mp = plan(cfg.plan, copy_bytes, free)?;
+    let mut mp = plan(cfg.plan, copy_bytes, free)?;
+    let (rank, world) = cfg.dist.as_ref().map_or((0, 1), |d| (d.rank, d.world));
+    if let Some(d) = &cfg.dist {
+        // Every rank steps once per copy it holds: they must hold as many.
+        let n = (d.min)(mp.copies)?;
+        mp.planned_bytes = mp.planned_bytes / mp.copies.max(1) * n;
+        mp.copies = n;
+        for p in model.parameters() {
+            (d.broadcast)(&p)?;
+        }
+    }
+    // Rank r holds copies r*n .. (r+1)*n: the ranks together train world x n distinct copies.
+    let base = rank * mp.copies;
     let mut copies = Vec::with_capacity(mp.copies);
-    copies.push(first);
+    if base == 0 {
+        copies.push(first);
+    } else {
+        drop(first);
+        copies.push(CopyData::build(base, cfg.device)?);
+    }
     for c in 1..mp.copies {
-        copies.push(CopyData::build(c, cfg.device)?);
+        copies.push(CopyData::build(base + c, cfg.device)?);
     }
     let measured = match cfg.device {
         Device::Cuda(o) => {
@@ -146,10 +203,14 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
         .collect();
     let adam = AdamConfig { lr: cfg.lr, ..AdamConfig::default() };
     let fused = cfg.fused && cfg.device.is_cuda();
-    let mut stepper: Box<dyn Stepper> = if fused {
-        Box::new(super::fused::FusedTrainer::new(&model, cfg.device, cfg.batch.min(SAMPLES), adam)?)
-    } else {
-        Box::new(Autograd::new(&model, adam)?)
+    let reduce = cfg.dist.as_ref().map(|d| d.all_reduce_mean.clone());
+    let mut stepper: Box<dyn Stepper> = match (fused, reduce) {
+        (true, None) => Box::new(super::fused::FusedTrainer::new(&model, cfg.device, cfg.batch.min(SAMPLES), adam)?),
+        (true, Some(r)) => Box::new(FusedDp {
+            inner: super::fused::FusedTrainer::new(&model, cfg.device, cfg.batch.min(SAMPLES), adam)?,
+            reduce: r,
+        }),
+        (false, r) => Box::new(Autograd::new(&model, adam, r)?),
     };
 
     let start = Instant::now();
@@ -170,7 +231,8 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
             epochs: cfg.epochs,
             steps: (epoch + 1) * batches.len(),
             loss,
-            samples_per_s: ((epoch + 1) * copies.len() * SAMPLES) as f64 / start.elapsed().as_secs_f64().max(1e-9),
+            samples_per_s: ((epoch + 1) * world * copies.len() * SAMPLES) as f64
+                / start.elapsed().as_secs_f64().max(1e-9),
             device_memory_used: memory_used(cfg.device),
         });
     }
@@ -181,12 +243,12 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
     if let Some(p) = &cfg.save {
         model.save(p)?;
     }
-    let samples = (cfg.epochs * copies.len() * SAMPLES) as f64;
+    let samples = (cfg.epochs * world * copies.len() * SAMPLES) as f64;
     let report = Report {
         name: "monster-walk".into(),
         tensor_shape: vec![STEPS, STEPS, RINGS],
-        copies: copies.len(),
-        total_entries: copies.len() * ENTRIES,
+        copies: world * copies.len(),
+        total_entries: world * copies.len() * ENTRIES,
         memory_planned_bytes: mp.planned_bytes,
         memory_measured_bytes: measured,
         device: describe(cfg.device),
@@ -204,6 +266,8 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
         parameters: model.parameter_count(),
         data_build_time_s,
         step_kind: if fused { "fused" } else { "autograd" }.into(),
+        world_size: world,
+        allreduce_share: None,
     };
     Ok((report, mp))
 }
@@ -228,7 +292,28 @@ impl Stepper for super::fused::FusedTrainer {
     }
 }
 
-/// The generic path: autograd over the model's ops, then the fused multi-tensor Adam.
+/// The fused step with the gradients averaged over the ranks between its two kernels.
+struct FusedDp {
+    inner: super::fused::FusedTrainer,
+    reduce: Reduce,
+}
+
+impl Stepper for FusedDp {
+    fn step(&mut self, x: &Tensor) -> Result<()> {
+        self.inner.step_reduced(x, &*self.reduce)
+    }
+    fn loss(&self) -> Result<Tensor> {
+        Ok(self.inner.loss().clone())
+    }
+    fn finish(&self, model: &Autoencoder) -> Result<()> {
+        self.inner.write_back(model)
+    }
+}
+
+type Reduce = TensorHook;
+
+/// The generic path: autograd over the model's ops, then the fused multi-tensor Adam (with the
+/// gradients averaged over ranks first when data parallel).
 struct Autograd {
     model: Autoencoder,
     params: Vec<Tensor>,
@@ -237,14 +322,15 @@ struct Autograd {
     adam: AdamConfig,
     step: u64,
     last: Option<Tensor>,
+    reduce: Option<Reduce>,
 }
 
 impl Autograd {
-    fn new(model: &Autoencoder, adam: AdamConfig) -> Result<Autograd> {
+    fn new(model: &Autoencoder, adam: AdamConfig, reduce: Option<Reduce>) -> Result<Autograd> {
         let params = model.parameters();
         let m = params.iter().map(|p| p.zeros_like()).collect::<Result<_>>()?;
         let v = params.iter().map(|p| p.zeros_like()).collect::<Result<_>>()?;
-        Ok(Autograd { model: model.clone(), params, m, v, adam, step: 0, last: None })
+        Ok(Autograd { model: model.clone(), params, m, v, adam, step: 0, last: None, reduce })
     }
 }
 
@@ -252,11 +338,21 @@ impl Stepper for Autograd {
     fn step(&mut self, x: &Tensor) -> Result<()> {
         let loss = self.model.loss(x)?;
         let grads = loss.backward()?;
-        let g: Vec<Tensor> = self
+        let mut g: Vec<Tensor> = self
             .params
             .iter()
             .map(|p| grads.get(p).cloned().ok_or_else(|| Error::Backward("a weight got no gradient".into())))
             .collect::<Result<_>>()?;
+        if let Some(reduce) = &self.reduce {
+            let flat = g.iter().map(|t| t.flatten_all()).collect::<Result<Vec<_>>>()?;
+            let flat = Tensor::cat(&flat, 0)?;
+            reduce(&flat)?;
+            let mut off = 0;
+            for (t, p) in g.iter_mut().zip(&self.params) {
+                *t = flat.narrow(0, off, p.elem_count())?.reshape(p.dims())?;
+                off += p.elem_count();
+            }
+        }
         self.step += 1;
         adam_step(&self.params, &g, &self.m, &self.v, &self.adam, self.step)?;
         self.last = Some(loss.detach());
