@@ -254,17 +254,12 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         let _ = self.dev.context().bind_to_thread();
-        // Let queued operations finish (bounded), then release; a communicator that failed or
-        // whose peers stopped answering is aborted instead, which does not wait for them.
+        // Let this rank's queued operations finish (bounded), then abort rather than destroy:
+        // ncclCommDestroy finalizes, which can wait for peers that have already exited and hang
+        // the process at its very end; abort only frees this rank's resources.
         let start = Instant::now();
-        let done = Event::new().and_then(|e| e.record(&self.stream).map(|()| e));
-        let mut finished = false;
-        if let Ok(e) = &done {
-            while start.elapsed() < self.timeout.min(Duration::from_secs(30)) {
-                if e.is_done() {
-                    finished = true;
-                    break;
-                }
+        if let Ok(e) = Event::new().and_then(|e| e.record(&self.stream).map(|()| e)) {
+            while !e.is_done() && start.elapsed() < self.timeout.min(Duration::from_secs(30)) {
                 if self.async_error().is_err() {
                     break;
                 }
@@ -272,13 +267,7 @@ impl Drop for Inner {
             }
         }
         // SAFETY: the handle is live and no other call is in flight (we own the last reference).
-        unsafe {
-            if finished && !self.failed.load(Ordering::Relaxed) {
-                (self.lib.comm_destroy)(self.comm);
-            } else {
-                (self.lib.comm_abort)(self.comm);
-            }
-        }
+        unsafe { (self.lib.comm_abort)(self.comm) };
     }
 }
 
