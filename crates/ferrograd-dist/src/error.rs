@@ -86,3 +86,21 @@ impl From<std::io::Error> for DistError {
         DistError::Core(ferrograd_core::Error::Io(e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_survive_a_trip_through_cores_error_type() {
+        let e = DistError::Timeout { op: "all_reduce".into(), waited: Duration::from_secs(2) };
+        let core: ferrograd_core::Error = e.into();
+        assert!(core.to_string().contains("all_reduce did not finish"), "{core}");
+        match DistError::from(core) {
+            DistError::Timeout { op, .. } => assert_eq!(op, "all_reduce"),
+            other => panic!("{other:?}"),
+        }
+        let plain: ferrograd_core::Error = DistError::Core(ferrograd_core::Error::Backward("x".into())).into();
+        assert!(matches!(plain, ferrograd_core::Error::Backward(_)));
+    }
+}
