@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# How far do correct Monster Walk runs drift apart? For each seed: ferrograd (fused) and PyTorch
-# (fused Adam, graph replay, and foreach Adam: another rounding order) from the same init.
+# How far do correct Monster Walk runs drift apart? For each seed: ferrograd (the default step:
+# the persistent kernel on a GPU that has it) and PyTorch (fused Adam, graph replay, and foreach
+# Adam: another rounding order) from the same init.
 #   bash bench/monster_walk_seeds.sh "0 1 2" [COPIES] [EPOCHS] [OUTDIR]
 set -euo pipefail
 seeds=${1:-"0 1 2"}; copies=${2:-113}; epochs=${3:-71}; out=${4:-${OUT:-/tmp}/mw-seeds}

@@ -2,7 +2,8 @@
 """PyTorch twin of `ferrograd bench elementwise`: memory-bound f32 ops, GB/s and % of copy.
 
 Same ops, shapes, byte counts and timing as ours (reads + write, 4 B each; CUDA events, warm-up,
-batches, median per call). All ops at the first shape; copy, softmax and layer_norm at the others.
+batches, median per call). All ops at the first shape; copy, softmax, layer_norm and cross_entropy
+at the others.
 
     copy        dst.copy_(x)                  (ours: dst.set(&x), a device-to-device memcpy)
     mul_scalar  torch.mul(x, 2.0)             (ours: x.mul_scalar(2.0), the copy-like kernel)
@@ -10,6 +11,8 @@ batches, median per call). All ops at the first shape; copy, softmax and layer_n
     relu        torch.relu(x)       sigmoid  torch.sigmoid(x)
     softmax     torch.softmax(x, dim=-1)
     layer_norm  F.layer_norm(x, (cols,), w, b, eps=1e-5)
+    cross_entropy  torch.autograd.grad(F.cross_entropy(x, t), x): the loss and the logits' gradient
+                (3 passes: the forward reads x, the backward reads x and writes the gradient)
 
 Every op is checked first: its output must be finite and its sampled rows must match a float64
 computation within 1e-5. Inputs N(0, 1); w ~ U[0.5, 1.5), b ~ N(0, 1).
@@ -56,6 +59,20 @@ def main() -> None:
                 dst.copy_(x)
                 return dst
 
+            # Autograd needs normal tensors: made outside inference mode (a functional op on an
+            # inference tensor gives one), and the step recorded with grad enabled.
+            with torch.inference_mode(False):
+                xr = x.clone().requires_grad_(True)
+                t = torch.randint(0, c, (r,), device=dev)
+
+            def cross_entropy():
+                with torch.inference_mode(False), torch.enable_grad():
+                    (g,) = torch.autograd.grad(F.cross_entropy(xr, t), xr)
+                return g
+
+            idx = bl.sample_rows(r, 4, 4, lambda k, hi: torch.randint(0, hi, (k,), generator=gen).tolist())
+            it = torch.tensor(idx, device=dev)
+
             ops = {
                 "copy": (copy, 2, lambda xd, yd: xd),
                 "mul_scalar": (lambda: torch.mul(x, 2.0), 2, lambda xd, yd: xd * 2.0),
@@ -66,10 +83,11 @@ def main() -> None:
                 "softmax": (lambda: torch.softmax(x, dim=-1), 2, lambda xd, yd: torch.softmax(xd, dim=-1)),
                 "layer_norm": (lambda: F.layer_norm(x, (c,), w, b, EPS), 2,
                                lambda xd, yd: F.layer_norm(xd, (c,), w.double(), b.double(), EPS)),
+                "cross_entropy": (cross_entropy, 3,
+                                  lambda xd, yd: (torch.softmax(xd, dim=-1)
+                                                  - F.one_hot(t.index_select(0, it), c).double()) / r),
             }
-            names = list(ops) if i == 0 else ["copy", "softmax", "layer_norm"]
-            idx = bl.sample_rows(r, 4, 4, lambda k, hi: torch.randint(0, hi, (k,), generator=gen).tolist())
-            it = torch.tensor(idx, device=dev)
+            names = list(ops) if i == 0 else ["copy", "softmax", "layer_norm", "cross_entropy"]
             copy_gbps = None
             for op in names:
                 fn, passes, ref = ops[op]
@@ -85,7 +103,7 @@ def main() -> None:
                     copy_gbps = gbps
                 rows.append(bl.row(f"{op} {r}x{c}", gbps, "GB/s", True, median_s=t["median_s"], reps=t["reps"],
                                    inner=t["inner"], pct_of_copy=100 * gbps / copy_gbps))
-            del x, y, w, b, dst
+            del x, y, w, b, dst, xr, t
 
     bl.print_rows(rows, ("% of copy", "pct_of_copy"))
     timing = ("CUDA events on the current stream; warm-up, batches of calls, median per call" if cuda

@@ -29,10 +29,15 @@ pub struct Config {
     pub seed: u64,
 }
 
-pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+pub fn check(cfg: &Config) -> CliResult<()> {
     if cfg.size == 0 || cfg.size > MAX_SIZE {
         return Err(format!("--size {}: expected 1 to {MAX_SIZE}", cfg.size).into());
     }
+    Ok(())
+}
+
+pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+    check(cfg)?;
     writeln!(out, "ferrograd {} demo", env!("CARGO_PKG_VERSION"))?;
     let (device, cuda_found) = find_device(cfg, out)?;
     writeln!(out)?;

@@ -14,7 +14,7 @@ use ferrograd_dist::workload::{self, MlpRun};
 use ferrograd_dist::{DpConfig, ProcessGroup, ReduceOp};
 use ferrograd_nn::checkpoint::{self, TrainState};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand, Debug)]
 pub enum DistCommand {
@@ -30,10 +30,10 @@ pub struct MlpArgs {
     #[arg(long, default_value_t = 10)]
     pub steps: u64,
     /// Samples per optimizer step over all ranks.
-    #[arg(long, default_value_t = 48)]
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 48)]
     pub global_batch: usize,
     /// Micro-batches per step (gradient accumulation).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 1)]
     pub micro_steps: usize,
     /// 1: ZeRO-1 (AdamW's state sharded over the ranks).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
@@ -46,7 +46,7 @@ pub struct MlpArgs {
     pub bucket_mib: f64,
     #[arg(long)]
     pub clip: Option<f64>,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, value_parser = crate::parse_seed, default_value_t = 0)]
     pub seed: u64,
     /// Write a checkpoint after this step (to --checkpoint).
     #[arg(long, requires = "checkpoint")]
@@ -66,14 +66,48 @@ pub struct MlpArgs {
     pub die_at_step: Option<u64>,
 }
 
+/// The files the command writes (rank 0), with their flags.
+pub fn outputs(c: &DistCommand) -> Vec<(&'static str, &Path)> {
+    match c {
+        DistCommand::Check => vec![],
+        DistCommand::Mlp(a) => {
+            let mut v: Vec<(&'static str, &Path)> = vec![];
+            v.extend(a.checkpoint.as_deref().map(|p| ("--checkpoint", p)));
+            v.extend(a.out.as_deref().map(|p| ("--out", p)));
+            v
+        }
+    }
+}
+
+/// The flags' numbers, before any process group or device.
+pub fn check(c: &DistCommand) -> CliResult<()> {
+    let DistCommand::Mlp(a) = c else { return Ok(()) };
+    // 1 TiB at most: far above any GPU, and the byte count cannot overflow.
+    if !(a.bucket_mib > 0.0 && a.bucket_mib <= (1u64 << 20) as f64) {
+        return Err(format!("--bucket-mib {} must be a positive number of MiB, at most 1048576", a.bucket_mib).into());
+    }
+    if a.global_batch == 0 {
+        return Err("--global-batch must be at least 1".into());
+    }
+    if a.micro_steps == 0 {
+        return Err("--micro-steps must be at least 1".into());
+    }
+    if let Some(c) = &a.clip {
+        if !(*c > 0.0 && c.is_finite()) {
+            return Err(format!("--clip {c} must be a positive number").into());
+        }
+    }
+    Ok(())
+}
+
 pub fn run(c: DistCommand, out: &mut dyn Write) -> CliResult<()> {
     match c {
-        DistCommand::Check => check(out),
+        DistCommand::Check => collectives(out),
         DistCommand::Mlp(a) => mlp(a, out),
     }
 }
 
-fn check(out: &mut dyn Write) -> CliResult<()> {
+fn collectives(out: &mut dyn Write) -> CliResult<()> {
     let pg = ProcessGroup::init()?;
     let comm = pg.comm();
     let (rank, world, dev) = (pg.rank(), pg.world_size(), pg.device());
@@ -155,9 +189,6 @@ fn check(out: &mut dyn Write) -> CliResult<()> {
 }
 
 fn mlp(a: MlpArgs, out: &mut dyn Write) -> CliResult<()> {
-    if a.bucket_mib.is_nan() || a.bucket_mib <= 0.0 {
-        return Err("--bucket-mib must be positive".into());
-    }
     let pg = ProcessGroup::init()?;
     let (rank, world) = (pg.rank(), pg.world_size());
     let run = MlpRun {

@@ -31,13 +31,8 @@ pub fn run(out: &mut dyn Write) -> CliResult<()> {
         Err(e) => writeln!(out, "cuda: none; ferrograd runs on the CPU ({e})")?,
     }
 
-    match best {
-        Ok(_) => Ok(()),
-        Err(e) => match std::env::var("FERROGRAD_DEVICE") {
-            Ok(v) => Err(format!("FERROGRAD_DEVICE={v}: {e}").into()),
-            Err(_) => Err(e.into()),
-        },
-    }
+    // The error names FERROGRAD_DEVICE itself (Device::best_with_reason).
+    best.map(|_| ()).map_err(Into::into)
 }
 
 /// One line per CUDA device: ordinal, name, memory, compute capability, SM count.

@@ -1,13 +1,14 @@
 //! `ferrograd kernels`: the embedded CUDA kernel modules and the on-disk CUBIN cache.
 //!
-//! `--precompile` compiles every module with NVRTC for the GPU's architecture (or `--arch`, which
+//! `--precompile` compiles every module, the core's and the models' (in parallel, one thread per module up to the cores) with NVRTC for the GPU's architecture (or `--arch`, which
 //! needs no GPU, only libnvrtc and the CUDA headers) into `$FERROGRAD_CACHE_DIR`, prints what each
 //! cost, then reads them all back through a fresh cache the way the next process start will, and
 //! says how long that takes against the NVRTC time it no longer spends.
 
 use crate::CliResult;
-use ferrograd_core::cuda::kernels::{self as k, Arch, DiskCache, KernelCache, KernelSource};
-use ferrograd_core::cuda::{self, modules};
+use ferrograd_core::cuda;
+use ferrograd_core::cuda::modules::{self, Module};
+use ferrograd_core::cuda::nvrtc::{self as k, Arch, DiskCache, KernelCache, KernelSource};
 use std::io::Write;
 use std::time::Duration;
 
@@ -26,11 +27,19 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         || "disabled (FERROGRAD_CACHE_DIR is set but empty, or no home directory)".to_string(),
         |d| d.dir().display().to_string(),
     );
+    // The core's modules and the models' own.
+    let all: Vec<&Module> = modules::ALL.iter().chain(ferrograd_models::MODULES).copied().collect();
     if !cfg.precompile {
-        writeln!(out, "kernel modules ({}), compiled by NVRTC on first use:", modules::ALL.len())?;
-        let w = modules::ALL.iter().map(|m| m.name.len()).max().unwrap_or(0);
-        for m in modules::ALL {
-            writeln!(out, "  {:w$} {:>7} bytes of CUDA C", m.name, m.src.len())?;
+        writeln!(out, "kernel modules ({}), compiled by NVRTC on first use:", all.len())?;
+        let w = all.iter().map(|m| m.name.len()).max().unwrap_or(0);
+        for m in &all {
+            writeln!(
+                out,
+                "  {:w$} {:>7} bytes of CUDA C ({} shared headers)",
+                m.name,
+                m.source_len(),
+                m.headers.len()
+            )?;
         }
         writeln!(out, "cache: {dir}")?;
         match k::nvrtc_info() {
@@ -50,7 +59,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     writeln!(out, "nvrtc {} ({}); target {arch}", nvrtc.version, library(nvrtc))?;
     out.flush()?;
 
-    let report = modules::precompile(arch)?;
+    let report = modules::precompile(arch, ferrograd_models::MODULES)?;
     writeln!(out, "{report}")?;
     if !report.is_ok() {
         return Err(format!(
@@ -66,7 +75,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         writeln!(out, "the disk cache is off: the next start compiles everything again")?;
         return Ok(());
     };
-    let sources: Vec<KernelSource> = modules::ALL.iter().map(|m| KernelSource::new(m.name, m.src)).collect();
+    let sources: Vec<KernelSource> = all.iter().map(|m| m.source()).collect();
     let fresh = KernelCache::new(Some(disk)).precompile(arch, &sources)?;
     let read = fresh.elapsed;
     let nvrtc_time = report.compile_time_saved();

@@ -28,10 +28,10 @@ pub struct LaunchArgs {
     #[arg(long)]
     pub nproc_per_node: String,
     /// Nodes in the job (run one `ferrograd launch` per node).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 1)]
     pub nnodes: usize,
     /// This node's index, 0 to nnodes - 1 (node 0 hosts rank 0).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 0)]
     pub node_rank: usize,
     /// Host name or address of node 0 (default 127.0.0.1 on one node; required for several).
     #[arg(long)]
@@ -169,28 +169,42 @@ fn drain(rx: &Receiver<Line>, out: &mut dyn Write, wait: Option<Duration>) -> bo
     got
 }
 
-fn nproc(spec: &str) -> CliResult<usize> {
+/// Processes per node at most: one per GPU, far above any node's count, and a bound on what a typo
+/// can start.
+const MAX_PER_NODE: usize = 1024;
+
+/// `--nproc-per-node` as written: a count, or `None` for every visible GPU (`gpu`, `auto`).
+fn nproc_spec(spec: &str) -> CliResult<Option<usize>> {
     if spec.eq_ignore_ascii_case("gpu") || spec.eq_ignore_ascii_case("auto") {
-        let n = ferrograd_core::cuda::device_count().unwrap_or(0);
-        if n == 0 {
-            return Err("--nproc-per-node gpu: no CUDA device is visible".into());
-        }
-        return Ok(n);
+        return Ok(None);
     }
-    match spec.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("--nproc-per-node {spec:?}: expected a number of processes (1 or more) or `gpu`").into()),
+    match crate::parse_count(spec) {
+        Ok(n) if (1..=MAX_PER_NODE).contains(&n) => Ok(Some(n)),
+        Ok(n) => Err(format!("--nproc-per-node {n}: expected 1 to {MAX_PER_NODE} processes (one per GPU)").into()),
+        Err(e) => Err(format!("--nproc-per-node {spec:?}: {e}, or `gpu` for every visible GPU").into()),
     }
 }
 
-fn ranges(ranks: &[usize]) -> String {
-    ranks.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+/// The processes to start on this node (`gpu` asks the driver how many GPUs it sees).
+fn nproc(spec: &str) -> CliResult<usize> {
+    match nproc_spec(spec)? {
+        Some(n) => Ok(n),
+        None => match ferrograd_core::cuda::device_count().unwrap_or(0) {
+            0 => Err("--nproc-per-node gpu: no CUDA device is visible".into()),
+            n => Ok(n),
+        },
+    }
 }
 
-pub fn run(a: LaunchArgs, out: &mut dyn Write) -> CliResult<()> {
-    let per_node = nproc(&a.nproc_per_node)?;
+/// The flags, before anything starts (no device is asked, nothing is spawned): counts, ranks,
+/// the port, the grace period, the address several nodes need, and a command.
+pub fn check(a: &LaunchArgs) -> CliResult<()> {
+    let per_node = nproc_spec(&a.nproc_per_node)?;
     if a.nnodes == 0 {
         return Err("--nnodes must be at least 1".into());
+    }
+    if let Some(n) = per_node {
+        n.checked_mul(a.nnodes).ok_or("--nproc-per-node times --nnodes overflows")?;
     }
     if a.node_rank >= a.nnodes {
         return Err(format!("--node-rank {} must be below --nnodes {}", a.node_rank, a.nnodes).into());
@@ -201,14 +215,24 @@ pub fn run(a: LaunchArgs, out: &mut dyn Write) -> CliResult<()> {
     if !(a.stop_grace >= 0.0 && a.stop_grace.is_finite()) {
         return Err(format!("--stop-grace {} must be a number of seconds", a.stop_grace).into());
     }
-    let master = match (&a.master_addr, a.nnodes) {
-        (Some(m), _) => m.clone(),
-        (None, 1) => "127.0.0.1".to_string(),
-        (None, _) => {
-            return Err("--master-addr is required with --nnodes above 1: node 0's host name or address".into())
-        }
-    };
-    let world = per_node * a.nnodes;
+    if a.master_addr.is_none() && a.nnodes > 1 {
+        return Err("--master-addr is required with --nnodes above 1: node 0's host name or address".into());
+    }
+    if a.command.first().is_none_or(|p| p.is_empty()) {
+        return Err("no command given after --".into());
+    }
+    Ok(())
+}
+
+fn ranges(ranks: &[usize]) -> String {
+    ranks.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Start the ranks and supervise them (after [`check`]).
+pub fn run(a: LaunchArgs, out: &mut dyn Write) -> CliResult<()> {
+    let per_node = nproc(&a.nproc_per_node)?;
+    let master = a.master_addr.clone().unwrap_or_else(|| "127.0.0.1".to_string());
+    let world = per_node.checked_mul(a.nnodes).ok_or("--nproc-per-node times --nnodes overflows")?;
     let (prog, args) = a.command.split_first().ok_or("no command given after --")?;
     let exe = if prog == "ferrograd" { std::env::current_exe()? } else { prog.into() };
     install_handlers()?;

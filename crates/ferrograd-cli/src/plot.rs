@@ -17,7 +17,7 @@ use crate::bench::{fmt_value, Row};
 use crate::CliResult;
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Once;
 
 /// Figure width in pixels; heights follow the content.
@@ -29,7 +29,7 @@ const PANEL_EXTRA_PX: u32 = 90;
 const TITLE_PX: u32 = 50;
 
 /// Line colours, in series order (colour-blind-safe Okabe-Ito hues).
-const COLOURS: [RGBColor; 7] = [
+pub(crate) const COLOURS: [RGBColor; 7] = [
     RGBColor(0, 114, 178),
     RGBColor(213, 94, 0),
     RGBColor(0, 158, 115),
@@ -42,7 +42,7 @@ const COLOURS: [RGBColor; 7] = [
 static FONT: Once = Once::new();
 
 /// Register the embedded font once per process (see the module documentation).
-fn init_font() {
+pub(crate) fn init_font() {
     FONT.call_once(|| {
         // DejaVu Sans is a valid TrueType font; should parsing ever fail, plotters reports
         // `FontUnavailable` when the first label is drawn and the plot fails with that message.
@@ -58,16 +58,34 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
-/// Check up front that `path` can be written, so a typo fails before minutes of benchmarking
-/// (the figure itself is drawn at the end).
-pub fn check_path(path: &Option<PathBuf>) -> CliResult<()> {
-    if let Some(p) = path {
-        std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?;
+/// Draw on a `w` x `h` RGB canvas in memory and write it to `path` as a PNG, atomically
+/// (`ferrograd_core::io::write_atomic`): plotters' own file backend would create the file when
+/// drawing starts and leave it truncated if drawing failed. The path was checked before the bench
+/// ran (`Job::outputs`).
+pub(crate) fn render(
+    path: &Path,
+    (w, h): (u32, u32),
+    draw: impl FnOnce(&DrawingArea<BitMapBackend<'_>, Shift>) -> CliResult<()>,
+) -> CliResult<()> {
+    let mut rgb = vec![0u8; w as usize * h as usize * 3];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area();
+        draw(&root)?;
+        root.present().map_err(|e| plot_err(path, e))?;
     }
+    let mut png_bytes = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut png_bytes, w, h);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut writer = enc.write_header().map_err(|e| plot_err(path, e))?;
+        writer.write_image_data(&rgb).map_err(|e| plot_err(path, e))?;
+    }
+    ferrograd_core::io::write_atomic(path, &png_bytes)?;
     Ok(())
 }
 
-fn plot_err(path: &Path, e: impl std::fmt::Display) -> crate::CliError {
+pub(crate) fn plot_err(path: &Path, e: impl std::fmt::Display) -> crate::CliError {
     format!("cannot draw the plot {}: {e}", path.display()).into()
 }
 
@@ -93,49 +111,51 @@ pub fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: 
     let (ymin, ymax) = pts.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
     let (ylo, yhi) = (ymin / 2.0, ymax * 2.0);
 
-    let root = BitMapBackend::new(path, (WIDTH, 700)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 24))
-        .margin(20)
-        .x_label_area_size(50)
-        .y_label_area_size(90)
-        .build_cartesian_2d(
-            (xlo..xhi).log_scale().with_key_points(sizes.clone()),
-            (ylo..yhi).log_scale().with_key_points(decade_ticks(ylo, yhi)),
-        )
-        .map_err(|e| plot_err(path, e))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(y_desc)
-        .x_label_formatter(&|v| format!("{}", v.round()))
-        .y_label_formatter(&|v| fmt_tick(*v))
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 17))
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-
-    for (i, s) in series.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        let line: Vec<(f64, f64)> = s.points.iter().copied().filter(|p| plottable(p.0) && plottable(p.1)).collect();
+    render(path, (WIDTH, 700), |root| {
+        root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, ("sans-serif", 24))
+            .margin(20)
+            .x_label_area_size(50)
+            .y_label_area_size(90)
+            .build_cartesian_2d(
+                (xlo..xhi).log_scale().with_key_points(sizes.clone()),
+                (ylo..yhi).log_scale().with_key_points(decade_ticks(ylo, yhi)),
+            )
+            .map_err(|e| plot_err(path, e))?;
         chart
-            .draw_series(LineSeries::new(line.clone(), colour.stroke_width(3)))
-            .map_err(|e| plot_err(path, e))?
-            .label(s.label.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3)));
-        chart.draw_series(line.iter().map(|&p| Circle::new(p, 5, colour.filled()))).map_err(|e| plot_err(path, e))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 16))
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-    root.present().map_err(|e| plot_err(path, e))?;
-    Ok(())
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc(y_desc)
+            .x_label_formatter(&|v| format!("{}", v.round()))
+            .y_label_formatter(&|v| fmt_tick(*v))
+            .label_style(("sans-serif", 15))
+            .axis_desc_style(("sans-serif", 17))
+            .draw()
+            .map_err(|e| plot_err(path, e))?;
+
+        for (i, s) in series.iter().enumerate() {
+            let colour = COLOURS[i % COLOURS.len()];
+            let line: Vec<(f64, f64)> = s.points.iter().copied().filter(|p| plottable(p.0) && plottable(p.1)).collect();
+            chart
+                .draw_series(LineSeries::new(line.clone(), colour.stroke_width(3)))
+                .map_err(|e| plot_err(path, e))?
+                .label(s.label.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3)));
+            chart
+                .draw_series(line.iter().map(|&p| Circle::new(p, 5, colour.filled())))
+                .map_err(|e| plot_err(path, e))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 16))
+            .draw()
+            .map_err(|e| plot_err(path, e))?;
+        Ok(())
+    })
 }
 
 /// Tick values for a log axis over [lo, hi]: the powers of ten inside it, with 2x and 5x between
@@ -195,17 +215,17 @@ pub fn bar_chart(path: &Path, title: &str, rows: &[Row], extra: Option<&str>) ->
     let height = TITLE_PX + heights.iter().sum::<u32>();
     let label_px = rows.iter().map(|r| r.name.chars().count()).max().unwrap_or(4) as u32 * 8 + 20;
 
-    let root = BitMapBackend::new(path, (WIDTH, height)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
-    let (top, mut rest) = root.split_vertically(TITLE_PX);
-    top.titled(title, ("sans-serif", 24)).map_err(|e| plot_err(path, e))?;
-    for (i, (panel, h)) in panels.iter().zip(&heights).enumerate() {
-        let (area, below) = rest.split_vertically(*h);
-        bar_panel(&area, path, panel, label_px, extra, COLOURS[i % COLOURS.len()])?;
-        rest = below;
-    }
-    root.present().map_err(|e| plot_err(path, e))?;
-    Ok(())
+    render(path, (WIDTH, height), |root| {
+        root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+        let (top, mut rest) = root.split_vertically(TITLE_PX);
+        top.titled(title, ("sans-serif", 24)).map_err(|e| plot_err(path, e))?;
+        for (i, (panel, h)) in panels.iter().zip(&heights).enumerate() {
+            let (area, below) = rest.split_vertically(*h);
+            bar_panel(&area, path, panel, label_px, extra, COLOURS[i % COLOURS.len()])?;
+            rest = below;
+        }
+        Ok(())
+    })
 }
 
 fn bar_panel(
@@ -302,6 +322,7 @@ fn text_anchor() -> plotters::style::text_anchor::Pos {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn tmp(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("ferrograd-plot-{name}-{}.png", std::process::id()))

@@ -162,13 +162,13 @@ fn bench_elementwise_cpu_small_shapes() {
     let (out, v) = bench_json(&["bench", "elementwise", "--device", "cpu", "--shapes", "64x128,32x16"], "ew");
     assert!(out.contains("% of copy"), "{out}");
     let names = row_names(&v);
-    for op in ["copy", "mul_scalar", "add", "mul", "relu", "sigmoid", "softmax", "layer_norm"] {
+    for op in ["copy", "mul_scalar", "add", "mul", "relu", "sigmoid", "softmax", "layer_norm", "cross_entropy"] {
         assert!(names.contains(&format!("{op} 64x128")), "{op} missing: {names:?}");
     }
-    for op in ["copy", "softmax", "layer_norm"] {
+    for op in ["copy", "softmax", "layer_norm", "cross_entropy"] {
         assert!(names.contains(&format!("{op} 32x16")), "{op} missing: {names:?}");
     }
-    assert_eq!(names.len(), 11, "{names:?}");
+    assert_eq!(names.len(), 13, "{names:?}");
     for r in v["rows"].as_array().unwrap() {
         assert_eq!(r["unit"], "GB/s");
         assert!(r["pct_of_copy"].as_f64().unwrap() > 0.0, "{r}");
@@ -256,7 +256,7 @@ fn kernels_lists_modules_and_precompile_needs_a_gpu_or_arch() {
     let o = ferrograd(&["kernels"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
-    for m in ["copy", "softmax", "layernorm"] {
+    for m in ["copy", "softmax", "layer_norm"] {
         assert!(out.lines().any(|l| l.trim_start().starts_with(m)), "{m} not listed:\n{out}");
     }
     assert!(out.lines().any(|l| l.starts_with("cache: ")), "{out}");
@@ -459,7 +459,7 @@ fn every_bench_draws_a_valid_png_with_plot() {
 fn plot_to_an_unwritable_path_fails_before_benchmarking() {
     one_line_error(
         &["bench", "matmul", "--device", "cpu", "--sizes", "8", "--plot", "/nonexistent-dir/x.png"],
-        "cannot create /nonexistent-dir/x.png",
+        "--plot /nonexistent-dir/x.png: directory /nonexistent-dir does not exist",
     );
 }
 
@@ -518,4 +518,17 @@ fn out_of_memory_shows_the_figures_and_what_to_try() {
     assert!(err.contains("64.00 MiB for ferrograd (FERROGRAD_CUDA_MEMORY_LIMIT"), "{err}");
     assert!(err.contains("next: try smaller matrices (--sizes)"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn monster_walk_names_a_bad_precision_or_step() {
+    let o = ferrograd(&["monster-walk", "--device", "cpu", "--copies", "1", "--epochs", "1", "--precision", "f16"]);
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(err.contains("--precision") && err.contains("f16"), "{err}");
+    let o = ferrograd(&["monster-walk", "--step", "fast"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("persistent"), "{err}");
+    let o = ferrograd(&["monster-walk", "--step", "fused", "--unfused"]);
+    assert!(!o.status.success());
 }

@@ -3,14 +3,16 @@
 // f32 / f16 / bf16, f64 for f64; integers in f64, `Div` truncated, then `T::from_f64` saturating),
 // `cmp_f64` (BackendStorage::cmp) and `BackendStorage::where_cond`.
 //
-// Op codes: BinaryOp Add 0, Sub 1, Mul 2, Div 3, Maximum 4, Minimum 5, Rem 6 (floored, the sign
-// of the divisor, as Python's % and torch.remainder), MaskPositive 7 (a where b > 0, else 0: ReLU's
-// backward in one kernel); CmpOp Eq 0, Ne 1, Lt 2,
-// Le 3, Gt 4, Ge 5. The op is uniform over a launch and switched on per element (one kernel per
-// dtype keeps NVRTC time down; the branch costs nothing next to the memory traffic).
+// Op codes: the enums below, equal to src/op.rs `BinaryOp` and `CmpOp` (a test compares them):
+// Rem is floored (the sign of the divisor, as Python's % and torch.remainder), MaskPositive is
+// `a where b > 0, else 0` (ReLU's backward in one kernel). The op is uniform over a launch and
+// switched on per element (one kernel per dtype keeps NVRTC time down; the branch costs nothing
+// next to the memory traffic).
 
-enum { FG_ADD = 0, FG_SUB, FG_MUL, FG_DIV, FG_MAXIMUM, FG_MINIMUM, FG_REM, FG_MASK_POS };
-enum { FG_EQ = 0, FG_NE, FG_LT, FG_LE, FG_GT, FG_GE };
+#include "common.cuh"
+
+enum FgBinaryOp { FG_ADD = 0, FG_SUB = 1, FG_MUL = 2, FG_DIV = 3, FG_MAXIMUM = 4, FG_MINIMUM = 5, FG_REM = 6, FG_MASK_POSITIVE = 7 };
+enum FgCmpOp { FG_EQ = 0, FG_NE = 1, FG_LT = 2, FG_LE = 3, FG_GT = 4, FG_GE = 5 };
 
 // bin_f64 / bin_f32 in ACC; maximum / minimum: a if a is NaN or a >= b (<=) else b.
 template <typename A>
@@ -22,7 +24,7 @@ static __device__ __forceinline__ A fg_binary_eval(int op, A a, A b) {
     case FG_DIV: return a / b;
     case FG_MAXIMUM: return (a != a || a >= b) ? a : b;
     case FG_MINIMUM: return (a != a || a <= b) ? a : b;
-    case FG_MASK_POS: return b > A(0) ? a : A(0);
+    case FG_MASK_POSITIVE: return (b > A(0) || b != b) ? a : A(0);  // NaN x passes g, as PyTorch
     default: {  // FG_REM
       A r = fmod(a, b);
       return (r != A(0) && ((r < A(0)) != (b < A(0)))) ? r + b : r;

@@ -1,10 +1,54 @@
-// index.cu: index_select / gather and their adjoints index_add / scatter_add.
+// index.cu: index checks, index_select / gather and their adjoints index_add / scatter_add.
 // CPU twins: src/cpu/index.rs `index_select`, `gather` (`gather_positions`), `index_add` and
-// `scatter_add` (`add_at`: dst = T::from_f64(dst + src), so integer sums saturate).
+// `scatter_add` (`add_at`: dst = T::from_f64(dst + src), so integer sums saturate), and the
+// checks of src/cpu/index.rs / src/fused/cross_entropy/cpu.rs `encode_targets`.
 //
-// ids are `const unsigned int*`, contiguous, starting at element 0, already bounds-checked by the
-// Rust side. Layout offsets of the index / destination layouts (il, dl) are not used: those
-// tensors are contiguous from their pointers; only the source layout `sl` of gather is a view.
+// The index kernels take `const unsigned int*` ids, contiguous, starting at element 0, made by
+// `ids_*` from the user's integer ids: each is in range, or FG_ID_NONE (0xffffffff, from Rust) for
+// an id that was out of range (reported through the error flag; the kernels write 0 for it or add
+// nothing) or ignored (cross entropy's ignore index). Layout offsets of the index / destination
+// layouts (il, dl) are not used: those tensors are contiguous from their pointers; only the source
+// layout `sl` of gather is a view.
+
+#include "error_flag.cuh"
+
+#ifndef FG_ID_NONE
+#error "FG_ID_NONE comes from Rust (src/cuda/ops/index.rs NO_ID)"
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// ids_{i32,u32,u8,i8}(Layout il, const T* ids, unsigned int* out, u64 n, u64 size, int has_ignore,
+//                     long long ignore, int op, unsigned int* claim, FgErrorRecord* rec)
+// out[i] = ids[i] (read through il) when 0 <= ids[i] < size; FG_ID_NONE when has_ignore and
+// ids[i] == ignore; else FG_ID_NONE, and the first such id is reported as (op, value, size).
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+static __device__ __forceinline__ void fg_ids(const Layout& il, const T* __restrict__ ids, unsigned int* __restrict__ out,
+                                              fg_u64 n, fg_u64 size, int has_ignore, long long ignore, int op,
+                                              unsigned int* claim, FgErrorRecord* rec) {
+  const int mode = fg_mode(il);
+  FG_GRID_STRIDE(i, n) {
+    const long long v = (long long)ids[fg_offset_m(il, mode, i)];
+    unsigned int o;
+    if (has_ignore && v == ignore) {
+      o = FG_ID_NONE;
+    } else if (v < 0 || (fg_u64)v >= size || (fg_u64)v >= (fg_u64)FG_ID_NONE) {
+      o = FG_ID_NONE;
+      fg_bad_index(claim, rec, op, v, size);
+    } else {
+      o = (unsigned int)v;
+    }
+    out[i] = o;
+  }
+}
+
+#define FG_IDS(SUF, T)                                                                         \
+  FG_KERNEL ids_##SUF(Layout il, const T* ids, unsigned int* out, fg_u64 n, fg_u64 size, int has_ignore, \
+                      long long ignore, int op, unsigned int* claim, FgErrorRecord* rec) {     \
+    fg_ids<T>(il, ids, out, n, size, has_ignore, ignore, op, claim, rec);                      \
+  }
+FG_FOR_INT(FG_IDS)
 
 // ---------------------------------------------------------------------------------------------
 // index_select_{b8,b16,b32,b64}(const T* src, const unsigned int* ids, T* dst, u64 outer, u64 size,
@@ -21,7 +65,8 @@ static __device__ __forceinline__ void fg_index_select(const T* __restrict__ src
     fg_u64 t, k, o, j;
     fg_divmod(i, inner, t, k);
     fg_divmod(t, nids, o, j);
-    dst[i] = src[(o * size + ids[j]) * inner + k];
+    const unsigned int id = ids[j];
+    dst[i] = id == FG_ID_NONE ? T(0) : src[(o * size + id) * inner + k];
   }
 }
 
@@ -44,13 +89,18 @@ static __device__ __forceinline__ void fg_gather(const Layout& sl, const T* __re
                                                  const unsigned int* __restrict__ ids, T* __restrict__ dst, fg_u64 n,
                                                  unsigned int dim) {
   FG_GRID_STRIDE(i, n) {
+    const unsigned int id = ids[i];
+    if (id == FG_ID_NONE) {
+      dst[i] = T(0);
+      continue;
+    }
     fg_u64 rest = i, off = sl.offset;
 #pragma unroll 1
     for (int d = (int)il.rank - 1; d >= 0; --d) {
       fg_u64 q, c;
       fg_divmod(rest, il.dims[d], q, c);
       rest = q;
-      off += ((unsigned int)d == dim ? (fg_u64)ids[i] : c) * sl.strides[d];
+      off += ((unsigned int)d == dim ? (fg_u64)id : c) * sl.strides[d];
     }
     dst[i] = src[off];
   }
@@ -112,7 +162,8 @@ static __device__ __forceinline__ void fg_index_add(T* dst, const unsigned int* 
     fg_u64 t, k, o, j;
     fg_divmod(i, inner, t, k);
     fg_divmod(t, nids, o, j);
-    fg_atomic_add(dst + (o * size + ids[j]) * inner + k, src[i]);
+    const unsigned int id = ids[j];
+    if (id != FG_ID_NONE) fg_atomic_add(dst + (o * size + id) * inner + k, src[i]);
   }
 }
 
@@ -128,13 +179,15 @@ static __device__ __forceinline__ void fg_scatter_add(T* dst, const Layout& dl, 
                                                       const unsigned int* __restrict__ ids, const T* __restrict__ src,
                                                       fg_u64 n, unsigned int dim) {
   FG_GRID_STRIDE(i, n) {
+    const unsigned int id = ids[i];
+    if (id == FG_ID_NONE) continue;
     fg_u64 rest = i, off = 0, stride = 1;
 #pragma unroll 1
     for (int d = (int)il.rank - 1; d >= 0; --d) {
       fg_u64 q, c;
       fg_divmod(rest, il.dims[d], q, c);
       rest = q;
-      off += ((unsigned int)d == dim ? (fg_u64)ids[i] : c) * stride;
+      off += ((unsigned int)d == dim ? (fg_u64)id : c) * stride;
       stride *= dl.dims[d];
     }
     fg_atomic_add(dst + off, src[i]);

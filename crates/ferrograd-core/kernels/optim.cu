@@ -3,9 +3,13 @@
 // PyTorch's multi_tensor_apply does. CPU twin: src/optim.rs (`adam_cpu`, `sgd_cpu`), same formulas
 // and operation order, in f32.
 
-#define FG_OPT_MAX 40
+#include "common.cuh"
 
-// Mirrored by `OptTable` in src/cuda/optim.rs: 5 * 40 * 8 + 8 = 1608 bytes.
+#ifndef FG_OPT_MAX
+#error "FG_OPT_MAX comes from Rust (src/cuda/ops/optim.rs MAX)"
+#endif
+
+// Mirrored by `OptTable` in src/cuda/ops/optim.rs: 5 * FG_OPT_MAX * 8 + 8 bytes (1608 for 40).
 struct OptTable {
   unsigned long long p[FG_OPT_MAX];   // parameters (updated in place)
   unsigned long long g[FG_OPT_MAX];   // gradients

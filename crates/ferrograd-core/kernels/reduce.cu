@@ -10,7 +10,11 @@
 // folds a strided slice of the row (coalesced, 4 loads in flight), then warp shuffles, then one
 // value per warp through shared memory.
 
-enum { FG_RSUM = 0, FG_RMAX = 1, FG_RMIN = 2 };
+#include "common.cuh"
+
+// Op codes, equal to src/op.rs `ReduceOp` and `ArgReduceOp` (a test compares them).
+enum FgReduceOp { FG_SUM = 0, FG_MAX = 1, FG_MIN = 2 };
+enum FgArgReduceOp { FG_ARG_MAX = 0, FG_ARG_MIN = 1 };
 
 template <typename T, typename Op>
 static __device__ __forceinline__ void fg_reduce_rows(const T* __restrict__ x, typename FgAcc<T>::type* __restrict__ y,
@@ -39,8 +43,8 @@ template <typename T>
 static __device__ __forceinline__ void fg_reduce(const T* x, typename FgAcc<T>::type* y, fg_u64 rows, fg_u64 cols,
                                                  int op) {
   switch (op) {
-    case FG_RSUM: fg_reduce_rows<T>(x, y, rows, cols, FgSum()); break;
-    case FG_RMAX: fg_reduce_rows<T>(x, y, rows, cols, FgMax()); break;
+    case FG_SUM: fg_reduce_rows<T>(x, y, rows, cols, FgSum()); break;
+    case FG_MAX: fg_reduce_rows<T>(x, y, rows, cols, FgMax()); break;
     default: fg_reduce_rows<T>(x, y, rows, cols, FgMin()); break;
   }
 }
@@ -82,7 +86,7 @@ static __device__ __forceinline__ void fg_argreduce(const T* __restrict__ x, uns
   typedef typename FgAcc<T>::type A;
   __shared__ A shv[32];
   __shared__ unsigned int shi[32];
-  const bool is_max = op == 0;
+  const bool is_max = op == FG_ARG_MAX;
   const unsigned int bs = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = bs >> 5;
   for (fg_u64 r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* row = x + r * cols;

@@ -11,6 +11,8 @@
 // Element i reads block offset + i / 4, lane i % 4. Each thread computes whole blocks (grid-stride
 // over the ceil(n / 4) blocks) and writes their 4 elements, with one vector store when aligned.
 
+#include "common.cuh"
+
 #define FG_PHILOX_M0 0xD2511F53u
 #define FG_PHILOX_M1 0xCD9E8D57u
 #define FG_PHILOX_W0 0x9E3779B9u

@@ -3,9 +3,8 @@
 // `UnaryOp::eval_f64` (f64, and the integer dtypes through `T::from_f64(eval_f64(x.to_f64()))`),
 // called from src/cpu/mod.rs `CpuStorage::float_unary`.
 //
-// Op codes (UnaryOp order): Neg 0, Abs 1, Sqr 2, Sign 3, Relu 4, Exp 5, Log 6, Sqrt 7, Rsqrt 8,
-// Recip 9, Tanh 10, Sigmoid 11, GeluTanh 12, GeluErf 13, Silu 14, Sin 15, Cos 16, Affine 17,
-// Powf 18, Clamp 19, GeluTanhGrad 20, GeluErfGrad 21, SiluGrad 22.
+// Op codes: the enum below, equal to src/op.rs `UnaryCode` (a test compares them); Affine takes
+// p0 = mul, p1 = add, Powf p0 = the exponent, Clamp p0 = min, p1 = max.
 //
 // The op is a kernel argument, uniform over the launch: it is switched on once per pack of
 // elements, not templated, so that each dtype is one kernel (NVRTC time grows with every
@@ -13,52 +12,24 @@
 // reproducible (Sqr, Rsqrt, Recip, Sqrt, Affine, Clamp, Relu, Sign, Neg, Abs) it is reproduced
 // bit for bit (Affine with explicitly unfused double multiply and add, as the CPU computes it).
 
-enum {
-  FG_NEG = 0, FG_ABS, FG_SQR, FG_SIGN, FG_RELU, FG_EXP, FG_LOG, FG_SQRT, FG_RSQRT, FG_RECIP,
-  FG_TANH, FG_SIGMOID, FG_GELU_TANH, FG_GELU_ERF, FG_SILU, FG_SIN, FG_COS, FG_AFFINE, FG_POWF,
-  FG_CLAMP, FG_GELU_TANH_GRAD, FG_GELU_ERF_GRAD, FG_SILU_GRAD
+#include "acc_math.cuh"
+
+enum FgUnaryOp {
+  FG_NEG = 0, FG_ABS = 1, FG_SQR = 2, FG_SIGN = 3, FG_RELU = 4, FG_EXP = 5, FG_LOG = 6, FG_SQRT = 7,
+  FG_RSQRT = 8, FG_RECIP = 9, FG_TANH = 10, FG_SIGMOID = 11, FG_GELU_TANH = 12, FG_GELU_ERF = 13,
+  FG_SILU = 14, FG_SIN = 15, FG_COS = 16, FG_AFFINE = 17, FG_POWF = 18, FG_CLAMP = 19,
+  FG_GELU_TANH_GRAD = 20, FG_GELU_ERF_GRAD = 21, FG_SILU_GRAD = 22
 };
 
-// Math per accumulation type (float: the f32 library functions, double: the f64 ones). sin, cos
-// and pow are large (argument reduction) and rarely hot, so they stay out of line: one copy per
-// kernel instead of one per unrolled element, which keeps NVRTC time down.
-static __device__ __forceinline__ float fg_exp(float x) { return expf(x); }
-static __device__ __forceinline__ double fg_exp(double x) { return exp(x); }
-static __device__ __forceinline__ float fg_log(float x) { return logf(x); }
-static __device__ __forceinline__ double fg_log(double x) { return log(x); }
-static __device__ __forceinline__ float fg_sqrt(float x) { return sqrtf(x); }
-static __device__ __forceinline__ double fg_sqrt(double x) { return sqrt(x); }
-static __device__ __forceinline__ float fg_tanh(float x) { return tanhf(x); }
-static __device__ __forceinline__ double fg_tanh(double x) { return tanh(x); }
-static __device__ __forceinline__ float fg_erf(float x) { return erff(x); }
-static __device__ __forceinline__ double fg_erf(double x) { return erf(x); }
+// sin, cos and pow are large (argument reduction) and rarely hot, so they stay out of line: one copy
+// per kernel instead of one per unrolled element, which keeps NVRTC time down. The rest of the math
+// per accumulation type is acc_math.cuh's.
 static __device__ __noinline__ float fg_sin(float x) { return sinf(x); }
 static __device__ __noinline__ double fg_sin(double x) { return sin(x); }
 static __device__ __noinline__ float fg_cos(float x) { return cosf(x); }
 static __device__ __noinline__ double fg_cos(double x) { return cos(x); }
 static __device__ __noinline__ float fg_pow(float x, float e) { return powf(x, e); }
 static __device__ __noinline__ double fg_pow(double x, double e) { return pow(x, e); }
-static __device__ __forceinline__ float fg_fabs(float x) { return fabsf(x); }
-static __device__ __forceinline__ double fg_fabs(double x) { return fabs(x); }
-// Rust's f32::max / f64::max ignore a NaN operand, as fmax does.
-static __device__ __forceinline__ float fg_fmax(float a, float b) { return fmaxf(a, b); }
-static __device__ __forceinline__ double fg_fmax(double a, double b) { return fmax(a, b); }
-static __device__ __forceinline__ float fg_fmin(float a, float b) { return fminf(a, b); }
-static __device__ __forceinline__ double fg_fmin(double a, double b) { return fmin(a, b); }
-
-// The constants of op.rs, each in the precision the CPU uses for this ACC (std::f32::consts /
-// std::f64::consts are the nearest value of each type to the real constant).
-template <typename A> struct FgK;
-template <> struct FgK<float> {
-  static __device__ __forceinline__ float frac_2_sqrt_pi() { return 1.12837916709551257389615890312154517f; }
-  static __device__ __forceinline__ float sqrt_2() { return 1.41421356237309504880168872420969808f; }
-  static __device__ __forceinline__ float gelu_c() { return 0.044715f; }
-};
-template <> struct FgK<double> {
-  static __device__ __forceinline__ double frac_2_sqrt_pi() { return 1.12837916709551257389615890312154517; }
-  static __device__ __forceinline__ double sqrt_2() { return 1.41421356237309504880168872420969808; }
-  static __device__ __forceinline__ double gelu_c() { return 0.044715; }
-};
 
 template <typename A>
 static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double p1) {
@@ -69,7 +40,7 @@ static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double
     case FG_ABS: return fg_fabs(x);
     case FG_SQR: return x * x;
     case FG_SIGN: return x > (A)0 ? one : (x < (A)0 ? -one : (A)0);
-    case FG_RELU: return x > (A)0 ? x : (A)0;
+    case FG_RELU: return (x > (A)0 || x != x) ? x : (A)0;  // NaN propagates (PyTorch)
     case FG_EXP: return fg_exp(x);
     case FG_LOG: return fg_log(x);
     case FG_SQRT: return fg_sqrt(x);
@@ -77,10 +48,7 @@ static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double
     case FG_RECIP: return one / x;
     case FG_TANH: return fg_tanh(x);
     case FG_SIGMOID: return one / (one + fg_exp(-x));
-    case FG_GELU_TANH: {
-      const A k = K::frac_2_sqrt_pi() / K::sqrt_2();
-      return half * x * (one + fg_tanh(k * (x + K::gelu_c() * x * x * x)));
-    }
+    case FG_GELU_TANH: return fg_gelu_tanh(x);
     case FG_GELU_ERF: return half * x * (one + fg_erf(x / K::sqrt_2()));
     case FG_SILU: return x / (one + fg_exp(-x));
     case FG_SIN: return fg_sin(x);
@@ -88,13 +56,8 @@ static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double
     // `(x as f64 * mul + add) as T`: two roundings in f64, never fused.
     case FG_AFFINE: return (A)__dadd_rn(__dmul_rn((double)x, p0), p1);
     case FG_POWF: return fg_pow(x, (A)p0);
-    case FG_CLAMP: return fg_fmin(fg_fmax(x, (A)p0), (A)p1);
-    case FG_GELU_TANH_GRAD: {
-      const A k = K::frac_2_sqrt_pi() / K::sqrt_2();
-      const A c = K::gelu_c();
-      const A t = fg_tanh(k * (x + c * x * x * x));
-      return half * (one + t) + half * x * (one - t * t) * k * (one + (A)3 * c * x * x);
-    }
+    case FG_CLAMP: return x != x ? x : fg_fmin(fg_fmax(x, (A)p0), (A)p1);  // NaN propagates
+    case FG_GELU_TANH_GRAD: return fg_gelu_tanh_grad(x);
     case FG_GELU_ERF_GRAD: {
       const A pdf = fg_exp(-half * x * x) * K::frac_2_sqrt_pi() / ((A)2 * K::sqrt_2());
       return half * (one + fg_erf(x / K::sqrt_2())) + x * pdf;

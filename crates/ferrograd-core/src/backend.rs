@@ -39,30 +39,6 @@ pub trait BackendStorage: Sized {
     /// Index of the max/min along `dim` as u32, `dim` kept as size 1; first index wins ties.
     fn arg_reduce(&self, l: &Layout, op: ArgReduceOp, dim: usize) -> Result<Self>;
 
-    /// Softmax (or log-softmax) over the last dim, numerically stable, one pass per row.
-    fn softmax_last(&self, l: &Layout, log: bool) -> Result<Self>;
-    /// Layer norm over the last dim of size C. Returns (y, mean, rstd); mean and rstd have one
-    /// entry per row and are f32 (f64 for f64 input).
-    fn layer_norm(
-        &self,
-        l: &Layout,
-        weight: Option<(&Self, &Layout)>,
-        bias: Option<(&Self, &Layout)>,
-        eps: f64,
-    ) -> Result<(Self, Self, Self)>;
-    /// Gradients of layer norm: (dx, dweight, dbias), where dweight = sum over rows of dy * xhat and
-    /// dbias = sum over rows of dy (both computed even without a weight, in the weight's dtype).
-    #[allow(clippy::too_many_arguments)]
-    fn layer_norm_backward(
-        &self,
-        l: &Layout,
-        weight: Option<(&Self, &Layout)>,
-        mean: &Self,
-        rstd: &Self,
-        dy: &Self,
-        dyl: &Layout,
-    ) -> Result<(Self, Self, Self)>;
-
     /// Batched matmul; both layouts are rank >= 2 with identical (possibly broadcast) batch dims.
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout, dims: MatmulDims) -> Result<Self>;
 

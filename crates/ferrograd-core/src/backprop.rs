@@ -97,19 +97,10 @@ pub(crate) fn op_inputs(op: &Op) -> Vec<&Tensor> {
         | Op::Copy(x)
         | Op::ToDType(x)
         | Op::IndexSelect(x, _, _)
-        | Op::Gather(x, _, _)
-        | Op::Softmax(x)
-        | Op::LogSoftmax(x)
-        | Op::CrossEntropy { logits: x, .. } => vec![x],
+        | Op::Gather(x, _, _) => vec![x],
         Op::Binary(a, b, _) | Op::Matmul(a, b) => vec![a, b],
         Op::WhereCond(_, t, f) => vec![t, f],
         Op::Cat(xs, _) => xs.iter().collect(),
-        Op::LayerNorm { x, weight, bias, .. } => {
-            let mut v = vec![x];
-            v.extend(weight);
-            v.extend(bias);
-            v
-        }
         Op::Fused(rec) => rec.inputs.iter().collect(),
     }
 }
@@ -376,52 +367,6 @@ fn input_grads(node: &Tensor, op: &Op, g: &Tensor) -> Result<Vec<(Tensor, Tensor
         }
         Op::IndexSelect(x, ids, dim) => vec![(x.clone(), x.zeros_like()?.index_add(ids, g, *dim)?)],
         Op::Gather(x, ids, dim) => vec![(x.clone(), x.zeros_like()?.scatter_add(*dim, ids, g)?)],
-        Op::Softmax(x) => {
-            // dx = y * (g - sum(g * y))
-            let s = g.mul(node)?.sum(-1, true)?;
-            vec![(x.clone(), node.mul(&g.sub(&s)?)?)]
-        }
-        Op::LogSoftmax(x) => {
-            // dx = g - softmax(x) * sum(g)
-            let s = g.sum(-1, true)?;
-            vec![(x.clone(), g.sub(&node.exp()?.mul(&s)?)?)]
-        }
-        Op::CrossEntropy { logits, targets, lse, count } => {
-            // dlogits = g / count * (softmax(x) - onehot(target)) on kept rows, 0 on ignored ones.
-            let scale = g.to_dtype(count.dtype())?.div(count)?;
-            let dx = logits.storage().cross_entropy_bwd(
-                logits.layout(),
-                &targets.storage(),
-                targets.layout(),
-                &lse.storage(),
-                lse.layout(),
-                &scale.storage(),
-                scale.layout(),
-            )?;
-            vec![(logits.clone(), Tensor::from_storage(dx, logits.shape().clone(), None))]
-        }
         Op::Fused(rec) => crate::fused::input_grads(rec, node, g)?,
-        Op::LayerNorm { x, weight, bias, mean, rstd } => {
-            use crate::backend::BackendStorage;
-            let ws = weight.as_ref().map(|w| w.storage());
-            let wp = weight.as_ref().zip(ws.as_deref()).map(|(w, s)| (s, w.layout()));
-            let (dx, dw, db) = x.storage().layer_norm_backward(
-                x.layout(),
-                wp,
-                &mean.storage(),
-                &rstd.storage(),
-                &g.storage(),
-                g.layout(),
-            )?;
-            let c = *x.dims().last().unwrap_or(&1);
-            let mut out = vec![(x.clone(), Tensor::from_storage(dx, x.shape().clone(), None))];
-            if let Some(w) = weight {
-                out.push((w.clone(), Tensor::from_storage(dw, c, None)));
-            }
-            if let Some(b) = bias {
-                out.push((b.clone(), Tensor::from_storage(db, c, None)));
-            }
-            out
-        }
     })
 }

@@ -52,9 +52,17 @@ impl Device {
     /// says in one line why this device was chosen.
     pub fn best_with_reason() -> Result<(Device, String)> {
         if let Ok(s) = std::env::var("FERROGRAD_DEVICE") {
-            let d: Device = s.parse()?;
+            // Name the variable in the error: the user may not remember setting it.
+            let named = |e: Error| {
+                let e = match e {
+                    Error::InvalidArgument(m) => m,
+                    e => e.to_string(),
+                };
+                Error::InvalidArgument(format!("FERROGRAD_DEVICE={s}: {e}"))
+            };
+            let d: Device = s.parse().map_err(named)?;
             if let Device::Cuda(n) = d {
-                crate::cuda::CudaDevice::get(n)?;
+                crate::cuda::CudaDevice::get(n).map_err(named)?;
             }
             return Ok((d, format!("FERROGRAD_DEVICE={s}")));
         }

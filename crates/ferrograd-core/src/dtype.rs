@@ -33,6 +33,27 @@ impl DType {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
 
+    /// `Ok` for a float dtype, else the typed error naming `op`: the one check every float-only op
+    /// (softmax, layer norm, cross entropy, ...) makes.
+    pub fn check_float(self, op: &'static str) -> crate::Result<()> {
+        if self.is_float() {
+            Ok(())
+        } else {
+            Err(crate::Error::UnsupportedDType { op, dtype: self })
+        }
+    }
+
+    /// The dtype that reductions, norms and fused ops accumulate in and keep their statistics in:
+    /// f32 for f32, f16 and bf16 (as the kernels' `FgAcc` and PyTorch's `acc_type` do), f64 for
+    /// f64 and for every integer dtype (their sums are exact in f64 up to 2^53, which f32 would
+    /// round from 2^24: the CUDA integer reductions and the kernel ABI's ACC have always used it).
+    pub fn acc(self) -> DType {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => DType::F32,
+            DType::F64 | DType::I32 | DType::U32 | DType::U8 | DType::I8 => DType::F64,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             DType::F32 => "f32",

@@ -32,6 +32,11 @@ pub enum Error {
     #[error("{op}: expected {expected} elements, got {got}")]
     ElementCount { op: &'static str, expected: usize, got: usize },
 
+    /// A shape whose element count (or byte count) does not fit: `elem_count` would wrap, or the
+    /// tensor would need more than `isize::MAX` bytes. Raised before anything is allocated.
+    #[error("{op}: shape {shape:?} is too large: {why}")]
+    SizeOverflow { op: &'static str, shape: Vec<usize>, why: String },
+
     #[error("{op} needs a tensor of a single element, got shape {shape:?}")]
     NotAScalar { op: &'static str, shape: Vec<usize> },
 
@@ -49,6 +54,19 @@ pub enum Error {
          ferrograd holds {allocated} allocated in {reserved} reserved. {hint}"
     )]
     OutOfMemory { requested: usize, free: usize, total: usize, allocated: usize, reserved: usize, hint: String },
+
+    /// Host (CPU) memory: a planned run or one allocation that cannot fit. `available` and
+    /// `total` are what the machine (or its cgroup limit) reports, when it reports anything.
+    #[error("host out of memory: {what} needs {} but {}", crate::host::human_bytes(*requested), crate::host::describe_room(*available, *total))]
+    HostOutOfMemory { what: String, requested: usize, available: Option<usize>, total: Option<usize> },
+
+    /// A value that must be finite is NaN or infinite (a loaded weight, a data file).
+    #[error("{what}: element {index} is {value} (not finite)")]
+    NonFinite { what: String, index: usize, value: f64 },
+
+    /// Training met a loss that is NaN or infinite and stopped.
+    #[error("loss is {loss} at step {step} (epoch {epoch}): training stopped{hint}")]
+    NonFiniteLoss { step: u64, epoch: usize, loss: f64, hint: String },
 
     #[error("CUDA error: {0}")]
     Cuda(String),

@@ -20,6 +20,8 @@ impl Layout {
         let strides = shape.contiguous_strides();
         Layout { shape, strides, offset }
     }
+    /// A layout as given. Nothing is checked here (internal uses build sub-views of valid
+    /// layouts); tensors only ever hold layouts their storage covers (`required_len`).
     pub fn new(shape: Shape, strides: Vec<usize>, offset: usize) -> Self {
         Layout { shape, strides, offset }
     }
@@ -41,28 +43,49 @@ impl Layout {
 
     /// Row-major contiguous (size-1 dims may carry any stride).
     pub fn is_contiguous(&self) -> bool {
-        let mut acc = 1;
+        let mut acc = 1usize;
         for (&d, &s) in self.dims().iter().zip(&self.strides).rev() {
             if d != 1 && s != acc {
                 return false;
             }
-            acc *= d;
+            acc = acc.saturating_mul(d);
         }
         true
     }
 
-    /// `Some((start, end))` when the elements are one contiguous run of storage.
-    pub fn contiguous_range(&self) -> Option<(usize, usize)> {
-        self.is_contiguous().then(|| (self.offset, self.offset + self.elem_count()))
+    /// How many elements of storage this view reaches: one past its largest offset (`offset +
+    /// sum((d - 1) * stride) + 1`), 0 for an empty view; `None` when that overflows. A tensor's
+    /// storage always holds at least this many elements (debug-asserted on every constructor and
+    /// view in `tensor.rs`).
+    pub fn required_len(&self) -> Option<usize> {
+        if self.dims().contains(&0) {
+            return Some(0);
+        }
+        let mut last = self.offset;
+        for (&d, &s) in self.dims().iter().zip(&self.strides) {
+            last = last.checked_add((d - 1).checked_mul(s)?)?;
+        }
+        last.checked_add(1)
     }
 
-    pub fn transpose(&self, d0: usize, d1: usize) -> Layout {
-        let mut l = self.clone();
-        l.strides.swap(d0, d1);
-        let mut dims = l.shape.to_vec();
-        dims.swap(d0, d1);
-        l.shape = dims.into();
-        l
+    /// `Some((start, end))` when the elements are one contiguous run of storage.
+    /// An empty view is the empty run `(0, 0)`: its offset may lie past the end of its storage
+    /// (`narrow(d, size, 0)`), and slicing there would panic.
+    pub fn contiguous_range(&self) -> Option<(usize, usize)> {
+        match self.elem_count() {
+            0 => Some((0, 0)),
+            n => self.is_contiguous().then(|| (self.offset, self.offset + n)),
+        }
+    }
+
+    pub fn transpose(&self, d0: usize, d1: usize) -> Result<Layout> {
+        let mut perm: Vec<usize> = (0..self.shape.rank()).collect();
+        if d0 >= perm.len() || d1 >= perm.len() {
+            let dim = d0.max(d1) as isize;
+            return Err(Error::DimOutOfRange { op: "transpose", dim, rank: perm.len() });
+        }
+        perm.swap(d0, d1);
+        self.permute(&perm)
     }
 
     pub fn permute(&self, perm: &[usize]) -> Result<Layout> {
@@ -83,7 +106,11 @@ impl Layout {
     }
 
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Layout> {
-        let size = self.dims()[dim];
+        let size = *self.dims().get(dim).ok_or(Error::DimOutOfRange {
+            op: "narrow",
+            dim: dim as isize,
+            rank: self.dims().len(),
+        })?;
         let end = start.checked_add(len);
         if end.is_none_or(|end| end > size) {
             // `start + len` may overflow usize: format the end only when it exists, never panic.
@@ -92,15 +119,18 @@ impl Layout {
         }
         let mut dims = self.shape.to_vec();
         dims[dim] = len;
-        Ok(Layout {
-            shape: dims.into(),
-            strides: self.strides.clone(),
-            offset: self.offset + start * self.strides[dim],
-        })
+        // In range for any view its storage covers; checked for layouts built by hand.
+        let offset = start
+            .checked_mul(self.strides[dim])
+            .and_then(|o| o.checked_add(self.offset))
+            .ok_or_else(|| shape_err!("narrow", "offset of element {start} of dim {dim} overflows"))?;
+        Ok(Layout { shape: dims.into(), strides: self.strides.clone(), offset })
     }
 
-    /// Broadcast to `shape` (NumPy rules): new leading dims and size-1 dims get stride 0.
+    /// Broadcast to `shape` (NumPy rules): new leading dims and size-1 dims get stride 0. The
+    /// target's element count is checked: a broadcast is how a small tensor gets a huge shape.
     pub fn broadcast_as(&self, shape: &Shape) -> Result<Layout> {
+        shape.checked_elem_count("broadcast")?;
         let (src, dst) = (self.dims(), shape.dims());
         let err = || Error::Broadcast { from: src.to_vec(), to: dst.to_vec() };
         if dst.len() < src.len() {

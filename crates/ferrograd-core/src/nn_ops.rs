@@ -1,8 +1,10 @@
-//! Ops with a neural-network flavour: softmax, layer norm, losses, dropout, and the structural ops
-//! cat/stack/chunk and indexing (index_select, gather, embedding).
+//! Ops with a neural-network flavour: the mse loss, dropout, and the structural ops cat/stack/chunk
+//! and indexing (index_select, gather, embedding). The fused ones (softmax, layer norm, cross
+//! entropy) live in their folders under `src/fused/`.
 
 use crate::backend::BackendStorage;
 use crate::backprop::track;
+use crate::cuda::error_flag::{reported_as, IndexOp};
 use crate::op::Op;
 use crate::rng::Rng;
 use crate::{shape_err, DType, Dim, Error, Result, Tensor};
@@ -18,73 +20,6 @@ fn renamed(e: Error, op: &'static str) -> Error {
 }
 
 impl Tensor {
-    /// Apply a last-dim row op along `dim` by moving `dim` last and back.
-    fn along_last(&self, dim: usize, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
-        let last = self.rank() - 1;
-        if dim == last {
-            return f(self);
-        }
-        f(&self.transpose(dim, last)?)?.transpose(dim, last)
-    }
-
-    fn softmax_impl<D: Dim>(&self, dim: D, log: bool) -> Result<Tensor> {
-        if !self.dtype().is_float() {
-            return Err(Error::UnsupportedDType { op: "softmax", dtype: self.dtype() });
-        }
-        if self.rank() == 0 {
-            return self.reshape(1)?.softmax_impl(0usize, log)?.reshape(());
-        }
-        let d = dim.to_index(self.rank(), "softmax")?;
-        self.along_last(d, |x| {
-            let s = x.storage().softmax_last(x.layout(), log)?;
-            let rec = track(&[x]).then(|| if log { Op::LogSoftmax(x.clone()) } else { Op::Softmax(x.clone()) });
-            Ok(Tensor::from_storage(s, x.shape().clone(), rec))
-        })
-    }
-
-    pub fn softmax<D: Dim>(&self, dim: D) -> Result<Tensor> {
-        self.softmax_impl(dim, false)
-    }
-
-    pub fn log_softmax<D: Dim>(&self, dim: D) -> Result<Tensor> {
-        self.softmax_impl(dim, true)
-    }
-
-    /// Layer norm over the last dim with optional weight and bias of that size.
-    pub fn layer_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
-        if !self.dtype().is_float() {
-            return Err(Error::UnsupportedDType { op: "layer_norm", dtype: self.dtype() });
-        }
-        let c = *self.dims().last().ok_or_else(|| shape_err!("layer_norm", "needs rank >= 1"))?;
-        for (p, what) in [(weight, "weight"), (bias, "bias")] {
-            if let Some(p) = p {
-                if p.dims() != [c] {
-                    return Err(shape_err!("layer_norm", "{what} has shape {:?}, expected [{c}]", p.dims()));
-                }
-                if p.dtype() != self.dtype() {
-                    return Err(Error::DTypeMismatch { op: "layer_norm", lhs: self.dtype(), rhs: p.dtype() });
-                }
-            }
-        }
-        let (ws, bs) = (weight.map(|w| w.storage()), bias.map(|b| b.storage()));
-        let wp = weight.zip(ws.as_deref()).map(|(w, s)| (s, w.layout()));
-        let bp = bias.zip(bs.as_deref()).map(|(b, s)| (s, b.layout()));
-        let (y, mean, rstd) = self.storage().layer_norm(self.layout(), wp, bp, eps)?;
-        let rows = self.elem_count() / c.max(1);
-        let (mean, rstd) = (Tensor::from_storage(mean, rows, None), Tensor::from_storage(rstd, rows, None));
-        let mut inputs = vec![self];
-        inputs.extend(weight);
-        inputs.extend(bias);
-        let rec = track(&inputs).then(|| Op::LayerNorm {
-            x: self.clone(),
-            weight: weight.cloned(),
-            bias: bias.cloned(),
-            mean,
-            rstd,
-        });
-        Ok(Tensor::from_storage(y, self.shape().clone(), rec))
-    }
-
     /// Mean squared error; shapes must match.
     pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
         if self.dims() != target.dims() {
@@ -95,40 +30,6 @@ impl Tensor {
             });
         }
         self.sub(target)?.sqr()?.mean_all()
-    }
-
-    /// Cross entropy of logits `[N, C]` against class indices `[N]` (any integer dtype), averaged
-    /// over the targets that are not `ignore_index`.
-    pub fn cross_entropy(&self, targets: &Tensor, ignore_index: Option<i64>) -> Result<Tensor> {
-        if self.rank() != 2 || targets.dims() != [self.dims()[0]] {
-            return Err(shape_err!(
-                "cross_entropy",
-                "logits {:?} and targets {:?}: expected [N, C] and [N]",
-                self.dims(),
-                targets.dims()
-            ));
-        }
-        if targets.dtype().is_float() {
-            return Err(Error::UnsupportedDType { op: "cross_entropy targets", dtype: targets.dtype() });
-        }
-        if !self.dtype().is_float() {
-            return Err(Error::UnsupportedDType { op: "cross_entropy", dtype: self.dtype() });
-        }
-        if targets.device() != self.device() {
-            return Err(Error::DeviceMismatch { op: "cross_entropy", lhs: self.device(), rhs: targets.device() });
-        }
-        let (n, c) = (self.dims()[0], self.dims()[1]);
-        // Checked and encoded once (u32 ids, u32::MAX for an ignored row); the backward reuses them.
-        let tids = targets.storage().cross_entropy_targets(targets.layout(), c, ignore_index)?;
-        let tids = Tensor::from_storage(tids, n, None);
-        // One fused pass: per-row loss, log-sum-exp and kept flag, in the accumulation dtype.
-        let (loss_rows, lse, kept) = self.storage().cross_entropy_fwd(self.layout(), &tids.storage(), tids.layout())?;
-        let (loss_rows, lse) = (Tensor::from_storage(loss_rows, n, None), Tensor::from_storage(lse, n, None));
-        let count = Tensor::from_storage(kept, n, None).sum_all()?;
-        // Mean over kept rows; no kept row gives 0 / 0 = NaN, as PyTorch does.
-        let mean = loss_rows.sum_all()?.div(&count)?.to_dtype(self.dtype())?;
-        let rec = track(&[self]).then(|| Op::CrossEntropy { logits: self.clone(), targets: tids, lse, count });
-        Ok(mean.view(mean.layout().clone(), rec))
     }
 
     /// Inverted dropout: zero each element with probability `p`, scale the rest by `1/(1-p)`.
@@ -186,8 +87,8 @@ impl Tensor {
     fn cat0(tensors: &[Tensor]) -> Result<Tensor> {
         let first = &tensors[0];
         let mut dims = first.dims().to_vec();
-        dims[0] = tensors.iter().map(|t| t.dims()[0]).sum();
-        let n = dims.iter().product();
+        dims[0] = tensors.iter().try_fold(0usize, |acc, t| acc.checked_add(t.dims()[0])).unwrap_or(usize::MAX);
+        let n = crate::Shape::from(&dims).checked_elem_count("cat")?;
         let mut dst = crate::storage::Storage::zeros(n, first.dtype(), first.device())?;
         let mut offset = 0;
         for t in tensors {
@@ -237,9 +138,10 @@ impl Tensor {
         if ids.rank() != 1 {
             return Err(shape_err!("index_select", "indices must be 1-D, got shape {:?}", ids.dims()));
         }
-        let s = self.storage().index_select(self.layout(), &ids.storage(), ids.layout(), d)?;
         let mut dims = self.dims().to_vec();
         dims[d] = ids.elem_count();
+        crate::Shape::from(&dims).checked_elem_count("index_select")?;
+        let s = self.storage().index_select(self.layout(), &ids.storage(), ids.layout(), d)?;
         Ok(Tensor::from_storage(s, dims, track(&[self]).then(|| Op::IndexSelect(self.clone(), ids.detach(), d))))
     }
 
@@ -250,7 +152,11 @@ impl Tensor {
         }
         let mut dims = ids.dims().to_vec();
         dims.push(self.dims()[1]);
-        self.index_select(&ids.flatten_all()?, 0).map_err(|e| renamed(e, "embedding"))?.reshape(dims)
+        let flat = ids.flatten_all()?;
+        // A bad id says `embedding`: at once on the CPU (renamed), at the next read on CUDA.
+        reported_as(IndexOp::Embedding, || self.index_select(&flat, 0))
+            .map_err(|e| renamed(e, "embedding"))?
+            .reshape(dims)
     }
 
     /// PyTorch's gather: `out[i][j] = self[i][ids[i][j]]` for dim 1; output has the index shape.

@@ -1,5 +1,9 @@
 //! What backends compute (`UnaryOp`, `BinaryOp`, ...) and how each tensor was made (`Op`), which
 //! is all `backprop.rs` needs to walk the graph backwards.
+//!
+//! The op enums the kernels switch on are `#[repr(i32)]` with explicit values: the same values as
+//! the `.cu` enums (`FgBinaryOp`, ...) and docs/kernel-abi.md, which a test (`src/cuda/abi.rs`)
+//! compares. `UnaryOp` carries parameters, so its kernel code is the separate [`UnaryCode`].
 
 use crate::Tensor;
 
@@ -41,7 +45,94 @@ pub enum UnaryOp {
     SiluGrad,
 }
 
+/// The kernel code of a [`UnaryOp`] (`FgUnaryOp` in kernels/unary.cu); the op's parameters travel
+/// beside it (`p0`, `p1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum UnaryCode {
+    Neg = 0,
+    Abs = 1,
+    Sqr = 2,
+    Sign = 3,
+    Relu = 4,
+    Exp = 5,
+    Log = 6,
+    Sqrt = 7,
+    Rsqrt = 8,
+    Recip = 9,
+    Tanh = 10,
+    Sigmoid = 11,
+    GeluTanh = 12,
+    GeluErf = 13,
+    Silu = 14,
+    Sin = 15,
+    Cos = 16,
+    Affine = 17,
+    Powf = 18,
+    Clamp = 19,
+    GeluTanhGrad = 20,
+    GeluErfGrad = 21,
+    SiluGrad = 22,
+}
+
+impl UnaryCode {
+    pub const ALL: [UnaryCode; 23] = [
+        UnaryCode::Neg,
+        UnaryCode::Abs,
+        UnaryCode::Sqr,
+        UnaryCode::Sign,
+        UnaryCode::Relu,
+        UnaryCode::Exp,
+        UnaryCode::Log,
+        UnaryCode::Sqrt,
+        UnaryCode::Rsqrt,
+        UnaryCode::Recip,
+        UnaryCode::Tanh,
+        UnaryCode::Sigmoid,
+        UnaryCode::GeluTanh,
+        UnaryCode::GeluErf,
+        UnaryCode::Silu,
+        UnaryCode::Sin,
+        UnaryCode::Cos,
+        UnaryCode::Affine,
+        UnaryCode::Powf,
+        UnaryCode::Clamp,
+        UnaryCode::GeluTanhGrad,
+        UnaryCode::GeluErfGrad,
+        UnaryCode::SiluGrad,
+    ];
+}
+
 impl UnaryOp {
+    /// The kernel code and the two parameters the kernel reads (`p0`, `p1`; 0 when unused).
+    pub fn code(&self) -> (UnaryCode, f64, f64) {
+        match *self {
+            UnaryOp::Neg => (UnaryCode::Neg, 0., 0.),
+            UnaryOp::Abs => (UnaryCode::Abs, 0., 0.),
+            UnaryOp::Sqr => (UnaryCode::Sqr, 0., 0.),
+            UnaryOp::Sign => (UnaryCode::Sign, 0., 0.),
+            UnaryOp::Relu => (UnaryCode::Relu, 0., 0.),
+            UnaryOp::Exp => (UnaryCode::Exp, 0., 0.),
+            UnaryOp::Log => (UnaryCode::Log, 0., 0.),
+            UnaryOp::Sqrt => (UnaryCode::Sqrt, 0., 0.),
+            UnaryOp::Rsqrt => (UnaryCode::Rsqrt, 0., 0.),
+            UnaryOp::Recip => (UnaryCode::Recip, 0., 0.),
+            UnaryOp::Tanh => (UnaryCode::Tanh, 0., 0.),
+            UnaryOp::Sigmoid => (UnaryCode::Sigmoid, 0., 0.),
+            UnaryOp::GeluTanh => (UnaryCode::GeluTanh, 0., 0.),
+            UnaryOp::GeluErf => (UnaryCode::GeluErf, 0., 0.),
+            UnaryOp::Silu => (UnaryCode::Silu, 0., 0.),
+            UnaryOp::Sin => (UnaryCode::Sin, 0., 0.),
+            UnaryOp::Cos => (UnaryCode::Cos, 0., 0.),
+            UnaryOp::Affine { mul, add } => (UnaryCode::Affine, mul, add),
+            UnaryOp::Powf(e) => (UnaryCode::Powf, e, 0.),
+            UnaryOp::Clamp { min, max } => (UnaryCode::Clamp, min, max),
+            UnaryOp::GeluTanhGrad => (UnaryCode::GeluTanhGrad, 0., 0.),
+            UnaryOp::GeluErfGrad => (UnaryCode::GeluErfGrad, 0., 0.),
+            UnaryOp::SiluGrad => (UnaryCode::SiluGrad, 0., 0.),
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             UnaryOp::Neg => "neg",
@@ -102,8 +193,9 @@ impl UnaryOp {
                     0.0
                 }
             }
+            // NaN propagates, as in PyTorch (a NaN mapped to 0 would hide a diverged model).
             UnaryOp::Relu => {
-                if x > 0.0 {
+                if x > 0.0 || x.is_nan() {
                     x
                 } else {
                     0.0
@@ -123,7 +215,14 @@ impl UnaryOp {
             UnaryOp::Cos => x.cos(),
             UnaryOp::Affine { mul, add } => x * mul + add,
             UnaryOp::Powf(e) => x.powf(e),
-            UnaryOp::Clamp { min, max } => x.max(min).min(max),
+            // `f64::max` ignores a NaN operand; torch.clamp propagates it.
+            UnaryOp::Clamp { min, max } => {
+                if x.is_nan() {
+                    x
+                } else {
+                    x.max(min).min(max)
+                }
+            }
             UnaryOp::GeluTanhGrad => {
                 let inner = sqrt_2_over_pi * (x + GELU_C * x * x * x);
                 let t = inner.tanh();
@@ -149,7 +248,13 @@ impl UnaryOp {
             UnaryOp::Neg => -x,
             UnaryOp::Abs => x.abs(),
             UnaryOp::Sqr => x * x,
-            UnaryOp::Relu => x.max(0.0),
+            UnaryOp::Relu => {
+                if x > 0.0 || x.is_nan() {
+                    x
+                } else {
+                    0.0
+                }
+            }
             UnaryOp::Exp => x.exp(),
             UnaryOp::Log => x.ln(),
             UnaryOp::Sqrt => x.sqrt(),
@@ -164,27 +269,48 @@ impl UnaryOp {
             UnaryOp::Cos => x.cos(),
             UnaryOp::Affine { mul, add } => (x as f64 * mul + add) as f32,
             UnaryOp::Powf(e) => x.powf(e as f32),
-            UnaryOp::Clamp { min, max } => x.max(min as f32).min(max as f32),
+            UnaryOp::Clamp { min, max } => {
+                if x.is_nan() {
+                    x
+                } else {
+                    x.max(min as f32).min(max as f32)
+                }
+            }
             _ => self.eval_f64(x as f64) as f32,
         }
     }
 }
 
+/// Elementwise binary ops (`FgBinaryOp` in kernels/binary.cu).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
 pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Maximum,
-    Minimum,
+    Add = 0,
+    Sub = 1,
+    Mul = 2,
+    Div = 3,
+    Maximum = 4,
+    Minimum = 5,
     /// Floored remainder (sign of the divisor), as Python's `%` and `torch.remainder`.
-    Rem,
-    /// `a` where `b > 0`, else 0: ReLU's backward (`g`, `x`) in one pass. Not differentiated.
-    MaskPositive,
+    Rem = 6,
+    /// `a` where `b > 0` or `b` is NaN, else 0: ReLU's backward (`g`, `x`) in one pass, passing
+    /// the gradient through where the forward passed a NaN (PyTorch's `threshold_backward`
+    /// zeroes only where `x <= 0`). Not differentiated.
+    MaskPositive = 7,
 }
 
 impl BinaryOp {
+    pub const ALL: [BinaryOp; 8] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Rem,
+        BinaryOp::MaskPositive,
+    ];
+
     pub fn name(&self) -> &'static str {
         match self {
             BinaryOp::Add => "add",
@@ -199,27 +325,45 @@ impl BinaryOp {
     }
 }
 
+/// Elementwise comparisons, giving u8 0 / 1 (`FgCmpOp` in kernels/binary.cu).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
 pub enum CmpOp {
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
+    Eq = 0,
+    Ne = 1,
+    Lt = 2,
+    Le = 3,
+    Gt = 4,
+    Ge = 5,
 }
 
+impl CmpOp {
+    pub const ALL: [CmpOp; 6] = [CmpOp::Eq, CmpOp::Ne, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge];
+}
+
+/// Folds over dims (`FgReduceOp` in kernels/reduce.cu); max and min propagate NaN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
 pub enum ReduceOp {
-    Sum,
-    Max,
-    Min,
+    Sum = 0,
+    Max = 1,
+    Min = 2,
 }
 
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min];
+}
+
+/// Index of the max / min along a dim (`FgArgReduceOp` in kernels/reduce.cu).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
 pub enum ArgReduceOp {
-    ArgMax,
-    ArgMin,
+    ArgMax = 0,
+    ArgMin = 1,
+}
+
+impl ArgReduceOp {
+    pub const ALL: [ArgReduceOp; 2] = [ArgReduceOp::ArgMax, ArgReduceOp::ArgMin];
 }
 
 /// How a tensor that tracks gradients was made. Holding the inputs keeps the graph alive until the
@@ -243,25 +387,6 @@ pub enum Op {
     Cat(Vec<Tensor>, usize),
     IndexSelect(Tensor, Tensor, usize),
     Gather(Tensor, Tensor, usize),
-    Softmax(Tensor),
-    LogSoftmax(Tensor),
-    /// x, weight, bias, saved mean, saved rstd
-    LayerNorm {
-        x: Tensor,
-        weight: Option<Tensor>,
-        bias: Option<Tensor>,
-        mean: Tensor,
-        rstd: Tensor,
-    },
-    /// Fused cross entropy (mean over kept rows). `targets` are the encoded class ids (u32 `[N]`,
-    /// `u32::MAX` for an ignored row; they get no gradient), `lse` the saved per-row log-sum-exp and
-    /// `count` the number of kept rows (a scalar), both in the accumulation dtype.
-    CrossEntropy {
-        logits: Tensor,
-        targets: Tensor,
-        lse: Tensor,
-        count: Tensor,
-    },
     /// A fused op (`src/fused/`): its own forward per device and its own backward.
     Fused(crate::fused::FusedRecord),
 }

@@ -275,10 +275,12 @@ impl Tensor {
         let mut bdims = batch.to_vec();
         bdims.extend([k, n]);
         let (a, b) = (a.broadcast_as(adims)?, b.broadcast_as(bdims)?);
-        let dims = MatmulDims { batch: batch.elem_count(), m, n, k };
-        let s = a.storage().matmul(a.layout(), &b.storage(), b.layout(), dims)?;
+        // The product [batch.., m, n] can be far larger than either operand: check it first.
         let mut odims = batch.to_vec();
         odims.extend([m, n]);
+        Shape::from(&odims).checked_elem_count("matmul")?;
+        let dims = MatmulDims { batch: batch.elem_count(), m, n, k };
+        let s = a.storage().matmul(a.layout(), &b.storage(), b.layout(), dims)?;
         let rec = track(&[&a, &b]).then(|| Op::Matmul(a.clone(), b.clone()));
         let mut out = Tensor::from_storage(s, odims, rec);
         if a1 {

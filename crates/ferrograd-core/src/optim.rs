@@ -130,7 +130,7 @@ pub fn adam_step(
     if let Some(crate::Device::Cuda(o)) = params.first().map(|p| p.device()) {
         let dev = crate::cuda::CudaDevice::get(o)?;
         let grads = contiguous_grads(grads)?;
-        return crate::cuda::optim::adam(&dev, params, &grads, m, v, c, bc1 as f32, bc2 as f32);
+        return crate::cuda::ops::optim::adam(&dev, params, &grads, m, v, c, bc1 as f32, bc2 as f32);
     }
     let (lr, b1, b2, eps, wd) = (c.lr as f32, c.beta1 as f32, c.beta2 as f32, c.eps as f32, c.weight_decay as f32);
     // 1 - beta in f64, as PyTorch forms it (0.999f32 would make 1 - b2 off by 1e-5 relative).
@@ -165,7 +165,7 @@ pub fn sgd_step(params: &[Tensor], grads: &[Tensor], bufs: &[Tensor], c: &SgdCon
     if let Some(crate::Device::Cuda(o)) = params.first().map(|p| p.device()) {
         let dev = crate::cuda::CudaDevice::get(o)?;
         let grads = contiguous_grads(grads)?;
-        return crate::cuda::optim::sgd(&dev, params, &grads, bufs, c, first);
+        return crate::cuda::ops::optim::sgd(&dev, params, &grads, bufs, c, first);
     }
     let (lr, mu, damp, wd) = (c.lr as f32, c.momentum as f32, c.dampening as f32, c.weight_decay as f32);
     for i in 0..params.len() {

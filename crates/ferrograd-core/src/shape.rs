@@ -2,6 +2,12 @@
 
 use crate::{Error, Result};
 
+/// The most elements a tensor may hold: `MAX_ELEMS * 8` bytes (f64, the widest dtype) fit in an
+/// `isize`, so every element, byte and offset count derived from a checked shape is exact and no
+/// later arithmetic on it can wrap. Every constructor and every view that can grow a tensor
+/// (reshape, broadcast, cat, matmul, index_select) checks its shape against it.
+pub const MAX_ELEMS: usize = isize::MAX as usize / 8;
+
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
 pub struct Shape(Vec<usize>);
 
@@ -18,8 +24,31 @@ impl Shape {
     pub fn rank(&self) -> usize {
         self.0.len()
     }
+    /// The product of the dims. It saturates at `usize::MAX` instead of wrapping, so an unchecked
+    /// huge shape can never pass for a small one; tensors only ever hold shapes that passed
+    /// [`checked_elem_count`](Self::checked_elem_count), for which this is exact.
     pub fn elem_count(&self) -> usize {
-        self.0.iter().product()
+        if self.0.contains(&0) {
+            return 0;
+        }
+        self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).unwrap_or(usize::MAX)
+    }
+
+    /// The element count, or a typed error naming `op` and the shape when it exceeds
+    /// [`MAX_ELEMS`] (or `usize` altogether).
+    pub fn checked_elem_count(&self, op: &'static str) -> Result<usize> {
+        let n = if self.0.contains(&0) { Some(0) } else { self.0.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) };
+        match n {
+            Some(n) if n <= MAX_ELEMS => Ok(n),
+            Some(n) => Err(Error::SizeOverflow {
+                op,
+                shape: self.0.clone(),
+                why: format!("{n} elements, more than a tensor may hold ({MAX_ELEMS})"),
+            }),
+            None => {
+                Err(Error::SizeOverflow { op, shape: self.0.clone(), why: "the element count overflows usize".into() })
+            }
+        }
     }
     pub fn to_vec(&self) -> Vec<usize> {
         self.0.clone()
@@ -27,10 +56,11 @@ impl Shape {
     /// Row-major strides of a contiguous tensor of this shape.
     pub fn contiguous_strides(&self) -> Vec<usize> {
         let mut strides = vec![0; self.rank()];
-        let mut acc = 1;
+        let mut acc = 1usize;
         for (s, &d) in strides.iter_mut().zip(&self.0).rev() {
             *s = acc;
-            acc *= d;
+            // Saturating: only the outermost product can exceed a checked shape's count.
+            acc = acc.saturating_mul(d);
         }
         strides
     }

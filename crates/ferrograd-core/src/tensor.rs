@@ -6,6 +6,7 @@ use crate::backend::BackendStorage;
 use crate::cpu::CpuStorage;
 use crate::op::Op;
 use crate::rng::{self, Rng};
+use crate::shape::MAX_ELEMS;
 use crate::storage::Storage;
 use crate::{backprop, shape_err, DType, Device, Dim, Error, Layout, Result, Shape, WithDType};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -65,9 +66,17 @@ impl std::fmt::Debug for Tensor {
 impl Tensor {
     // ---- construction -------------------------------------------------------------------------
 
+    /// Wrap a new storage as a contiguous tensor of `shape`. Callers computed the storage from a
+    /// checked shape; the storage must cover it.
     pub(crate) fn from_storage<S: Into<Shape>>(storage: Storage, shape: S, op: Option<Op>) -> Tensor {
         let dtype = storage.dtype();
         let device = storage.device();
+        let shape = shape.into();
+        debug_assert!(
+            shape.elem_count() <= MAX_ELEMS && shape.elem_count() <= storage.len(),
+            "storage of {} elements does not cover shape {shape:?}",
+            storage.len()
+        );
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
             pinned: None,
@@ -80,8 +89,15 @@ impl Tensor {
         }))
     }
 
-    /// A new view over the same storage.
+    /// A new view over the same storage, which must cover `layout` (views only ever narrow,
+    /// reorder or broadcast a covered layout; the assertion guards that claim in debug builds and
+    /// `tests/sizes.rs` checks it for every view).
     pub(crate) fn view(&self, layout: Layout, op: Option<Op>) -> Tensor {
+        debug_assert!(
+            layout.elem_count() <= MAX_ELEMS && layout.required_len().is_some_and(|n| n <= self.storage_len()),
+            "view {layout:?} reaches past its storage of {} elements",
+            self.storage_len()
+        );
         Tensor(Arc::new(Inner {
             id: TensorId::new(),
             pinned: self.0.pinned.clone(),
@@ -111,14 +127,14 @@ impl Tensor {
         let (seed, off) = rng.advance(n);
         match device {
             Device::Cpu => {
-                let it = (0..n as u64).map(|i| {
+                let it = (0..n).map(|i| {
                     if normal {
-                        a + b * rng::normal_at(seed, off, i)
+                        a + b * rng::normal_at(seed, off, i as u64)
                     } else {
-                        a + (b - a) * rng::uniform_at(seed, off, i)
+                        a + (b - a) * rng::uniform_at(seed, off, i as u64)
                     }
                 });
-                Ok(Storage::Cpu(CpuStorage::from_f64_iter(it, dtype)))
+                Ok(Storage::Cpu(CpuStorage::from_f64_iter(it, dtype)?))
             }
             Device::Cuda(o) => {
                 let dev = crate::cuda::CudaDevice::get(o)?;
@@ -129,8 +145,9 @@ impl Tensor {
 
     pub fn from_vec<T: WithDType, S: Into<Shape>>(data: Vec<T>, shape: S, device: Device) -> Result<Tensor> {
         let shape = shape.into();
-        if shape.elem_count() != data.len() {
-            return Err(Error::ElementCount { op: "from_vec", expected: shape.elem_count(), got: data.len() });
+        let n = shape.checked_elem_count("from_vec")?;
+        if n != data.len() {
+            return Err(Error::ElementCount { op: "from_vec", expected: n, got: data.len() });
         }
         Ok(Self::from_storage(Self::cpu_to_device(T::to_cpu_storage(data), device)?, shape, None))
     }
@@ -146,7 +163,8 @@ impl Tensor {
 
     pub fn full<S: Into<Shape>>(value: f64, shape: S, dtype: DType, device: Device) -> Result<Tensor> {
         let shape = shape.into();
-        Ok(Self::from_storage(Storage::full(value, shape.elem_count(), dtype, device)?, shape, None))
+        let n = shape.checked_elem_count("full")?;
+        Ok(Self::from_storage(Storage::full(value, n, dtype, device)?, shape, None))
     }
 
     pub fn zeros<S: Into<Shape>>(shape: S, dtype: DType, device: Device) -> Result<Tensor> {
@@ -174,8 +192,16 @@ impl Tensor {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
             return Err(Error::InvalidArgument(format!("arange({start}, {end}, {step}): bad range")));
         }
-        let n = ((end - start) / step).ceil().max(0.0) as usize;
-        let s = CpuStorage::from_f64_iter((0..n).map(|i| start + i as f64 * step), dtype);
+        let count = ((end - start) / step).ceil().max(0.0);
+        if count > MAX_ELEMS as f64 {
+            return Err(Error::SizeOverflow {
+                op: "arange",
+                shape: vec![count.min(usize::MAX as f64) as usize],
+                why: format!("arange({start}, {end}, {step}) has {count:e} elements"),
+            });
+        }
+        let n = count as usize;
+        let s = CpuStorage::from_f64_iter((0..n).map(|i| start + i as f64 * step), dtype)?;
         Ok(Self::from_storage(Self::cpu_to_device(s, device)?, n, None))
     }
 
@@ -189,7 +215,7 @@ impl Tensor {
         device: Device,
     ) -> Result<Tensor> {
         let shape = shape.into();
-        let s = Self::random_storage(rng, false, shape.elem_count(), lo, hi, dtype, device)?;
+        let s = Self::random_storage(rng, false, shape.checked_elem_count("rand")?, lo, hi, dtype, device)?;
         Ok(Self::from_storage(s, shape, None))
     }
 
@@ -203,7 +229,7 @@ impl Tensor {
         device: Device,
     ) -> Result<Tensor> {
         let shape = shape.into();
-        let s = Self::random_storage(rng, true, shape.elem_count(), mean, std, dtype, device)?;
+        let s = Self::random_storage(rng, true, shape.checked_elem_count("randn")?, mean, std, dtype, device)?;
         Ok(Self::from_storage(s, shape, None))
     }
 
@@ -258,6 +284,11 @@ impl Tensor {
     }
     pub fn dim<D: Dim>(&self, d: D) -> Result<usize> {
         Ok(self.dims()[d.to_index(self.rank(), "dim")?])
+    }
+    /// Elements the underlying storage holds (at least what the layout reaches).
+    #[doc(hidden)]
+    pub fn storage_len(&self) -> usize {
+        self.storage().len()
     }
     /// Whether two tensors share storage.
     pub fn same_storage(&self, other: &Tensor) -> bool {
@@ -386,7 +417,7 @@ impl Tensor {
     /// All elements as f64 (exact for every dtype).
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
         let c = self.cpu_storage()?;
-        Ok(c.to_f64_vec(&Layout::contiguous(self.shape().clone())))
+        c.to_f64_vec(&Layout::contiguous(self.shape().clone()))
     }
 
     /// The single element of a one-element tensor.

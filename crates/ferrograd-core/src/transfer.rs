@@ -126,7 +126,7 @@ impl Tensor {
         let src = self.cpu_storage()?;
         let esz = self.dtype().size_in_bytes();
         let n = self.elem_count();
-        let mut buf = CpuStorage::full(0.0, n + 2 * PAGE / esz, self.dtype());
+        let mut buf = CpuStorage::full(0.0, n + 2 * PAGE / esz, self.dtype())?;
         let base = buf.as_bytes().as_ptr() as usize;
         let skip = (base.next_multiple_of(PAGE) - base) / esz;
         buf.as_bytes_mut()[skip * esz..(skip + n) * esz].copy_from_slice(src.as_bytes());

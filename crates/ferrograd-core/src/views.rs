@@ -9,7 +9,7 @@ use crate::{shape_err, Dim, Error, Result, Shape, Tensor};
 impl Tensor {
     pub fn reshape<S: Into<Shape>>(&self, shape: S) -> Result<Tensor> {
         let shape = shape.into();
-        if shape.elem_count() != self.elem_count() {
+        if shape.checked_elem_count("reshape")? != self.elem_count() {
             return Err(Error::ShapeMismatch { op: "reshape", lhs: self.dims().to_vec(), rhs: shape.to_vec() });
         }
         if shape == *self.shape() {

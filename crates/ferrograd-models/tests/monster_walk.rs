@@ -97,7 +97,7 @@ fn cpu_and_cuda_losses_agree_after_20_steps() -> Result<()> {
 fn fused_step_matches_the_autograd_path_on_cuda() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let run_kind = |fused| -> Result<Report> {
-        let cfg = TrainConfig { fused, seed: 5, ..small(dev, 3, 7) };
+        let cfg = TrainConfig { fused, persistent: false, seed: 5, ..small(dev, 3, 7) };
         Ok(run(&cfg, |_| {})?.0)
     };
     let (f, a) = (run_kind(true)?, run_kind(false)?);
@@ -107,6 +107,36 @@ fn fused_step_matches_the_autograd_path_on_cuda() -> Result<()> {
     let rel = (f.final_loss - a.final_loss).abs() / a.final_loss;
     println!("fused {} autograd {} rel {rel:e}", f.final_loss, a.final_loss);
     assert!(rel < 1e-4, "fused {} vs autograd {}", f.final_loss, a.final_loss);
+    Ok(())
+}
+
+/// The default CUDA run is the persistent kernel; it reports every epoch while it runs, writes the
+/// trained weights back (--save) and lands where the autograd path lands.
+#[test]
+fn persistent_run_is_the_default_and_matches_the_autograd_path() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let dir = std::env::temp_dir().join(format!("fg-mw-persist-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let save = dir.join("trained.safetensors");
+    let mut epochs = vec![];
+    let cfg = TrainConfig { seed: 5, save: Some(save.clone()), ..small(dev, 3, 7) };
+    let (p, _) = run(&cfg, |s| epochs.push((s.epoch, s.steps, s.loss)))?;
+    let (a, _) = run(&TrainConfig { fused: false, seed: 5, ..small(dev, 3, 7) }, |_| {})?;
+    assert_eq!((p.step_kind.as_str(), p.steps, p.step_fallback.as_deref()), ("persistent", 21, None));
+    assert!(p.precision.as_deref().is_some_and(|s| s.contains("3xTF32")), "{:?}", p.precision);
+    assert_eq!(epochs.iter().map(|e| (e.0, e.1)).collect::<Vec<_>>(), (1..=7).map(|e| (e, 3 * e)).collect::<Vec<_>>());
+    assert_eq!(epochs[6].2, p.final_loss);
+    let phases = p.phases.clone().map(|ph| ph.phases.len());
+    assert_eq!(phases, Some(6));
+    assert!((p.first_loss - a.first_loss).abs() / a.first_loss < 1e-5, "{} vs {}", p.first_loss, a.first_loss);
+    let rel = (p.final_loss - a.final_loss).abs() / a.final_loss;
+    println!("persistent {} autograd {} rel {rel:e}", p.final_loss, a.final_loss);
+    assert!(rel < 1e-4, "persistent {} vs autograd {}", p.final_loss, a.final_loss);
+    // The saved weights are the trained ones: their loss on copy 0 is below the first loss.
+    let trained = Autoencoder::load(&save, dev)?;
+    let x = CopyData::build(0, dev)?.samples()?;
+    assert!(trained.loss(&x)?.item_f64()? < 0.9 * p.first_loss);
+    std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
 
@@ -170,7 +200,9 @@ fn data_parallel_on_one_rank_is_the_plain_run() -> Result<()> {
     let mut devices = vec![(Device::Cpu, false)];
     devices.extend(gpu().map(|d| (d, true)));
     for (dev, fused) in devices {
-        let plain = run(&TrainConfig { fused, seed: 2, ..small(dev, 2, 3) }, |_| {})?.0;
+        // The plain run on the same step (fused, not persistent: data parallel never takes the
+        // single-GPU persistent kernel).
+        let plain = run(&TrainConfig { fused, persistent: false, seed: 2, ..small(dev, 2, 3) }, |_| {})?.0;
         let solo = std::sync::Arc::new(ferrograd_dist::Solo::new(dev));
         let dp = TrainConfig { fused, seed: 2, dist: Some(hooks(solo)), ..small(dev, 2, 3) };
         let d = run(&dp, |_| {})?.0;

@@ -10,7 +10,7 @@
 //! Host clock (these are host-side calls that enqueue no device work), batches of calls so that
 //! a sub-microsecond call is not lost in the clock's resolution, median per call over batches.
 
-use super::{cuda_device, finish_json, finish_plot, open_json, print_rows, Environment, Report, Row};
+use super::{check_bytes, cuda_device, finish_json, finish_plot, print_rows, Environment, Report, Row};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
 use ferrograd_core::Device;
@@ -44,13 +44,16 @@ pub struct Config {
     pub plot: Option<PathBuf>,
 }
 
-pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+pub fn check(cfg: &Config) -> CliResult<()> {
     if cfg.mib == 0 {
         return Err("--mib must be at least 1".into());
     }
+    check_bytes(cfg.device, || format!("bench alloc --mib {}", cfg.mib), cfg.mib.checked_mul(1 << 20))
+}
+
+pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+    check(cfg)?;
     let dev = cuda_device("alloc", cfg.device)?;
-    let json = open_json(&cfg.json)?;
-    crate::plot::check_path(&cfg.plot)?;
     let env = Environment::for_device(cfg.device);
     let bytes = cfg.mib << 20;
     writeln!(out, "allocate + free {} MiB on {} ({})", cfg.mib, cfg.device, env.gpu.as_deref().unwrap_or("?"))?;
@@ -89,5 +92,5 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     report.rows = rows;
     report.notes.push("raw driver = cuMemAlloc_v2 + cuMemFree_v2 (synchronous), bypassing every cache".into());
     finish_plot(&cfg.plot, &report, None, out)?;
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }

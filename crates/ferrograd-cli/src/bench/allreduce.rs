@@ -10,7 +10,7 @@
 //! slowest rank, is reported. Algorithm bandwidth = bytes / time; bus
 //! bandwidth = algbw * 2(n-1)/n, the figure nccl-tests prints, comparable across rank counts.
 
-use super::{finish_json, open_json, print_rows, Environment, Report, Row};
+use super::{finish_json, print_rows, Environment, Report, Row};
 use crate::CliResult;
 use ferrograd_core::{DType, Tensor};
 use ferrograd_dist::{ProcessGroup, ReduceOp};
@@ -20,6 +20,37 @@ use std::time::{Duration, Instant};
 
 /// Timed batches per size (the median is reported).
 const BATCHES: usize = 5;
+
+/// Largest buffer, MiB: far above any GPU's memory, low enough that the element count cannot
+/// overflow.
+const MAX_MIB: f64 = (1u64 << 20) as f64;
+
+#[derive(clap::Args, Debug)]
+pub struct AllreduceArgs {
+    /// Buffer sizes in MiB, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256,1024")]
+    pub sizes: Vec<f64>,
+    /// Element type: f32, bf16 or f16.
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    pub dtype: DType,
+    /// Untimed all-reduces per size first.
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 5)]
+    pub warmup: usize,
+    /// All-reduces per timed batch (5 batches; the median is reported).
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 20)]
+    pub iters: usize,
+    /// Also write the results as JSON to this file (rank 0).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    #[arg(long, value_parser = crate::parse_seed, default_value_t = 42)]
+    pub seed: u64,
+}
+
+impl From<AllreduceArgs> for Config {
+    fn from(a: AllreduceArgs) -> Config {
+        Config { sizes_mib: a.sizes, dtype: a.dtype, warmup: a.warmup, iters: a.iters, json: a.json, seed: a.seed }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -54,17 +85,28 @@ fn size_name(mib: f64) -> String {
     }
 }
 
-pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
-    if cfg.iters == 0 || cfg.sizes_mib.is_empty() || cfg.sizes_mib.iter().any(|s| s.is_nan() || *s <= 0.0) {
-        return Err("--iters must be at least 1 and every --sizes entry positive".into());
+/// The flags' numbers, before any process group or device: at least one timed all-reduce, every
+/// size positive and at most 1 TiB.
+pub fn check(cfg: &Config) -> CliResult<()> {
+    if cfg.iters == 0 {
+        return Err("--iters must be at least 1".into());
     }
+    if cfg.sizes_mib.is_empty() {
+        return Err("--sizes needs at least one size".into());
+    }
+    if let Some(s) = cfg.sizes_mib.iter().find(|s| !(**s > 0.0 && **s <= MAX_MIB)) {
+        return Err(format!("--sizes {s}: every size must be a positive number of MiB, at most {MAX_MIB}").into());
+    }
+    Ok(())
+}
+
+pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let pg = ProcessGroup::init()?;
     if pg.world_size() < 2 {
         return Err("bench allreduce needs at least two processes: run it as `ferrograd launch --nproc-per-node 2 -- \
                     ferrograd bench allreduce` (or under torchrun)"
             .into());
     }
-    let json = if pg.is_main() { open_json(&cfg.json)? } else { None };
     let comm = pg.comm();
     let (world, rank, device) = (pg.world_size(), pg.rank(), pg.device());
     let env = Environment::for_device(device);
@@ -152,5 +194,5 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         .notes
         .push(format!("{world} ranks; value = bus bandwidth = algbw x 2(n-1)/n (nccl-tests); time is per all-reduce"));
     report.extra.insert("nccl".into(), lib.version_string().into());
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }

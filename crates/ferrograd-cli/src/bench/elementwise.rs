@@ -3,17 +3,24 @@
 //!
 //! Bytes counted are the fewest the op must move: every input read once, the output written
 //! once (copy, mul_scalar, relu, sigmoid, softmax, layer_norm: 2 x 4 B per element; add, mul:
-//! 3 x 4 B). The reference, **copy**, is a plain device-to-device copy into an existing tensor
-//! (`dst.set(&x)`: `cuMemcpyDtoDAsync`; PyTorch: `dst.copy_(x)`); **mul_scalar** (`x * 2`) is
-//! the copy-like elementwise kernel. softmax is over the last dim; layer_norm normalises the
-//! last dim with a weight and a bias (eps 1e-5). Every op is first checked against a float64
-//! CPU computation on sampled rows, with poisoned outputs on CUDA; timing is CUDA events (host
-//! clock on the CPU), median over batches after warm-up. Inputs are N(0, 1), never zeros.
+//! 3 x 4 B; cross_entropy, forward and backward: 3 x 4 B). The reference, **copy**, is a plain
+//! device-to-device copy into an existing tensor (`dst.set(&x)`: `cuMemcpyDtoDAsync`; PyTorch:
+//! `dst.copy_(x)`); **mul_scalar** (`x * 2`) is the copy-like elementwise kernel. The fused ops'
+//! workloads (what is timed, their bytes and their float64 reference) live beside each op, in
+//! `ferrograd-core/src/fused/<op>/bench.rs`: softmax over the last dim; layer_norm of the last
+//! dim with a weight and a bias (eps 1e-5); cross_entropy's loss and the logits' gradient. Every
+//! op is first checked against a float64 CPU computation on sampled rows, with poisoned outputs on
+//! CUDA; timing is CUDA events (host clock on the CPU), median over batches after warm-up. Inputs
+//! are N(0, 1), never zeros.
 
 use super::check::{self, rel_err, require};
-use super::{finish_json, finish_plot, open_json, print_rows, Environment, Report, Row};
+use super::{check_bytes, f32_bytes, finish_json, finish_plot, print_rows, Environment, Report, Row};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
+use ferrograd_core::fused::bench::Workload;
+use ferrograd_core::fused::cross_entropy::bench::CrossEntropyBench;
+use ferrograd_core::fused::layer_norm::bench::LayerNormBench;
+use ferrograd_core::fused::softmax::bench::SoftmaxBench;
 use ferrograd_core::{DType, Device, Rng, Tensor};
 use std::io::Write;
 use std::path::PathBuf;
@@ -42,6 +49,7 @@ enum Op {
     Sigmoid,
     Softmax,
     LayerNorm,
+    CrossEntropy,
 }
 
 impl Op {
@@ -55,10 +63,12 @@ impl Op {
             Op::Sigmoid => "sigmoid",
             Op::Softmax => "softmax",
             Op::LayerNorm => "layer_norm",
+            Op::CrossEntropy => "cross_entropy",
         }
     }
 
-    /// Elements moved per element of the output (reads plus the write).
+    /// Elements moved per element of the output (reads plus the write), for the ops without a
+    /// fused workload (those count their own bytes).
     fn passes(self) -> usize {
         match self {
             Op::Add | Op::Mul => 3,
@@ -71,14 +81,49 @@ impl Op {
 struct Inputs {
     x: Tensor,
     y: Tensor,
-    w: Tensor,
-    b: Tensor,
     dst: Tensor,
+    softmax: SoftmaxBench,
+    layer_norm: LayerNormBench,
+    cross_entropy: CrossEntropyBench,
 }
 
 impl Inputs {
+    fn new(rng: &mut Rng, r: usize, c: usize, device: Device) -> ferrograd_core::Result<Inputs> {
+        let x = Tensor::randn_with(rng, 0.0, 1.0, (r, c), DType::F32, device)?;
+        let y = Tensor::randn_with(rng, 0.0, 1.0, (r, c), DType::F32, device)?;
+        let w = Tensor::rand_with(rng, 0.5, 1.5, c, DType::F32, device)?;
+        let b = Tensor::randn_with(rng, 0.0, 1.0, c, DType::F32, device)?;
+        let dst = Tensor::randn_with(rng, 0.0, 1.0, (r, c), DType::F32, device)?;
+        Ok(Inputs {
+            softmax: SoftmaxBench::new(x.clone()),
+            layer_norm: LayerNormBench::new(x.clone(), w, b, EPS),
+            cross_entropy: CrossEntropyBench::new(x.clone(), rng)?,
+            x,
+            y,
+            dst,
+        })
+    }
+
+    /// The fused op's workload (`ferrograd-core/src/fused/<op>/bench.rs`), for the ops that have one.
+    fn workload(&self, op: Op) -> Option<&dyn Workload> {
+        match op {
+            Op::Softmax => Some(&self.softmax),
+            Op::LayerNorm => Some(&self.layer_norm),
+            Op::CrossEntropy => Some(&self.cross_entropy),
+            _ => None,
+        }
+    }
+
+    /// Bytes one call of `op` must move at the least.
+    fn bytes(&self, op: Op) -> usize {
+        self.workload(op).map_or(op.passes() * self.x.elem_count() * 4, |w| w.bytes())
+    }
+
     fn apply(&self, op: Op) -> ferrograd_core::Result<Option<Tensor>> {
-        let Inputs { x, y, w, b, dst } = self;
+        if let Some(w) = self.workload(op) {
+            return w.run().map(Some);
+        }
+        let Inputs { x, y, dst, .. } = self;
         Ok(Some(match op {
             Op::Copy => {
                 dst.set(x)?;
@@ -89,8 +134,7 @@ impl Inputs {
             Op::Mul => x.mul(y)?,
             Op::Relu => x.relu()?,
             Op::Sigmoid => x.sigmoid()?,
-            Op::Softmax => x.softmax(-1isize)?,
-            Op::LayerNorm => x.layer_norm(Some(w), Some(b), EPS)?,
+            Op::Softmax | Op::LayerNorm | Op::CrossEntropy => unreachable!("fused ops run their workload"),
         }))
     }
 }
@@ -99,19 +143,47 @@ impl Inputs {
 /// reference) at the others, where only the row length changes.
 fn ops_for(first: bool) -> Vec<Op> {
     if first {
-        vec![Op::Copy, Op::MulScalar, Op::Add, Op::Mul, Op::Relu, Op::Sigmoid, Op::Softmax, Op::LayerNorm]
+        vec![
+            Op::Copy,
+            Op::MulScalar,
+            Op::Add,
+            Op::Mul,
+            Op::Relu,
+            Op::Sigmoid,
+            Op::Softmax,
+            Op::LayerNorm,
+            Op::CrossEntropy,
+        ]
     } else {
-        vec![Op::Copy, Op::Softmax, Op::LayerNorm]
+        vec![Op::Copy, Op::Softmax, Op::LayerNorm, Op::CrossEntropy]
     }
 }
 
-pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+/// The flags, and each shape's tensors (x, y, dst, two outputs live at once, and their float64
+/// check rows) against the host's memory on the CPU. Issue 11: `--shapes 3x6148914691236517206`
+/// made tensors over 2 elements of storage; `--shapes 100000x100000` aborted with SIGABRT.
+pub fn check(cfg: &Config) -> CliResult<()> {
     if cfg.shapes.is_empty() {
         return Err("--shapes needs at least one ROWSxCOLS".into());
     }
+    for &(r, c) in &cfg.shapes {
+        let bytes = r.checked_mul(c).and_then(|n| f32_bytes(n, 6));
+        check_bytes(
+            cfg.device,
+            || format!("bench elementwise --shapes {r}x{c} (six f32 tensors of that shape)"),
+            bytes,
+        )?;
+    }
+    Ok(())
+}
+
+pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+    check(cfg)?;
     super::open_device("elementwise", cfg.device)?;
-    let json = open_json(&cfg.json)?;
-    crate::plot::check_path(&cfg.plot)?;
+    for &(r, c) in &cfg.shapes {
+        let bytes = r.checked_mul(c).and_then(|n| f32_bytes(n, 6));
+        super::fit_device(cfg.device, || format!("bench elementwise --shapes {r}x{c}"), bytes)?;
+    }
     let env = Environment::for_device(cfg.device);
     let clock = Clock::new(cfg.device)?;
     let what = env.gpu.clone().unwrap_or_else(|| env.cpu.clone());
@@ -123,20 +195,14 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let mut rng = Rng::new(cfg.seed);
     let mut rows = Vec::new();
     for (i, &(r, c)) in cfg.shapes.iter().enumerate() {
-        let inputs = Inputs {
-            x: Tensor::randn_with(&mut rng, 0.0, 1.0, (r, c), DType::F32, cfg.device)?,
-            y: Tensor::randn_with(&mut rng, 0.0, 1.0, (r, c), DType::F32, cfg.device)?,
-            w: Tensor::rand_with(&mut rng, 0.5, 1.5, c, DType::F32, cfg.device)?,
-            b: Tensor::randn_with(&mut rng, 0.0, 1.0, c, DType::F32, cfg.device)?,
-            dst: Tensor::randn_with(&mut rng, 0.0, 1.0, (r, c), DType::F32, cfg.device)?,
-        };
+        let inputs = Inputs::new(&mut rng, r, c, cfg.device)?;
         let check_rows = check::sample_rows(r, 4, 4, &mut rng);
         let mut copy_gbps = None;
         for op in ops_for(i == 0) {
             verify(&inputs, op, &check_rows, cfg.device)?;
             let t = measure_device(&clock, DevicePlan::GPU, || inputs.apply(op))?;
             let m = t.median_s();
-            let gbps = (op.passes() * r * c * 4) as f64 / m / 1e9;
+            let gbps = inputs.bytes(op) as f64 / m / 1e9;
             if op == Op::Copy {
                 copy_gbps = Some(gbps);
             }
@@ -172,7 +238,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         .notes
         .push(format!("seed {}; x, y ~ N(0,1); layer_norm weight ~ U[0.5,1.5), bias ~ N(0,1), eps 1e-5", cfg.seed));
     finish_plot(&cfg.plot, &report, Some("pct_of_copy"), out)?;
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }
 
 /// Run `op` once (poisoned outputs on CUDA) and compare the sampled rows with a float64 reference.
@@ -191,18 +257,19 @@ fn verify(inp: &Inputs, op: Op, rows: &[usize], device: Device) -> CliResult<()>
     let got = check::rows_f64(&outt, rows)?;
     let xs = check::rows_f64(&inp.x, rows)?;
     let ys = check::rows_f64(&inp.y, rows)?;
-    let w = inp.w.to_f64_vec()?;
-    let b = inp.b.to_f64_vec()?;
     let (mut g, mut want) = (Vec::new(), Vec::new());
-    for ((gr, xr), yr) in got.iter().zip(&xs).zip(&ys) {
+    for (((gr, xr), yr), &r) in got.iter().zip(&xs).zip(&ys).zip(rows) {
         g.extend_from_slice(gr);
-        want.extend(reference(op, xr, yr, &w, &b));
+        match inp.workload(op) {
+            Some(w) => want.extend(w.reference(r)?),
+            None => want.extend(reference(op, xr, yr)),
+        }
     }
     require(&what, rel_err(&g, &want), TOL)
 }
 
-/// The op on one row, in f64.
-fn reference(op: Op, x: &[f64], y: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
+/// The op on one row, in f64 (the fused ops' references are their workloads').
+fn reference(op: Op, x: &[f64], y: &[f64]) -> Vec<f64> {
     match op {
         Op::Copy => x.to_vec(),
         Op::MulScalar => x.iter().map(|v| v * 2.0).collect(),
@@ -210,19 +277,7 @@ fn reference(op: Op, x: &[f64], y: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
         Op::Mul => x.iter().zip(y).map(|(a, b)| a * b).collect(),
         Op::Relu => x.iter().map(|v| v.max(0.0)).collect(),
         Op::Sigmoid => x.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
-        Op::Softmax => {
-            let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
-            let s: f64 = e.iter().sum();
-            e.iter().map(|v| v / s).collect()
-        }
-        Op::LayerNorm => {
-            let n = x.len() as f64;
-            let mean = x.iter().sum::<f64>() / n;
-            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
-            let rstd = 1.0 / (var + EPS).sqrt();
-            x.iter().zip(w).zip(b).map(|((v, w), b)| (v - mean) * rstd * w + b).collect()
-        }
+        Op::Softmax | Op::LayerNorm | Op::CrossEntropy => unreachable!("fused ops have their own reference"),
     }
 }
 
@@ -234,28 +289,18 @@ mod tests {
     fn references_are_right_on_a_small_row() {
         let x = [1.0, -2.0, 3.0];
         let y = [0.5, 0.5, 0.5];
-        let (w, b) = ([1.0; 3], [0.0; 3]);
-        assert_eq!(reference(Op::Relu, &x, &y, &w, &b), vec![1.0, 0.0, 3.0]);
-        assert_eq!(reference(Op::Add, &x, &y, &w, &b), vec![1.5, -1.5, 3.5]);
-        let s = reference(Op::Softmax, &x, &y, &w, &b);
-        assert!((s.iter().sum::<f64>() - 1.0).abs() < 1e-12 && s[2] > s[0] && s[0] > s[1]);
-        let ln = reference(Op::LayerNorm, &x, &y, &w, &b);
-        assert!(ln.iter().sum::<f64>().abs() < 1e-12);
+        assert_eq!(reference(Op::Relu, &x, &y), vec![1.0, 0.0, 3.0]);
+        assert_eq!(reference(Op::Add, &x, &y), vec![1.5, -1.5, 3.5]);
         assert_eq!(Op::Add.passes(), 3);
-        assert_eq!(Op::Softmax.passes(), 2);
+        assert_eq!(Op::Relu.passes(), 2);
+        // The fused ops' references are checked beside them (ferrograd-core src/fused/bench.rs).
     }
 
     #[test]
     fn every_op_passes_its_check_on_the_cpu() {
         let mut rng = Rng::new(7);
         let (r, c) = (9, 33);
-        let inp = Inputs {
-            x: Tensor::randn_with(&mut rng, 0.0, 1.0, (r, c), DType::F32, Device::Cpu).unwrap(),
-            y: Tensor::randn_with(&mut rng, 0.0, 1.0, (r, c), DType::F32, Device::Cpu).unwrap(),
-            w: Tensor::rand_with(&mut rng, 0.5, 1.5, c, DType::F32, Device::Cpu).unwrap(),
-            b: Tensor::randn_with(&mut rng, 0.0, 1.0, c, DType::F32, Device::Cpu).unwrap(),
-            dst: Tensor::zeros((r, c), DType::F32, Device::Cpu).unwrap(),
-        };
+        let inp = Inputs::new(&mut rng, r, c, Device::Cpu).unwrap();
         let rows = check::sample_rows(r, 4, 3, &mut rng);
         for op in ops_for(true) {
             verify(&inp, op, &rows, Device::Cpu).unwrap_or_else(|e| panic!("{}: {e}", op.name()));

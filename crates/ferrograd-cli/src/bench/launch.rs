@@ -9,7 +9,7 @@
 //! a warm-up chain; the chain's result is checked against x0 + ops * y in float64.
 
 use super::check::{rel_err, require};
-use super::{finish_json, finish_plot, open_json, print_rows, Environment, Report, Row};
+use super::{check_bytes, f32_bytes, finish_json, finish_plot, print_rows, Environment, Report, Row};
 use crate::timing::median;
 use crate::CliResult;
 use ferrograd_core::{DType, Device, Rng, Tensor};
@@ -32,13 +32,19 @@ pub struct Config {
     pub seed: u64,
 }
 
-pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+/// The flags, and the chain's tensors (x0, y, two live results, the f64 check) against the
+/// host's memory; the CPU runs the chain on every device choice. Issue 11: `--elems u64::MAX`
+/// panicked with "capacity overflow".
+pub fn check(cfg: &Config) -> CliResult<()> {
     if cfg.ops == 0 || cfg.elems == 0 || cfg.repeats == 0 {
         return Err("--ops, --elems and --repeats must be at least 1".into());
     }
+    check_bytes(Device::Cpu, || format!("bench launch --elems {}", cfg.elems), f32_bytes(cfg.elems, 10))
+}
+
+pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+    check(cfg)?;
     super::open_device("launch", cfg.device)?;
-    let json = open_json(&cfg.json)?;
-    crate::plot::check_path(&cfg.plot)?;
     let env = Environment::for_device(cfg.device);
     writeln!(
         out,
@@ -89,7 +95,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     report.rows = rows;
     report.notes.push(format!("{} adds per chain on {} f32 elements; seed {}", cfg.ops, cfg.elems, cfg.seed));
     finish_plot(&cfg.plot, &report, None, out)?;
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }
 
 struct ChainTimes {

@@ -16,7 +16,7 @@
 //! Inputs are normal samples from a seeded Philox stream, never zeros.
 
 use super::check::{self, rel_err, require};
-use super::{finish_json, open_json, plot_title, Environment, Report, Row};
+use super::{finish_json, plot_title, Environment, Report, Row};
 use crate::plot::{line_chart, Series};
 use crate::timing::{measure, measure_device, Clock, DevicePlan, Plan, Timing};
 use crate::CliResult;
@@ -159,23 +159,21 @@ pub fn naive_matmul(a: &[f32], b: &[f32], n: usize) -> Vec<f32> {
     c
 }
 
+/// The flags: dtypes and sizes within the bench's bounds (`Config::plan`).
+pub fn check(cfg: &Config) -> CliResult<()> {
+    cfg.plan().map(|_| ())
+}
+
 pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let plan = cfg.plan()?;
     super::open_device("matmul", cfg.device)?;
-    let json = open_json(&cfg.json)?;
-    crate::plot::check_path(&cfg.plot)?;
     match cfg.device {
-        Device::Cpu => run_cpu(cfg, &plan[0].1, json, out),
-        Device::Cuda(_) => run_cuda(cfg, &plan, json, out),
+        Device::Cpu => run_cpu(cfg, &plan[0].1, out),
+        Device::Cuda(_) => run_cuda(cfg, &plan, out),
     }
 }
 
-fn run_cpu(
-    cfg: &Config,
-    sizes: &[usize],
-    json: Option<(PathBuf, std::fs::File)>,
-    out: &mut dyn Write,
-) -> CliResult<()> {
+fn run_cpu(cfg: &Config, sizes: &[usize], out: &mut dyn Write) -> CliResult<()> {
     let env = Environment::detect();
     writeln!(
         out,
@@ -240,15 +238,10 @@ fn run_cpu(
         line_chart(p, &plot_title(&report), MATMUL_X, "GFLOP/s (log scale)", &series)?;
         writeln!(out, "\nwrote {}", p.display())?;
     }
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }
 
-fn run_cuda(
-    cfg: &Config,
-    plan: &[(DType, Vec<usize>)],
-    json: Option<(PathBuf, std::fs::File)>,
-    out: &mut dyn Write,
-) -> CliResult<()> {
+fn run_cuda(cfg: &Config, plan: &[(DType, Vec<usize>)], out: &mut dyn Write) -> CliResult<()> {
     // Exact f32, as PyTorch's default (torch.backends.cuda.matmul.allow_tf32 = False).
     set_matmul_precision(MatmulPrecision::Highest);
     let env = Environment::for_device(cfg.device);
@@ -318,7 +311,7 @@ fn run_cuda(
         line_chart(p, &plot_title(&report), MATMUL_X, "GFLOP/s (log scale)", &series)?;
         writeln!(out, "\nwrote {}", p.display())?;
     }
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }
 
 struct CudaResult {

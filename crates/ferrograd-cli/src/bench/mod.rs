@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod allreduce;
+pub mod attention;
 pub mod check;
 pub mod elementwise;
 pub mod launch;
@@ -17,7 +18,6 @@ use ferrograd_core::cuda::CudaDevice;
 use ferrograd_core::Device;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -148,32 +148,48 @@ impl Report {
     }
 }
 
-/// Write `value` as pretty JSON to `path`, naming the file in any error.
+/// Write `value` as pretty JSON to `path`, atomically (`ferrograd_core::io::write_atomic`: a
+/// previous file stays whole until the new one replaces it), naming the file in any error.
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> CliResult<()> {
     let text = serde_json::to_string_pretty(value)?;
-    std::fs::write(path, text + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    ferrograd_core::io::write_atomic(path, (text + "\n").as_bytes())?;
     Ok(())
 }
 
-/// Create the JSON file up front, so a bad path fails before minutes of benchmarking.
-pub fn open_json(path: &Option<PathBuf>) -> CliResult<Option<(PathBuf, File)>> {
-    match path {
-        Some(p) => {
-            let f = File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?;
-            Ok(Some((p.clone(), f)))
-        }
-        None => Ok(None),
-    }
-}
-
-/// Write the report to the file opened by [`open_json`] and say so.
-pub fn finish_json(json: Option<(PathBuf, File)>, report: &Report, out: &mut dyn Write) -> CliResult<()> {
-    if let Some((path, file)) = json {
-        drop(file);
-        write_json(&path, report)?;
+/// Write the report when `--json` was given (its path was checked before the bench started,
+/// `Job::outputs`) and say so.
+pub fn finish_json(json: &Option<PathBuf>, report: &Report, out: &mut dyn Write) -> CliResult<()> {
+    if let Some(path) = json {
+        write_json(path, report)?;
         writeln!(out, "\nwrote {}", path.display())?;
     }
     Ok(())
+}
+
+/// Refuse a bench whose tensors cannot be held: `bytes` is `None` when the byte count itself
+/// overflows (a typed error naming `what`); on the CPU the count is checked against the memory
+/// the host reports available. On a GPU the device's allocator reports its own out-of-memory
+/// error with the figures once the device is open.
+pub fn check_bytes(device: Device, what: impl Fn() -> String, bytes: Option<usize>) -> CliResult<()> {
+    let bytes = bytes.ok_or_else(|| format!("{} is too large: its byte count overflows", what()))?;
+    if device.is_cpu() {
+        ferrograd_core::host::check_fits(&what, bytes)?;
+    }
+    Ok(())
+}
+
+/// Once the device is open: refuse tensors that cannot fit in its memory before allocating
+/// any (`ferrograd_core::host::check_fits_on`). `bytes` was checked for overflow by `check_bytes`.
+pub fn fit_device(device: Device, what: impl FnOnce() -> String, bytes: Option<usize>) -> CliResult<()> {
+    if let (Device::Cuda(_), Some(b)) = (device, bytes) {
+        ferrograd_core::host::check_fits_on(device, what, b)?;
+    }
+    Ok(())
+}
+
+/// `n` elements of 4 bytes, `copies` times over, or None on overflow.
+pub fn f32_bytes(n: usize, copies: usize) -> Option<usize> {
+    n.checked_mul(4)?.checked_mul(copies)
 }
 
 /// Draw the rows as bar panels (one per unit) into `path` when `--plot` was given, and say so.

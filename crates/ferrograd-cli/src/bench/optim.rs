@@ -5,7 +5,7 @@
 //! step is neither all launch overhead nor all bandwidth. Gradients, moments and parameters are
 //! random (never zeros). CUDA events around each step (3 launches of up to 40 tensors), median.
 
-use super::{finish_json, finish_plot, open_device, open_json, print_rows, Environment, Report, Row};
+use super::{check_bytes, f32_bytes, finish_json, finish_plot, open_device, print_rows, Environment, Report, Row};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
 use ferrograd_core::optim::{adam_step, AdamConfig};
@@ -24,13 +24,32 @@ pub struct Config {
     pub seed: u64,
 }
 
-pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+/// Parameters of `tensors` tensors cycling through [`SIZES`], or None on overflow.
+fn parameters(tensors: usize) -> Option<usize> {
+    let cycle: usize = SIZES.iter().sum();
+    let full = (tensors / SIZES.len()).checked_mul(cycle)?;
+    full.checked_add(SIZES[..tensors % SIZES.len()].iter().sum())
+}
+
+/// The flags, and the five groups of tensors (parameters, gradients, two moments, one temporary)
+/// against the host's memory on the CPU. Issue 11: `--tensors 1000000` (5.4 TB) ran for minutes.
+pub fn check(cfg: &Config) -> CliResult<()> {
     if cfg.tensors == 0 {
         return Err("--tensors must be at least 1".into());
     }
+    let bytes = parameters(cfg.tensors).and_then(|n| f32_bytes(n, 5));
+    let what = || match parameters(cfg.tensors) {
+        Some(n) => format!("bench optim --tensors {} (5 groups of {n} f32 parameters)", cfg.tensors),
+        None => format!("bench optim --tensors {}", cfg.tensors),
+    };
+    check_bytes(cfg.device, what, bytes)
+}
+
+pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+    check(cfg)?;
     open_device("optim", cfg.device)?;
-    let json = open_json(&cfg.json)?;
-    crate::plot::check_path(&cfg.plot)?;
+    let bytes = parameters(cfg.tensors).and_then(|n| f32_bytes(n, 5));
+    super::fit_device(cfg.device, || format!("bench optim --tensors {}", cfg.tensors), bytes)?;
     let env = Environment::for_device(cfg.device);
     let mut rng = Rng::new(cfg.seed);
     let mut group = |scale: f64| -> CliResult<Vec<Tensor>> {
@@ -70,5 +89,5 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     report.rows = rows;
     report.notes.push(format!("sizes cycle {SIZES:?}; {total} parameters; bytes = 7 x 4 x parameters"));
     finish_plot(&cfg.plot, &report, None, out)?;
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }

@@ -19,7 +19,7 @@
 //! over repetitions after warm-up. GB/s are decimal (1e9 bytes/s). Each path is checked once for
 //! a bit-exact round trip before it is timed. Inputs are uniform random, never zeros.
 
-use super::{cuda_device, finish_json, finish_plot, open_json, print_rows, Environment, Report, Row};
+use super::{check_bytes, cuda_device, finish_json, finish_plot, print_rows, Environment, Report, Row};
 use crate::timing::{measure_self_timed, Plan};
 use crate::CliResult;
 use ferrograd_core::{DType, Device, Rng, Tensor};
@@ -44,13 +44,21 @@ pub struct Config {
     pub seed: u64,
 }
 
-pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+/// The flags, and the host buffers (the source, its pinned copy and the copy back) against the
+/// host's memory.
+pub fn check(cfg: &Config) -> CliResult<()> {
     if cfg.mib == 0 || cfg.count == 0 || cfg.kib == 0 {
         return Err("--mib, --count and --kib must be at least 1".into());
     }
+    let big = cfg.mib.checked_mul(1 << 20).and_then(|b| b.checked_mul(3));
+    check_bytes(Device::Cpu, || format!("bench transfer --mib {} (host buffers)", cfg.mib), big)?;
+    let small = cfg.count.checked_mul(cfg.kib).and_then(|k| k.checked_mul(1024 * 3));
+    check_bytes(Device::Cpu, || format!("bench transfer --count {} --kib {}", cfg.count, cfg.kib), small)
+}
+
+pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
+    check(cfg)?;
     let dev = cuda_device("transfer", cfg.device)?;
-    let json = open_json(&cfg.json)?;
-    crate::plot::check_path(&cfg.plot)?;
     let env = Environment::for_device(cfg.device);
     let device = cfg.device;
     let mut rng = Rng::new(cfg.seed);
@@ -185,7 +193,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     );
     report.notes.push(format!("seed {}; f32 uniform in [-1, 1); every path checked bit-exact once", cfg.seed));
     finish_plot(&cfg.plot, &report, None, out)?;
-    finish_json(json, &report, out)
+    finish_json(&cfg.json, &report, out)
 }
 
 fn same(what: &str, got: &[f32], want: &[f32]) -> CliResult<()> {

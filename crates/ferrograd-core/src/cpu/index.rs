@@ -10,7 +10,7 @@ fn indices(ids: &CpuStorage, il: &Layout, size: usize, op: &'static str) -> Resu
     if ids.dtype().is_float() {
         return Err(Error::UnsupportedDType { op, dtype: ids.dtype() });
     }
-    let v = ids.to_f64_vec(il);
+    let v = ids.to_f64_vec(il)?;
     v.into_iter()
         .map(|x| {
             if x < 0.0 || x as usize >= size {
@@ -31,8 +31,9 @@ pub fn index_select(s: &CpuStorage, l: &Layout, ids: &CpuStorage, il: &Layout, d
     let (outer, size, inner) = split(l.dims(), dim);
     let idx = indices(ids, il, size, "index_select")?;
     Ok(cpu_dispatch!(s, v => {
-        let src = strided::gather_contiguous(v, l);
-        let mut out = Vec::with_capacity(outer * idx.len() * inner);
+        let src = strided::gather_contiguous(v, l)?;
+        // The output shape was checked by `Tensor::index_select`, so the product is exact.
+        let mut out = super::alloc::with_capacity(outer * idx.len() * inner)?;
         for o in 0..outer {
             for &i in &idx {
                 let start = (o * size + i) * inner;
@@ -45,10 +46,10 @@ pub fn index_select(s: &CpuStorage, l: &Layout, ids: &CpuStorage, il: &Layout, d
 
 /// For every element of an index tensor of shape `idims`, the flat position it addresses in a
 /// contiguous tensor of shape `dims` once the `dim` coordinate is replaced by the index value.
-fn gather_positions(dims: &[usize], idims: &[usize], idx: &[usize], dim: usize) -> Vec<usize> {
+fn gather_positions(dims: &[usize], idims: &[usize], idx: &[usize], dim: usize) -> Result<Vec<usize>> {
     let strides = crate::Shape::from(dims).contiguous_strides();
     let mut coord = vec![0usize; idims.len()];
-    let mut out = Vec::with_capacity(idx.len());
+    let mut out = super::alloc::with_capacity(idx.len())?;
     for &ix in idx {
         let pos: usize =
             coord.iter().enumerate().map(|(d, &c)| if d == dim { ix * strides[d] } else { c * strides[d] }).sum();
@@ -61,7 +62,7 @@ fn gather_positions(dims: &[usize], idims: &[usize], idx: &[usize], dim: usize) 
             coord[d] = 0;
         }
     }
-    out
+    Ok(out)
 }
 
 /// The index tensor of gather/scatter_add has the data's rank and fits inside it off `dim`
@@ -78,10 +79,10 @@ pub(crate) fn check_gather(op: &'static str, dims: &[usize], idims: &[usize], di
 pub fn gather(s: &CpuStorage, l: &Layout, ids: &CpuStorage, il: &Layout, dim: usize) -> Result<CpuStorage> {
     check_gather("gather", l.dims(), il.dims(), dim)?;
     let idx = indices(ids, il, l.dims()[dim], "gather")?;
-    let pos = gather_positions(l.dims(), il.dims(), &idx, dim);
+    let pos = gather_positions(l.dims(), il.dims(), &idx, dim)?;
     Ok(cpu_dispatch!(s, v => {
-        let src = strided::gather_contiguous(v, l);
-        WithDType::to_cpu_storage(pos.iter().map(|&p| src[p]).collect::<Vec<_>>())
+        let src = strided::gather_contiguous(v, l)?;
+        WithDType::to_cpu_storage(super::alloc::collect(pos.iter().map(|&p| src[p]))?)
     }))
 }
 
@@ -107,8 +108,8 @@ pub fn index_add(
         return Err(Error::ShapeMismatch { op: "index_add", lhs: want, rhs: sl.dims().to_vec() });
     }
     Ok(dispatch2!("index_add", s, src, (d, x) => {
-        let mut out = strided::gather_contiguous(d, l);
-        let x = strided::gather_contiguous(x, sl);
+        let mut out = strided::gather_contiguous(d, l)?;
+        let x = strided::gather_contiguous(x, sl)?;
         for o in 0..outer {
             for (j, &i) in idx.iter().enumerate() {
                 for k in 0..inner {
@@ -135,10 +136,10 @@ pub fn scatter_add(
         return Err(Error::ShapeMismatch { op: "scatter_add", lhs: il.dims().to_vec(), rhs: sl.dims().to_vec() });
     }
     let idx = indices(ids, il, l.dims()[dim], "scatter_add")?;
-    let pos = gather_positions(l.dims(), il.dims(), &idx, dim);
+    let pos = gather_positions(l.dims(), il.dims(), &idx, dim)?;
     Ok(dispatch2!("scatter_add", s, src, (d, x) => {
-        let mut out = strided::gather_contiguous(d, l);
-        let x = strided::gather_contiguous(x, sl);
+        let mut out = strided::gather_contiguous(d, l)?;
+        let x = strided::gather_contiguous(x, sl)?;
         for (&p, &v) in pos.iter().zip(&x) {
             add_at(&mut out, p, v);
         }

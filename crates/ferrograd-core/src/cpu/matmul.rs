@@ -10,7 +10,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// Storage offsets of each matrix in the batch.
-fn batch_offsets(l: &Layout) -> Vec<usize> {
+fn batch_offsets(l: &Layout) -> Result<Vec<usize>> {
     let r = l.dims().len();
     let b = Layout::new(l.dims()[..r - 2].to_vec().into(), l.strides()[..r - 2].to_vec(), l.offset());
     strided::offsets(&b)
@@ -28,24 +28,25 @@ struct SendPtr<T>(*mut T);
 unsafe impl<T> Send for SendPtr<T> {}
 unsafe impl<T> Sync for SendPtr<T> {}
 
-fn matmul_t<T: gemm_t::Elem>(a: &[T], al: &Layout, b: &[T], bl: &Layout, d: MatmulDims) -> Vec<T> {
+fn matmul_t<T: gemm_t::Elem>(a: &[T], al: &Layout, b: &[T], bl: &Layout, d: MatmulDims) -> Result<Vec<T>> {
     let (a_own, al) = match matrix_strides(al) {
         Some(_) => (None, al.clone()),
-        None => (Some(strided::gather_contiguous(a, al)), Layout::contiguous(al.shape().clone())),
+        None => (Some(strided::gather_contiguous(a, al)?), Layout::contiguous(al.shape().clone())),
     };
     let (b_own, bl) = match matrix_strides(bl) {
         Some(_) => (None, bl.clone()),
-        None => (Some(strided::gather_contiguous(b, bl)), Layout::contiguous(bl.shape().clone())),
+        None => (Some(strided::gather_contiguous(b, bl)?), Layout::contiguous(bl.shape().clone())),
     };
     let a = a_own.as_deref().unwrap_or(a);
     let b = b_own.as_deref().unwrap_or(b);
     let (ars, acs) = matrix_strides(&al).unwrap_or((1, 1));
     let (brs, bcs) = matrix_strides(&bl).unwrap_or((1, 1));
-    let (aoffs, boffs) = (batch_offsets(&al), batch_offsets(&bl));
+    let (aoffs, boffs) = (batch_offsets(&al)?, batch_offsets(&bl)?);
     let MatmulDims { batch, m, n, k } = d;
-    let mut out = vec![T::ZERO; batch * m * n];
+    // `Tensor::matmul` checked the output shape [batch.., m, n], so these products are exact.
+    let mut out = super::alloc::filled(T::ZERO, batch * m * n)?;
     if m * n == 0 {
-        return out;
+        return Ok(out);
     }
     let small = m * n * k < 96 * 96 * 96;
     let run = |i: usize, dst: *mut T, par: Parallelism| {
@@ -85,7 +86,7 @@ fn matmul_t<T: gemm_t::Elem>(a: &[T], al: &Layout, b: &[T], bl: &Layout, d: Matm
             run(i, unsafe { out.as_mut_ptr().add(i * m * n) }, par);
         }
     }
-    out
+    Ok(out)
 }
 
 mod gemm_t {
@@ -110,14 +111,15 @@ mod gemm_t {
 pub fn matmul(a: &CpuStorage, al: &Layout, b: &CpuStorage, bl: &Layout, d: MatmulDims) -> Result<CpuStorage> {
     use crate::backend::BackendStorage;
     Ok(match (a, b) {
-        (CpuStorage::F32(x), CpuStorage::F32(y)) => CpuStorage::F32(matmul_t(x, al, y, bl, d)),
-        (CpuStorage::F64(x), CpuStorage::F64(y)) => CpuStorage::F64(matmul_t(x, al, y, bl, d)),
-        (CpuStorage::F16(x), CpuStorage::F16(y)) => CpuStorage::F16(matmul_t::<f16>(x, al, y, bl, d)),
+        (CpuStorage::F32(x), CpuStorage::F32(y)) => CpuStorage::F32(matmul_t(x, al, y, bl, d)?),
+        (CpuStorage::F64(x), CpuStorage::F64(y)) => CpuStorage::F64(matmul_t(x, al, y, bl, d)?),
+        (CpuStorage::F16(x), CpuStorage::F16(y)) => CpuStorage::F16(matmul_t::<f16>(x, al, y, bl, d)?),
         (CpuStorage::BF16(x), CpuStorage::BF16(y)) => {
-            let x32 = strided::map(x, al, |v| v.to_f32());
-            let y32 = strided::map(y, bl, |v| v.to_f32());
+            let x32 = strided::map(x, al, |v| v.to_f32())?;
+            let y32 = strided::map(y, bl, |v| v.to_f32())?;
             let (xl, yl) = (Layout::contiguous(al.shape().clone()), Layout::contiguous(bl.shape().clone()));
-            CpuStorage::BF16(matmul_t(&x32, &xl, &y32, &yl, d).into_iter().map(bf16::from_f32).collect())
+            let out = matmul_t(&x32, &xl, &y32, &yl, d)?;
+            CpuStorage::BF16(super::alloc::collect(out.into_iter().map(bf16::from_f32))?)
         }
         (x, y) if x.dtype() != y.dtype() => {
             return Err(Error::DTypeMismatch { op: "matmul", lhs: x.dtype(), rhs: y.dtype() })

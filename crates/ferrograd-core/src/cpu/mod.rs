@@ -1,9 +1,8 @@
 //! The CPU backend: one `Vec` per dtype, rayon for parallel loops, the `gemm` crate for matmul.
 
-pub(crate) mod cross_entropy;
+pub(crate) mod alloc;
 pub(crate) mod index;
 mod matmul;
-mod norm;
 mod reduce;
 pub mod strided;
 
@@ -78,24 +77,28 @@ impl CpuStorage {
         T::cpu_slice(self).ok_or(Error::DTypeMismatch { op: "as_slice", lhs: self.dtype(), rhs: T::DTYPE })
     }
 
-    /// A vector of `n` copies of `v` converted to `dtype`.
-    pub fn full(v: f64, n: usize, dtype: DType) -> Self {
+    /// A vector of `n` copies of `v` converted to `dtype` (fallible: a size the host cannot hold
+    /// is `Error::HostOutOfMemory`).
+    pub fn full(v: f64, n: usize, dtype: DType) -> Result<Self> {
+        fn f<T: WithDType>(v: f64, n: usize) -> Result<CpuStorage> {
+            Ok(T::to_cpu_storage(alloc::filled(T::from_f64(v), n)?))
+        }
         match dtype {
-            DType::F32 => CpuStorage::F32(vec![f32::from_f64(v); n]),
-            DType::F64 => CpuStorage::F64(vec![v; n]),
-            DType::F16 => CpuStorage::F16(vec![f16::from_f64(v); n]),
-            DType::BF16 => CpuStorage::BF16(vec![bf16::from_f64(v); n]),
-            DType::I32 => CpuStorage::I32(vec![i32::from_f64(v); n]),
-            DType::U32 => CpuStorage::U32(vec![u32::from_f64(v); n]),
-            DType::U8 => CpuStorage::U8(vec![u8::from_f64(v); n]),
-            DType::I8 => CpuStorage::I8(vec![i8::from_f64(v); n]),
+            DType::F32 => f::<f32>(v, n),
+            DType::F64 => f::<f64>(v, n),
+            DType::F16 => f::<f16>(v, n),
+            DType::BF16 => f::<bf16>(v, n),
+            DType::I32 => f::<i32>(v, n),
+            DType::U32 => f::<u32>(v, n),
+            DType::U8 => f::<u8>(v, n),
+            DType::I8 => f::<i8>(v, n),
         }
     }
 
     /// Build a storage of `dtype` from f64 values (used by creation ops and the RNG).
-    pub fn from_f64_iter(it: impl Iterator<Item = f64>, dtype: DType) -> Self {
-        fn c<T: WithDType>(it: impl Iterator<Item = f64>) -> CpuStorage {
-            T::to_cpu_storage(it.map(T::from_f64).collect())
+    pub fn from_f64_iter(it: impl ExactSizeIterator<Item = f64>, dtype: DType) -> Result<Self> {
+        fn c<T: WithDType>(it: impl ExactSizeIterator<Item = f64>) -> Result<CpuStorage> {
+            Ok(T::to_cpu_storage(alloc::collect(it.map(T::from_f64))?))
         }
         match dtype {
             DType::F32 => c::<f32>(it),
@@ -110,7 +113,7 @@ impl CpuStorage {
     }
 
     /// The viewed elements as f64 (exact for every dtype), for tests and index handling.
-    pub fn to_f64_vec(&self, l: &Layout) -> Vec<f64> {
+    pub fn to_f64_vec(&self, l: &Layout) -> Result<Vec<f64>> {
         cpu_dispatch!(self, v => strided::map(v, l, |x| x.to_f64()))
     }
 
@@ -125,18 +128,18 @@ impl CpuStorage {
 
     fn float_unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
         Ok(match self {
-            CpuStorage::F32(v) => CpuStorage::F32(strided::map(v, l, |x| op.eval_f32(x))),
-            CpuStorage::F64(v) => CpuStorage::F64(strided::map(v, l, |x| op.eval_f64(x))),
-            CpuStorage::F16(v) => CpuStorage::F16(strided::map(v, l, |x| f16::from_f32(op.eval_f32(x.to_f32())))),
-            CpuStorage::BF16(v) => CpuStorage::BF16(strided::map(v, l, |x| bf16::from_f32(op.eval_f32(x.to_f32())))),
+            CpuStorage::F32(v) => CpuStorage::F32(strided::map(v, l, |x| op.eval_f32(x))?),
+            CpuStorage::F64(v) => CpuStorage::F64(strided::map(v, l, |x| op.eval_f64(x))?),
+            CpuStorage::F16(v) => CpuStorage::F16(strided::map(v, l, |x| f16::from_f32(op.eval_f32(x.to_f32())))?),
+            CpuStorage::BF16(v) => CpuStorage::BF16(strided::map(v, l, |x| bf16::from_f32(op.eval_f32(x.to_f32())))?),
             s => {
                 if !op.int_ok() {
                     return Err(Error::UnsupportedDType { op: op.name(), dtype: s.dtype() });
                 }
-                fn int_map<T: WithDType>(v: &[T], l: &Layout, op: UnaryOp) -> CpuStorage {
-                    T::to_cpu_storage(strided::map(v, l, |x| T::from_f64(op.eval_f64(x.to_f64()))))
+                fn int_map<T: WithDType>(v: &[T], l: &Layout, op: UnaryOp) -> Result<CpuStorage> {
+                    Ok(T::to_cpu_storage(strided::map(v, l, |x| T::from_f64(op.eval_f64(x.to_f64())))?))
                 }
-                cpu_dispatch!(s, v => int_map(v, l, op))
+                cpu_dispatch!(s, v => int_map(v, l, op)?)
             }
         })
     }
@@ -173,7 +176,7 @@ fn bin_f64(op: BinaryOp, a: f64, b: f64) -> f64 {
             }
         }
         BinaryOp::MaskPositive => {
-            if b > 0.0 {
+            if b > 0.0 || b.is_nan() {
                 a
             } else {
                 0.0
@@ -213,14 +216,6 @@ fn cmp_f64(op: CmpOp, a: f64, b: f64) -> u8 {
     }) as u8
 }
 
-fn float_only(op: &'static str, s: &CpuStorage) -> Result<()> {
-    if s.dtype().is_float() {
-        Ok(())
-    } else {
-        Err(Error::UnsupportedDType { op, dtype: s.dtype() })
-    }
-}
-
 impl BackendStorage for CpuStorage {
     fn dtype(&self) -> DType {
         match self {
@@ -240,7 +235,7 @@ impl BackendStorage for CpuStorage {
     }
 
     fn copy_strided(&self, l: &Layout) -> Result<Self> {
-        Ok(cpu_dispatch!(self, v => WithDType::to_cpu_storage(strided::gather_contiguous(v, l))))
+        Ok(cpu_dispatch!(self, v => WithDType::to_cpu_storage(strided::gather_contiguous(v, l)?)))
     }
 
     fn copy_strided_into(&self, l: &Layout, dst: &mut Self, dst_offset: usize) -> Result<()> {
@@ -263,29 +258,29 @@ impl BackendStorage for CpuStorage {
     }
 
     fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Self> {
-        fn conv<S: WithDType, T: WithDType>(v: &[S], l: &Layout) -> CpuStorage {
-            T::to_cpu_storage(strided::map(v, l, |x| T::from_f64(x.to_f64())))
+        fn conv<S: WithDType, T: WithDType>(v: &[S], l: &Layout) -> Result<CpuStorage> {
+            Ok(T::to_cpu_storage(strided::map(v, l, |x| T::from_f64(x.to_f64()))?))
         }
         Ok(cpu_dispatch!(self, v => match dtype {
             DType::F32 => match self {
                 // The common autocast paths avoid the f64 round trip.
-                CpuStorage::F16(h) => CpuStorage::F32(strided::map(h, l, |x| x.to_f32())),
-                CpuStorage::BF16(h) => CpuStorage::F32(strided::map(h, l, |x| x.to_f32())),
-                _ => conv::<_, f32>(v, l),
+                CpuStorage::F16(h) => CpuStorage::F32(strided::map(h, l, |x| x.to_f32())?),
+                CpuStorage::BF16(h) => CpuStorage::F32(strided::map(h, l, |x| x.to_f32())?),
+                _ => conv::<_, f32>(v, l)?,
             },
-            DType::F64 => conv::<_, f64>(v, l),
+            DType::F64 => conv::<_, f64>(v, l)?,
             DType::F16 => match self {
-                CpuStorage::F32(h) => CpuStorage::F16(strided::map(h, l, f16::from_f32)),
-                _ => conv::<_, f16>(v, l),
+                CpuStorage::F32(h) => CpuStorage::F16(strided::map(h, l, f16::from_f32)?),
+                _ => conv::<_, f16>(v, l)?,
             },
             DType::BF16 => match self {
-                CpuStorage::F32(h) => CpuStorage::BF16(strided::map(h, l, bf16::from_f32)),
-                _ => conv::<_, bf16>(v, l),
+                CpuStorage::F32(h) => CpuStorage::BF16(strided::map(h, l, bf16::from_f32)?),
+                _ => conv::<_, bf16>(v, l)?,
             },
-            DType::I32 => conv::<_, i32>(v, l),
-            DType::U32 => conv::<_, u32>(v, l),
-            DType::U8 => conv::<_, u8>(v, l),
-            DType::I8 => conv::<_, i8>(v, l),
+            DType::I32 => conv::<_, i32>(v, l)?,
+            DType::U32 => conv::<_, u32>(v, l)?,
+            DType::U8 => conv::<_, u8>(v, l)?,
+            DType::I8 => conv::<_, i8>(v, l)?,
         }))
     }
 
@@ -296,43 +291,49 @@ impl BackendStorage for CpuStorage {
     fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
         Ok(match (self, rhs) {
             (CpuStorage::F32(a), CpuStorage::F32(b)) => {
-                CpuStorage::F32(strided::zip(a, l, b, rl, |x, y| bin_f32(op, x, y)))
+                CpuStorage::F32(strided::zip(a, l, b, rl, |x, y| bin_f32(op, x, y))?)
             }
             (CpuStorage::F64(a), CpuStorage::F64(b)) => {
-                CpuStorage::F64(strided::zip(a, l, b, rl, |x, y| bin_f64(op, x, y)))
+                CpuStorage::F64(strided::zip(a, l, b, rl, |x, y| bin_f64(op, x, y))?)
             }
             (CpuStorage::F16(a), CpuStorage::F16(b)) => {
-                CpuStorage::F16(strided::zip(a, l, b, rl, |x, y| f16::from_f32(bin_f32(op, x.to_f32(), y.to_f32()))))
+                CpuStorage::F16(strided::zip(a, l, b, rl, |x, y| f16::from_f32(bin_f32(op, x.to_f32(), y.to_f32())))?)
             }
             (CpuStorage::BF16(a), CpuStorage::BF16(b)) => {
-                CpuStorage::BF16(strided::zip(a, l, b, rl, |x, y| bf16::from_f32(bin_f32(op, x.to_f32(), y.to_f32()))))
+                CpuStorage::BF16(strided::zip(a, l, b, rl, |x, y| bf16::from_f32(bin_f32(op, x.to_f32(), y.to_f32())))?)
             }
             (a, b) => {
-                fn int_zip<T: WithDType>(x: &[T], l: &Layout, y: &[T], rl: &Layout, op: BinaryOp) -> CpuStorage {
-                    T::to_cpu_storage(strided::zip(x, l, y, rl, |p, q| {
+                fn int_zip<T: WithDType>(
+                    x: &[T],
+                    l: &Layout,
+                    y: &[T],
+                    rl: &Layout,
+                    op: BinaryOp,
+                ) -> Result<CpuStorage> {
+                    Ok(T::to_cpu_storage(strided::zip(x, l, y, rl, |p, q| {
                         let r = bin_f64(op, p.to_f64(), q.to_f64());
                         // Integer division truncates toward zero, as in C and CUDA.
                         T::from_f64(if op == BinaryOp::Div { r.trunc() } else { r })
-                    }))
+                    })?))
                 }
-                dispatch2!(op.name(), a, b, (x, y) => int_zip(x, l, y, rl, op))
+                dispatch2!(op.name(), a, b, (x, y) => int_zip(x, l, y, rl, op)?)
             }
         })
     }
 
     fn cmp(&self, l: &Layout, rhs: &Self, rl: &Layout, op: CmpOp) -> Result<Self> {
         Ok(dispatch2!("cmp", self, rhs, (x, y) => {
-            CpuStorage::U8(strided::zip(x, l, y, rl, |p, q| cmp_f64(op, p.to_f64(), q.to_f64())))
+            CpuStorage::U8(strided::zip(x, l, y, rl, |p, q| cmp_f64(op, p.to_f64(), q.to_f64()))?)
         }))
     }
 
     fn where_cond(&self, l: &Layout, t: &Self, tl: &Layout, f: &Self, fl: &Layout) -> Result<Self> {
-        let cond: Vec<u8> = cpu_dispatch!(self, c => strided::map(c, l, |x| (x.to_f64() != 0.0) as u8));
+        let cond: Vec<u8> = cpu_dispatch!(self, c => strided::map(c, l, |x| (x.to_f64() != 0.0) as u8)?);
         let cl = Layout::contiguous(l.shape().clone());
         Ok(dispatch2!("where_cond", t, f, (a, b) => {
-            let picked = strided::zip(&cond, &cl, a, tl, |c, x| (c, x));
+            let picked = strided::zip(&cond, &cl, a, tl, |c, x| (c, x))?;
             let pl = Layout::contiguous(tl.shape().clone());
-            WithDType::to_cpu_storage(strided::zip(&picked, &pl, b, fl, |(c, x), y| if c != 0 { x } else { y }))
+            WithDType::to_cpu_storage(strided::zip(&picked, &pl, b, fl, |(c, x), y| if c != 0 { x } else { y })?)
         }))
     }
 
@@ -342,35 +343,6 @@ impl BackendStorage for CpuStorage {
 
     fn arg_reduce(&self, l: &Layout, op: ArgReduceOp, dim: usize) -> Result<Self> {
         reduce::arg_reduce(self, l, op, dim)
-    }
-
-    fn softmax_last(&self, l: &Layout, log: bool) -> Result<Self> {
-        float_only("softmax", self)?;
-        norm::softmax_last(self, l, log)
-    }
-
-    fn layer_norm(
-        &self,
-        l: &Layout,
-        weight: Option<(&Self, &Layout)>,
-        bias: Option<(&Self, &Layout)>,
-        eps: f64,
-    ) -> Result<(Self, Self, Self)> {
-        float_only("layer_norm", self)?;
-        norm::layer_norm(self, l, weight, bias, eps)
-    }
-
-    fn layer_norm_backward(
-        &self,
-        l: &Layout,
-        weight: Option<(&Self, &Layout)>,
-        mean: &Self,
-        rstd: &Self,
-        dy: &Self,
-        dyl: &Layout,
-    ) -> Result<(Self, Self, Self)> {
-        float_only("layer_norm_backward", self)?;
-        norm::layer_norm_backward(self, l, weight, mean, rstd, dy, dyl)
     }
 
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout, dims: MatmulDims) -> Result<Self> {

@@ -14,7 +14,7 @@ struct Split {
     inner: Vec<usize>,
 }
 
-fn split(l: &Layout, dims: &[usize]) -> Split {
+fn split(l: &Layout, dims: &[usize]) -> Result<Split> {
     let (mut ks, mut kst, mut rs, mut rst) = (vec![], vec![], vec![], vec![]);
     for (i, (&d, &s)) in l.dims().iter().zip(l.strides()).enumerate() {
         if dims.contains(&i) {
@@ -27,7 +27,7 @@ fn split(l: &Layout, dims: &[usize]) -> Split {
     }
     let kept = Layout::new(ks.into(), kst, l.offset());
     let red = Layout::new(rs.into(), rst, 0);
-    Split { bases: strided::offsets(&kept), inner: strided::offsets(&red) }
+    Ok(Split { bases: strided::offsets(&kept)?, inner: strided::offsets(&red)? })
 }
 
 fn fold(op: ReduceOp, vals: impl Iterator<Item = f64>) -> f64 {
@@ -45,8 +45,8 @@ fn combine(op: ReduceOp, parts: impl Iterator<Item = f64>) -> f64 {
     fold(op, parts)
 }
 
-fn reduce_t<T: WithDType>(v: &[T], l: &Layout, op: ReduceOp, dims: &[usize]) -> Vec<T> {
-    let Split { bases, inner } = split(l, dims);
+fn reduce_t<T: WithDType>(v: &[T], l: &Layout, op: ReduceOp, dims: &[usize]) -> Result<Vec<T>> {
+    let Split { bases, inner } = split(l, dims)?;
     let one = |b: usize, r: &[usize]| fold(op, r.iter().map(|&o| v[b + o].to_f64()));
     let out_f64: Vec<f64> = if bases.len() >= rayon::current_num_threads() * 2 || inner.len() < strided::PAR_MIN {
         bases.par_iter().with_min_len((strided::PAR_MIN / inner.len().max(1)).max(1)).map(|&b| one(b, &inner)).collect()
@@ -59,16 +59,16 @@ fn reduce_t<T: WithDType>(v: &[T], l: &Layout, op: ReduceOp, dims: &[usize]) -> 
             })
             .collect()
     };
-    out_f64.into_iter().map(T::from_f64).collect()
+    Ok(out_f64.into_iter().map(T::from_f64).collect())
 }
 
 pub fn reduce(s: &CpuStorage, l: &Layout, op: ReduceOp, dims: &[usize]) -> Result<CpuStorage> {
-    Ok(cpu_dispatch!(s, v => WithDType::to_cpu_storage(reduce_t(v, l, op, dims))))
+    Ok(cpu_dispatch!(s, v => WithDType::to_cpu_storage(reduce_t(v, l, op, dims)?)))
 }
 
-fn arg_reduce_t<T: WithDType>(v: &[T], l: &Layout, op: ArgReduceOp, dim: usize) -> Vec<u32> {
-    let Split { bases, inner } = split(l, &[dim]);
-    bases
+fn arg_reduce_t<T: WithDType>(v: &[T], l: &Layout, op: ArgReduceOp, dim: usize) -> Result<Vec<u32>> {
+    let Split { bases, inner } = split(l, &[dim])?;
+    Ok(bases
         .par_iter()
         .map(|&b| {
             let mut best = 0usize;
@@ -91,9 +91,9 @@ fn arg_reduce_t<T: WithDType>(v: &[T], l: &Layout, op: ArgReduceOp, dim: usize) 
             }
             best as u32
         })
-        .collect()
+        .collect())
 }
 
 pub fn arg_reduce(s: &CpuStorage, l: &Layout, op: ArgReduceOp, dim: usize) -> Result<CpuStorage> {
-    Ok(CpuStorage::U32(cpu_dispatch!(s, v => arg_reduce_t(v, l, op, dim))))
+    Ok(CpuStorage::U32(cpu_dispatch!(s, v => arg_reduce_t(v, l, op, dim)?)))
 }

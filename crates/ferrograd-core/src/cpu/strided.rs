@@ -1,7 +1,9 @@
 //! Elementwise loops over strided views, parallel with rayon once a tensor is large enough to pay
 //! for the threads. Contiguous inputs take a slice fast path that the compiler can vectorise.
+//! Output buffers are reserved fallibly (`alloc.rs`): a size the host cannot hold is an error.
 
-use crate::Layout;
+use super::alloc;
+use crate::{Layout, Result};
 use rayon::prelude::*;
 
 /// Below this many elements a loop stays on one thread: rayon's fork/join costs a few microseconds.
@@ -18,7 +20,7 @@ pub fn par_fill<U: Send>(out: &mut [U], f: impl Fn(usize, &mut [U]) + Sync) {
     out.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i * chunk, c));
 }
 
-pub fn map<T, U, F>(src: &[T], l: &Layout, f: F) -> Vec<U>
+pub fn map<T, U, F>(src: &[T], l: &Layout, f: F) -> Result<Vec<U>>
 where
     T: Copy + Sync,
     U: bytemuck::Zeroable + Copy + Send + Sync,
@@ -27,21 +29,25 @@ where
     let n = l.elem_count();
     if let Some((s, e)) = l.contiguous_range() {
         let src = &src[s..e];
+        let mut out = alloc::with_capacity(n)?;
         if n >= PAR_MIN {
-            return src.par_iter().map(|&x| f(x)).collect();
+            // The room is reserved, so rayon writes in place without reallocating.
+            out.par_extend(src.par_iter().map(|&x| f(x)));
+        } else {
+            out.extend(src.iter().map(|&x| f(x)));
         }
-        return src.iter().map(|&x| f(x)).collect();
+        return Ok(out);
     }
-    let mut out = vec![U::zeroed(); n];
+    let mut out = alloc::zeroed(n)?;
     par_fill(&mut out, |start, chunk| {
         for (o, off) in chunk.iter_mut().zip(l.offsets_from(start)) {
             *o = f(src[off]);
         }
     });
-    out
+    Ok(out)
 }
 
-pub fn zip<A, B, U, F>(a: &[A], al: &Layout, b: &[B], bl: &Layout, f: F) -> Vec<U>
+pub fn zip<A, B, U, F>(a: &[A], al: &Layout, b: &[B], bl: &Layout, f: F) -> Result<Vec<U>>
 where
     A: Copy + Sync,
     B: Copy + Sync,
@@ -49,7 +55,7 @@ where
     F: Fn(A, B) -> U + Sync + Send,
 {
     let n = al.elem_count();
-    let mut out = vec![U::zeroed(); n];
+    let mut out = alloc::zeroed(n)?;
     match (al.contiguous_range(), bl.contiguous_range()) {
         (Some((sa, ea)), Some((sb, eb))) => {
             let (a, b) = (&a[sa..ea], &b[sb..eb]);
@@ -75,21 +81,25 @@ where
             }
         }),
     }
-    out
+    Ok(out)
 }
 
 /// The storage offsets of a view as a vector, for kernels that index in arbitrary order.
-pub fn offsets(l: &Layout) -> Vec<usize> {
+pub fn offsets(l: &Layout) -> Result<Vec<usize>> {
     match l.contiguous_range() {
-        Some((s, e)) => (s..e).collect(),
-        None => l.offsets().collect(),
+        Some((s, e)) => alloc::collect(s..e),
+        None => alloc::collect(l.offsets()),
     }
 }
 
 /// A contiguous copy of a view.
-pub fn gather_contiguous<T: Copy + Sync + Send + bytemuck::Zeroable>(src: &[T], l: &Layout) -> Vec<T> {
+pub fn gather_contiguous<T: Copy + Sync + Send + bytemuck::Zeroable>(src: &[T], l: &Layout) -> Result<Vec<T>> {
     match l.contiguous_range() {
-        Some((s, e)) => src[s..e].to_vec(),
+        Some((s, e)) => {
+            let mut v = alloc::with_capacity(e - s)?;
+            v.extend_from_slice(&src[s..e]);
+            Ok(v)
+        }
         None => map(src, l, |x| x),
     }
 }

@@ -4,8 +4,9 @@
 
 use super::alloc::{AllocError, Allocation, CachingAllocator, MemoryStats};
 use super::driver::{DriverEvents, DriverMemory, COMPUTE, COPY};
-use super::kernels::{self, Arch, KernelError, KernelSource};
+use super::launch::DeviceFuncs;
 use super::modules::Module;
+use super::nvrtc::{self, Arch, KernelError};
 use super::probe::{self, CudaDeviceInfo};
 use crate::{Error, Result};
 use cudarc::cublas::CudaBlas;
@@ -17,14 +18,18 @@ pub struct CudaDevice {
     pub ordinal: usize,
     pub info: CudaDeviceInfo,
     pub arch: Arch,
+    /// Multiprocessors of this GPU: launch shapes fill this chip (`cuda/launch.rs`).
+    sms: usize,
     pub(crate) ctx: Arc<CudaContext>,
     compute_stream: Arc<CudaStream>,
     copy_stream: Arc<CudaStream>,
     pub(crate) blas: Mutex<CudaBlas>,
     alloc: Mutex<CachingAllocator<DriverMemory, DriverEvents>>,
-    funcs: Mutex<HashMap<String, CudaFunction>>,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Loaded modules and their kernels, by (module name, kernel name).
+    funcs: DeviceFuncs,
     pending: Mutex<super::event::Pending>,
+    /// Where kernels report a bad index for the next host read (`cuda/error_flag.rs`).
+    pub(crate) error_flag: super::error_flag::ErrorFlag,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -85,11 +90,10 @@ impl CudaDevice {
 
     fn open(ordinal: usize) -> Result<CudaDevice> {
         let info = probe::device_info(ordinal)?;
-        super::storage::set_sm_count(info.multiprocessors as usize);
         let (maj, min) = info.compute_capability;
         let arch = Arch::from_compute_capability(maj, min)?;
         // NVRTC must be loadable before we promise a working device.
-        kernels::nvrtc_info()?;
+        nvrtc::nvrtc_info()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("cuCtx", e))?;
         let stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
         let copy_stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
@@ -103,8 +107,11 @@ impl CudaDevice {
             DriverEvents::new(ctx.clone(), [stream.cu_stream(), copy_stream.cu_stream()]),
         );
         alloc.set_memory_limit(super::alloc::memory_limit_from_env()?);
+        let error_flag = super::error_flag::ErrorFlag::new(&ctx)?;
         Ok(CudaDevice {
+            error_flag,
             ordinal,
+            sms: (info.multiprocessors as usize).max(1),
             info,
             arch,
             ctx,
@@ -112,8 +119,7 @@ impl CudaDevice {
             copy_stream,
             blas: Mutex::new(blas),
             alloc: Mutex::new(alloc),
-            funcs: Mutex::new(HashMap::new()),
-            modules: Mutex::new(HashMap::new()),
+            funcs: DeviceFuncs::default(),
             pending: Mutex::new(Default::default()),
         })
     }
@@ -208,25 +214,34 @@ impl CudaDevice {
         self.ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))
     }
 
-    /// Block until all queued work on both streams is done.
+    /// Block until all queued work on both streams is done; a bad index a kernel met since the
+    /// last host read is reported here (`Error::IndexOutOfRange`).
     pub fn synchronize(&self) -> Result<()> {
         self.stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
         self.copy_stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))?;
-        lock(&self.pending).wait_all()
+        lock(&self.pending).wait_all()?;
+        self.take_device_error()
+    }
+
+    /// Multiprocessors of this GPU.
+    pub fn sm_count(&self) -> usize {
+        self.sms
     }
 
     /// The kernel `name` from `module`, compiling (or loading from the disk cache) on first use.
+    /// Kernels are cached by (module, name): a model's kernel named like a core kernel is its own.
     pub(crate) fn func(&self, module: &Module, name: &str) -> Result<CudaFunction> {
-        if let Some(f) = lock(&self.funcs).get(name) {
-            return Ok(f.clone());
-        }
-        let m = self.load_module(module)?;
-        let f = m.load_function(name).map_err(|e| Error::Kernel {
-            name: name.to_string(),
-            msg: format!("not found in module {}: {e:?}", module.name),
-        })?;
-        lock(&self.funcs).insert(name.to_string(), f.clone());
-        Ok(f)
+        self.funcs.get(
+            module,
+            name,
+            |m| self.load_cuda_module(m),
+            |m, name| {
+                m.load_function(name).map_err(|e| Error::Kernel {
+                    name: name.to_string(),
+                    msg: format!("not found in module {}: {e:?}", module.name),
+                })
+            },
+        )
     }
 
     /// Launch `name` from an embedded `module` (a model's own fused kernels) on the compute stream.
@@ -276,15 +291,13 @@ impl CudaDevice {
 
     /// Compile (or fetch from the disk cache) and load `module` into this context, once.
     pub fn load_module(&self, module: &Module) -> Result<Arc<CudaModule>> {
-        if let Some(m) = lock(&self.modules).get(module.name) {
-            return Ok(m.clone());
-        }
-        let compiled = kernels::get_or_compile(&KernelSource::new(module.name, module.src), self.arch)?;
-        let m = self
-            .ctx
+        self.funcs.module(module, |m| self.load_cuda_module(m))
+    }
+
+    fn load_cuda_module(&self, module: &Module) -> Result<Arc<CudaModule>> {
+        let compiled = nvrtc::get_or_compile(&module.source(), self.arch)?;
+        self.ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.to_vec()))
-            .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))?;
-        lock(&self.modules).insert(module.name, m.clone());
-        Ok(m)
+            .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))
     }
 }

@@ -2,19 +2,23 @@
 //! loading), so a machine without CUDA builds and runs the same binary; each entry point checks
 //! that the library exists first because cudarc panics on a missing one.
 
+#[cfg(test)]
+mod abi;
 pub mod alloc;
 mod buffer;
-mod cross_entropy;
+mod cooperative;
 pub mod device;
 mod driver;
+pub(crate) mod error_flag;
 pub mod event;
 mod interop;
-pub mod kernels;
+pub mod klayout;
+pub(crate) mod launch;
 mod matmul;
 pub mod memory;
 pub mod modules;
-mod ops;
-pub(crate) mod optim;
+pub mod nvrtc;
+pub(crate) mod ops;
 pub mod peer;
 pub mod pinned;
 pub mod probe;
@@ -23,6 +27,7 @@ mod timer;
 pub mod transfer;
 
 pub use buffer::set_poison_allocations;
+pub use cooperative::MappedF32;
 pub use device::CudaDevice;
 pub use matmul::{matmul_precision, set_matmul_precision, MatmulPrecision};
 pub use memory::{memory_status, DeviceMemoryStatus};

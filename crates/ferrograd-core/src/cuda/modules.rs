@@ -1,50 +1,101 @@
-//! The kernel sources, embedded in the binary. Each module is `common.cuh` followed by one file;
-//! `docs/kernel-abi.md` is the contract between these and the Rust launch sites.
+//! The kernel modules, embedded in the binary, and the one list of them ([`ALL`]) that
+//! `ferrograd kernels --precompile` and the NVRTC compile test walk.
+//!
+//! A module is a `const` [`Module`] (name, source, shared headers, defines) declared next to the
+//! code that launches it: the core op families here (their sources in `kernels/`), each fused op in
+//! its folder under `src/fused/`. Shared headers live in `kernels/include/` and are listed in
+//! [`headers`]; `docs/kernel-abi.md` is the contract between the sources and the launch sites.
 
-pub struct Module {
-    pub name: &'static str,
-    pub src: &'static str,
+pub use super::nvrtc::{Define, Header, Module};
+
+/// The shared headers a module may `#include "name"` (each brings the defines its text needs).
+pub mod headers {
+    use super::{Define, Header};
+    use crate::cuda::launch::{ROW_CAP_DOUBLE, ROW_CAP_FLOAT};
+
+    macro_rules! header {
+        ($id:ident, $name:literal $(, $defines:expr)?) => {
+            pub const $id: Header =
+                Header::new($name, include_str!(concat!("../../kernels/include/", $name))) $(.with_defines($defines))?;
+        };
+    }
+
+    // Types, the kernel `Layout`, conversions, block reductions: every module includes it.
+    header!(COMMON, "common.cuh", &[Define::int("FG_MAX_DIMS", crate::cuda::klayout::MAX_DIMS as i64)]);
+    // exp, log, tanh, ... in the accumulation type, op.rs's constants, tanh-GELU and its derivative.
+    header!(ACC_MATH, "acc_math.cuh");
+    // The running (max, sum of exp) pair of softmax and cross entropy.
+    header!(ONLINE_SOFTMAX, "online_softmax.cuh");
+    // Rows in registers: which rows a thread holds, reductions over a row's group of threads.
+    header!(
+        ROW_REDUCE,
+        "row_reduce.cuh",
+        &[
+            Define::int("FG_ROW_CAP_FLOAT", ROW_CAP_FLOAT as i64),
+            Define::int("FG_ROW_CAP_DOUBLE", ROW_CAP_DOUBLE as i64),
+        ]
+    );
+    // 16-byte row loads and stores, plain and cache-streaming.
+    header!(VEC_LOAD, "vec_load.cuh");
+    // How a kernel reports a bad index through the device's error flag.
+    header!(ERROR_FLAG, "error_flag.cuh");
+
+    /// Every shared header, for the tests that read them all.
+    pub const ALL: &[Header] = &[COMMON, ACC_MATH, ONLINE_SOFTMAX, ROW_REDUCE, VEC_LOAD, ERROR_FLAG];
 }
 
-macro_rules! module {
-    ($id:ident, $name:literal) => {
-        pub const $id: Module = Module {
-            name: $name,
-            src: concat!(
-                include_str!("../../kernels/common.cuh"),
-                "\n",
-                include_str!(concat!("../../kernels/", $name, ".cu"))
-            ),
-        };
+use headers::{ACC_MATH, COMMON, ERROR_FLAG};
+
+macro_rules! core_module {
+    ($id:ident, $name:literal, $headers:expr $(, $defines:expr)?) => {
+        pub const $id: Module = Module::new($name, include_str!(concat!("../../kernels/", $name, ".cu")))
+            .with_headers($headers) $(.with_defines($defines))?;
     };
 }
 
-module!(COPY, "copy");
-module!(UNARY, "unary");
-module!(BINARY, "binary");
-module!(REDUCE, "reduce");
-module!(SOFTMAX, "softmax");
-module!(LAYERNORM, "layernorm");
-module!(INDEX, "index");
-module!(RNG, "rng");
-module!(OPTIM, "optim");
-module!(CROSS_ENTROPY, "cross_entropy");
+core_module!(COPY, "copy", &[COMMON]);
+core_module!(CAST, "cast", &[COMMON]);
+core_module!(UNARY, "unary", &[COMMON, ACC_MATH]);
+core_module!(BINARY, "binary", &[COMMON]);
+core_module!(REDUCE, "reduce", &[COMMON]);
+core_module!(INDEX, "index", &[COMMON, ERROR_FLAG], &[Define::uint("FG_ID_NONE", super::ops::index::NO_ID)]);
+core_module!(RNG, "rng", &[COMMON]);
+core_module!(OPTIM, "optim", &[COMMON], &[Define::int("FG_OPT_MAX", super::ops::optim::MAX as i64)]);
 
-/// Every module, for `ferrograd kernels --precompile` and the NVRTC compile test.
-pub const ALL: &[&Module] =
-    &[&COPY, &UNARY, &BINARY, &REDUCE, &SOFTMAX, &LAYERNORM, &INDEX, &RNG, &OPTIM, &CROSS_ENTROPY];
+/// Every module of the library, fused ops' included: one line per module. What
+/// `ferrograd kernels --precompile` and the NVRTC compile test walk.
+pub const ALL: &[&Module] = &[
+    &COPY,
+    &CAST,
+    &UNARY,
+    &BINARY,
+    &REDUCE,
+    &INDEX,
+    &RNG,
+    &OPTIM,
+    &crate::fused::softmax::MODULE,
+    &crate::fused::layer_norm::MODULE,
+    &crate::fused::cross_entropy::MODULE,
+    // src/fused/attention: one module per head dim.
+    crate::fused::attention::MODULES[0],
+    crate::fused::attention::MODULES[1],
+    crate::fused::attention::MODULES[2],
+    crate::fused::attention::MODULES[3],
+    crate::fused::attention::MODULES[4],
+];
 
-/// Compile every module for `arch` into the on-disk cache (`ferrograd kernels --precompile`).
-pub fn precompile(arch: super::kernels::Arch) -> crate::Result<super::kernels::PrecompileReport> {
-    let sources: Vec<super::kernels::KernelSource> =
-        ALL.iter().map(|m| super::kernels::KernelSource::new(m.name, m.src)).collect();
-    Ok(super::kernels::precompile_kernels(arch, &sources)?)
+/// Compile every module for `arch`, and `extra` (other crates' modules, such as
+/// `ferrograd_models::MODULES`), into the on-disk cache, all in parallel (`ferrograd kernels
+/// --precompile`).
+pub fn precompile(arch: super::nvrtc::Arch, extra: &[&Module]) -> crate::Result<super::nvrtc::PrecompileReport> {
+    let sources: Vec<_> = ALL.iter().chain(extra).map(|m| m.source()).collect();
+    Ok(super::nvrtc::precompile(arch, &sources)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::kernels::{compile_cubin, find_cuda_include, nvrtc_info, Arch, KernelSource};
+    use crate::cuda::nvrtc::{compile_cubin, find_cuda_include, nvrtc_info, Arch};
 
     /// Every kernel file compiles under NVRTC for Ampere and Hopper. Runs wherever libnvrtc is
     /// found (CI installs it from PyPI); FERROGRAD_REQUIRE_NVRTC=1 turns a skip into a failure.
@@ -58,10 +109,33 @@ mod tests {
         let include = find_cuda_include().unwrap_or_else(|e| panic!("{e}"));
         for m in ALL {
             for arch in [Arch::SM80, Arch::SM90] {
-                let cubin = compile_cubin(&KernelSource::new(m.name, m.src), arch, &include)
-                    .unwrap_or_else(|e| panic!("{} for {arch}: {e}", m.name));
+                let cubin =
+                    compile_cubin(&m.source(), arch, &include).unwrap_or_else(|e| panic!("{} for {arch}: {e}", m.name));
                 assert!(cubin.len() > 1000, "{} for {arch}: {} bytes", m.name, cubin.len());
                 println!("{} {arch}: {} bytes", m.name, cubin.len());
+            }
+        }
+    }
+
+    /// Module names are unique (the device caches loaded modules by name), and every
+    /// `#include "..."` of a module or of its headers is among the headers it declares.
+    #[test]
+    fn modules_have_unique_names_and_declare_their_includes() {
+        let mut names: Vec<&str> = ALL.iter().map(|m| m.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), ALL.len(), "two modules share a name");
+        for m in ALL {
+            let texts = std::iter::once(m.src).chain(m.headers.iter().map(|h| h.src));
+            for text in texts {
+                for line in text.lines().filter_map(|l| l.trim().strip_prefix("#include \"")) {
+                    let inc = line.split('"').next().unwrap_or("");
+                    assert!(
+                        m.headers.iter().any(|h| h.name == inc),
+                        "{} includes {inc} but does not declare it",
+                        m.name
+                    );
+                }
             }
         }
     }

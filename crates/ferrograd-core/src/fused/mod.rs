@@ -6,7 +6,12 @@
 //! norm, cross entropy, attention, a linear layer with its activation, a selective scan, fake
 //! quantization) implements [`FusedOp`] instead, in a folder of its own under `src/fused/` holding
 //! its CPU reference, its CUDA launch, its `.cu` file and its bench, so that adding one touches that
-//! folder, one line in [`registry`] and its tests (see `docs/adding-an-op.md`).
+//! folder, its `pub mod` line below, its line in the kernel module list
+//! (`src/cuda/modules.rs` `ALL`) and its tests (see `docs/adding-an-op.md`).
+//!
+//! Each folder: `mod.rs` (the public function on `Tensor`, the `FusedOp` impl and its backward, the
+//! `MODULE` declaration of its kernels), `cpu.rs` (the reference), `cuda.rs` (the launches), the
+//! `.cu` file, and `bench.rs` (the workload `ferrograd bench elementwise` times against PyTorch).
 //!
 //! Contract:
 //! - `cpu_fwd` / `cuda_fwd` read every input through its `Layout` (strided views in place, or copy
@@ -19,6 +24,13 @@
 //! - `backward` gets the inputs, the output and the saved tensors as `Tensor`s and returns one
 //!   gradient per input (`None` for inputs without one, such as class ids). It may call other fused
 //!   ops (its backward kernels) through [`apply_all`], which records nothing.
+
+pub mod attention;
+pub mod bench;
+pub mod cross_entropy;
+pub mod layer_norm;
+mod rows;
+pub mod softmax;
 
 use crate::backprop::track;
 use crate::cpu::CpuStorage;
@@ -145,4 +157,14 @@ pub(crate) fn input_grads(rec: &FusedRecord, node: &Tensor, g: &Tensor) -> Resul
         }
     }
     Ok(out)
+}
+
+/// `Ok` when a forward got `want` inputs (a mismatch is a bug in the op's public function, reported
+/// as a typed error rather than an index panic).
+pub(crate) fn check_arity(op: &'static str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!("{op}: {got} inputs, expected {want}")))
+    }
 }

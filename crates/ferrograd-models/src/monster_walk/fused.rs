@@ -11,7 +11,7 @@ use ferrograd_core::{DType, Device, Error, Result, Tensor};
 use std::ffi::c_void;
 use std::sync::Arc;
 
-pub const MODULE: Module = Module { name: "monster_walk", src: include_str!("../../kernels/monster_walk.cu") };
+pub const MODULE: Module = Module::new("monster_walk", include_str!("../../kernels/monster_walk.cu"));
 
 /// Parameters of the autoencoder (the kernel's MW_P).
 pub const PARAMS: usize = 9_690;
@@ -198,13 +198,23 @@ impl FusedTrainer {
     /// Copy the trained weights back into the model's tensors.
     pub fn write_back(&self, model: &Autoencoder) -> Result<()> {
         let mut off = 0;
-        for ((w, b), &(fan_in, fan_out)) in model.layers.iter().zip(&LAYERS) {
+        for ((w, b), &(fan_in, fan_out)) in model.weights_and_biases()?.into_iter().zip(&LAYERS) {
             let nw = fan_in * fan_out;
             w.set(&self.params.narrow(0, off, nw)?.reshape((fan_out, fan_in))?)?;
             b.set(&self.params.narrow(0, off + nw, fan_out)?)?;
             off += nw + fan_out;
         }
         Ok(())
+    }
+
+    /// What a step changes (packed weights, Adam moments) and the step count: what the training
+    /// loop snapshots to replay an epoch that ended in a non-finite loss (`train.rs`).
+    pub fn state(&self) -> (Vec<Tensor>, u64) {
+        (vec![self.params.clone(), self.m.clone(), self.v.clone()], self.step)
+    }
+
+    pub fn set_step_count(&mut self, step: u64) {
+        self.step = step;
     }
 
     pub fn rows_per_block(&self) -> usize {

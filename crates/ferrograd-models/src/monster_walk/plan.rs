@@ -14,7 +14,7 @@ pub const RESERVE_BYTES: usize = 256 << 20;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum PlanRequest {
     Copies(usize),
-    /// Fraction of the device's free memory.
+    /// Fraction of the device's free memory (on the CPU: of the memory the host reports available).
     Fill(f64),
     /// Plan as if the device had this many bytes.
     Budget(usize),
@@ -55,6 +55,7 @@ pub fn measure_copy(device: Device) -> Result<(CopyData, usize)> {
 }
 
 /// Turn a request into a copy count, given one copy's measured bytes and the device's free bytes.
+/// All arithmetic is checked: a count whose bytes overflow is an error naming the request.
 pub fn plan(req: PlanRequest, copy_bytes: usize, free_bytes: Option<usize>) -> Result<MemoryPlan> {
     let copy_bytes = copy_bytes.max(1);
     let fit = |room: usize, what: String| -> Result<(usize, Option<usize>)> {
@@ -75,16 +76,24 @@ pub fn plan(req: PlanRequest, copy_bytes: usize, free_bytes: Option<usize>) -> R
             return Err(Error::InvalidArgument(format!("--fill {f} is not a fraction in (0, 1]")))
         }
         PlanRequest::Fill(f) => {
-            let free = free_bytes.ok_or_else(|| Error::InvalidArgument("--fill needs a CUDA device".into()))?;
+            let free = free_bytes.ok_or_else(|| {
+                Error::InvalidArgument("--fill: this machine reports no free-memory figure; use --copies".into())
+            })?;
             fit((free as f64 * f) as usize, format!("--fill {f} of {} free", human(free)))?
         }
         PlanRequest::Budget(b) => fit(b, format!("--budget {}", human(b)))?,
     };
+    let planned_bytes = copies.checked_mul(copy_bytes).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "--copies {copies} is far too large: {copies} copies of {} overflow a 64-bit byte count",
+            human(copy_bytes)
+        ))
+    })?;
     Ok(MemoryPlan {
         copies,
         copy_bytes_measured: copy_bytes,
         copy_bytes_arithmetic: COPY_BYTES,
-        planned_bytes: copies * copy_bytes,
+        planned_bytes,
         capacity_bytes: capacity,
         reserve_bytes: RESERVE_BYTES,
     })
@@ -123,5 +132,10 @@ mod tests {
         assert!(plan(PlanRequest::Fill(1.5), 10, Some(1 << 30)).unwrap_err().to_string().contains("--fill"));
         let e = plan(PlanRequest::Budget(1 << 20), COPY_BYTES, None).unwrap_err().to_string();
         assert!(e.contains("--budget") && e.contains("no copy"), "{e}");
+        // Issue 11: `--copies 18446744073709551615` wrapped `copies * copy_bytes` and then asked
+        // Vec::with_capacity for u64::MAX copies ("capacity overflow", exit 101).
+        let e = plan(PlanRequest::Copies(usize::MAX), COPY_BYTES, None).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("--copies"), "{e}");
     }
 }

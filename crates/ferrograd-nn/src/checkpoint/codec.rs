@@ -77,6 +77,26 @@ pub fn tensor_from_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: De
     }
 }
 
+/// The first element of little-endian `bytes` of `dtype` that is NaN or infinite, with its value
+/// (integer dtypes have none).
+pub fn first_nonfinite(bytes: &[u8], dtype: DType) -> Option<(usize, f64)> {
+    fn scan<const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> f64) -> Option<(usize, f64)> {
+        bytes.chunks_exact(N).enumerate().find_map(|(i, c)| {
+            let mut a = [0u8; N];
+            a.copy_from_slice(c);
+            let v = f(a);
+            (!v.is_finite()).then_some((i, v))
+        })
+    }
+    match dtype {
+        DType::F32 => scan(bytes, |a| f32::from_le_bytes(a) as f64),
+        DType::F64 => scan(bytes, f64::from_le_bytes),
+        DType::F16 => scan(bytes, |a| f16::from_le_bytes(a).to_f64()),
+        DType::BF16 => scan(bytes, |a| bf16::from_le_bytes(a).to_f64()),
+        _ => None,
+    }
+}
+
 /// An owned tensor ready for `safetensors::serialize`.
 pub struct Blob {
     pub dtype: StDtype,

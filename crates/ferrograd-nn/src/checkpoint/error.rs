@@ -28,6 +28,9 @@ pub enum CheckpointError {
     #[error("{path}: tensor {name} has dtype {got}, expected {expected}")]
     DType { path: String, name: String, expected: DType, got: String },
 
+    #[error("{path}: tensor {name} holds {value} at element {index} (not finite)")]
+    NonFinite { path: String, name: String, index: usize, value: f64 },
+
     #[error("{path}: metadata {key}: {msg}")]
     Metadata { path: String, key: String, msg: String },
 
@@ -43,16 +46,21 @@ impl CheckpointError {
             | CheckpointError::Missing { name, .. }
             | CheckpointError::Unexpected { name, .. }
             | CheckpointError::Shape { name, .. }
-            | CheckpointError::DType { name, .. } => Some(name),
+            | CheckpointError::DType { name, .. }
+            | CheckpointError::NonFinite { name, .. } => Some(name),
             _ => None,
         }
     }
 }
 
 /// For callers that use core's `Result` throughout (the trainer, the CLI): a core `Error::File`
-/// with the same message.
+/// with the same message; a non-finite value stays `Error::NonFinite` so that a caller can tell
+/// it apart (the CLI adds what `--allow-nonfinite` does).
 impl From<CheckpointError> for ferrograd_core::Error {
     fn from(e: CheckpointError) -> Self {
+        if let CheckpointError::NonFinite { path, name, index, value } = e {
+            return ferrograd_core::Error::NonFinite { what: format!("{path}: tensor {name}"), index, value };
+        }
         let path = match &e {
             CheckpointError::Tensor(_) => String::new(),
             CheckpointError::Io { path, .. }
@@ -62,6 +70,7 @@ impl From<CheckpointError> for ferrograd_core::Error {
             | CheckpointError::Unexpected { path, .. }
             | CheckpointError::Shape { path, .. }
             | CheckpointError::DType { path, .. }
+            | CheckpointError::NonFinite { path, .. }
             | CheckpointError::Metadata { path, .. } => path.clone(),
         };
         if let CheckpointError::Tensor(inner) = e {

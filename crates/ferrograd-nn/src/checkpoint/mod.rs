@@ -2,24 +2,26 @@
 //! file doubles as a plain weights file), the optimizer's state under `optim.state.<param>.<slot>`,
 //! and the step, generator states, optimizer scalars and user entries in the header metadata.
 //!
-//! Writes are atomic (`atomic.rs`). Loading checks every tensor's presence, dtype and shape and
-//! all metadata before it changes anything, and restores values bit for bit into the existing
+//! Writes are atomic (`ferrograd_core::io::write_atomic`). Loading reads the header first and only
+//! the tensors it needs, by their declared sizes (`reader.rs`); it checks every tensor's presence,
+//! dtype, shape and values (no NaN or infinity unless `LoadOptions::allow_nonfinite`) and all
+//! metadata before it changes anything, and restores values bit for bit into the existing
 //! parameter and state buffers (their identity is kept), so a resumed run continues exactly as
 //! the original would have on the same device.
 
-mod atomic;
 mod codec;
 mod error;
-mod header;
+pub mod reader;
 
-pub use atomic::write_atomic;
 pub use error::CheckpointError;
+/// The project's one atomic write (`ferrograd_core::io`), re-exported where it used to live.
+pub use ferrograd_core::io::write_atomic;
 
 use crate::optim::Optimizer;
 use crate::Module;
 use ferrograd_core::{Rng, Tensor};
-use safetensors::{SafeTensorError, SafeTensors};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{Read, Seek};
 use std::path::Path;
 
 /// The `format` metadata value of files this module writes.
@@ -41,7 +43,24 @@ pub struct TrainState {
 
 type CResult<T> = std::result::Result<T, CheckpointError>;
 
-/// Write model, optimizer and training state to `path`, atomically.
+/// How loading treats what it finds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Accept NaN and infinite values. Off by default: such a file is an error naming the tensor
+    /// and the element (a model loaded with them trains to NaN and hides it until the end).
+    pub allow_nonfinite: bool,
+}
+
+/// A core file error (from `ferrograd_core::io`) as this module's I/O error.
+fn io_err(label: &str, e: ferrograd_core::Error) -> CheckpointError {
+    let msg = match e {
+        ferrograd_core::Error::File { msg, .. } => msg,
+        e => e.to_string(),
+    };
+    CheckpointError::Io { path: label.to_string(), source: std::io::Error::other(msg) }
+}
+
+/// Write model, optimizer and training state to `path`, atomically (`ferrograd_core::io`).
 pub fn save(
     path: impl AsRef<Path>,
     model: &dyn Module,
@@ -51,16 +70,44 @@ pub fn save(
     let path = path.as_ref();
     let label = path.display().to_string();
     let bytes = to_bytes(model, optim, state, &label)?;
-    write_atomic(path, &bytes).map_err(|source| CheckpointError::Io { path: label, source })
+    write_atomic(path, &bytes).map_err(|e| io_err(&label, e))
+}
+
+/// Write named tensors (any dtype, any device) as a plain safetensors file with `metadata`,
+/// atomically: data exports, token shards.
+pub fn save_tensors(
+    path: impl AsRef<Path>,
+    tensors: &[(&str, &Tensor)],
+    metadata: HashMap<String, String>,
+) -> CResult<()> {
+    let path = path.as_ref();
+    let label = path.display().to_string();
+    let blobs = tensors.iter().map(|(n, t)| Ok((*n, codec::Blob::of(t)?))).collect::<CResult<Vec<_>>>()?;
+    let meta = (!metadata.is_empty()).then_some(metadata);
+    let bytes = safetensors::serialize(blobs.iter().map(|(n, b)| (*n, b)), meta)
+        .map_err(|e| CheckpointError::Corrupt { path: label.clone(), msg: format!("serialising: {e}") })?;
+    write_atomic(path, &bytes).map_err(|e| io_err(&label, e))
 }
 
 /// Restore model, optimizer and training state from `path`. With `optim: None` the optimizer
-/// entries of the file are ignored (loading weights only).
+/// entries of the file are ignored (loading weights only). Non-finite values are refused.
 pub fn load(path: impl AsRef<Path>, model: &dyn Module, optim: Option<&mut dyn Optimizer>) -> CResult<TrainState> {
+    load_with(path, model, optim, LoadOptions::default())
+}
+
+/// [`load`] with options. The file must be a regular file (a FIFO would block forever); its
+/// header is read and checked first, then only the tensors being loaded, each by its declared
+/// size (`reader.rs`).
+pub fn load_with(
+    path: impl AsRef<Path>,
+    model: &dyn Module,
+    optim: Option<&mut dyn Optimizer>,
+    opts: LoadOptions,
+) -> CResult<TrainState> {
     let path = path.as_ref();
     let label = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io { path: label.clone(), source })?;
-    from_bytes(&bytes, &label, model, optim)
+    let (file, len) = ferrograd_core::io::open_input(path).map_err(|e| io_err(&label, e))?;
+    from_reader(&mut std::io::BufReader::new(file), len, &label, model, optim, opts)
 }
 
 fn metadata_err(path: &str, key: &str, msg: impl std::fmt::Display) -> CheckpointError {
@@ -143,26 +190,38 @@ fn read_meta(meta: &HashMap<String, String>, path: &str) -> CResult<(TrainState,
     Ok((state, optim))
 }
 
-fn st_err(path: &str, e: SafeTensorError) -> CheckpointError {
-    match e {
-        SafeTensorError::InvalidOffset(name) => {
-            CheckpointError::Corrupt { path: path.to_string(), msg: format!("tensor {name} has invalid data offsets") }
-        }
-        e => CheckpointError::Corrupt { path: path.to_string(), msg: e.to_string() },
-    }
-}
-
 /// Restore from bytes already in memory (`label` names the source in errors).
 pub fn from_bytes(
     bytes: &[u8],
     label: &str,
     model: &dyn Module,
-    mut optim: Option<&mut dyn Optimizer>,
+    optim: Option<&mut dyn Optimizer>,
 ) -> CResult<TrainState> {
-    header::precheck(bytes, label)?;
-    let (_, metadata) = SafeTensors::read_metadata(bytes).map_err(|e| st_err(label, e))?;
-    let st = SafeTensors::deserialize(bytes).map_err(|e| st_err(label, e))?;
-    let (state, optim_meta) = read_meta(metadata.metadata().as_ref().unwrap_or(&HashMap::new()), label)?;
+    from_bytes_with(bytes, label, model, optim, LoadOptions::default())
+}
+
+/// [`from_bytes`] with options.
+pub fn from_bytes_with(
+    bytes: &[u8],
+    label: &str,
+    model: &dyn Module,
+    optim: Option<&mut dyn Optimizer>,
+    opts: LoadOptions,
+) -> CResult<TrainState> {
+    from_reader(&mut std::io::Cursor::new(bytes), bytes.len() as u64, label, model, optim, opts)
+}
+
+/// Restore from any `total_len`-byte source: header first, everything checked, then the tensors.
+pub fn from_reader<R: Read + Seek>(
+    r: &mut R,
+    total_len: u64,
+    label: &str,
+    model: &dyn Module,
+    mut optim: Option<&mut dyn Optimizer>,
+    opts: LoadOptions,
+) -> CResult<TrainState> {
+    let header = reader::read_header(r, total_len, label)?;
+    let (state, optim_meta) = read_meta(&header.metadata, label)?;
 
     // Every destination, by file name.
     let mut targets: Vec<(String, Tensor)> = model.named_parameters();
@@ -183,39 +242,48 @@ pub fn from_bytes(
         targets.extend(o.state_tensors().into_iter().map(|(n, t)| (format!("{OPTIM_PREFIX}{n}"), t)));
     }
 
-    // Check all tensors before writing any.
+    // Check all tensors before reading or writing any.
     let mut sources = Vec::with_capacity(targets.len());
     for (name, t) in &targets {
-        let view = st.tensor(name).map_err(|e| match e {
-            SafeTensorError::TensorNotFound(_) => {
-                CheckpointError::Missing { path: label.to_string(), name: name.clone() }
-            }
-            e => st_err(label, e),
-        })?;
-        if codec::from_st(view.dtype()) != Some(t.dtype()) {
+        let entry = header
+            .tensors
+            .get(name)
+            .ok_or_else(|| CheckpointError::Missing { path: label.to_string(), name: name.clone() })?;
+        if entry.dtype != Some(t.dtype()) {
             return Err(CheckpointError::DType {
                 path: label.to_string(),
                 name: name.clone(),
                 expected: t.dtype(),
-                got: format!("{:?}", view.dtype()),
+                got: entry.dtype_name.clone(),
             });
         }
-        if view.shape() != t.dims() {
+        if entry.shape != t.dims() {
             return Err(CheckpointError::Shape {
                 path: label.to_string(),
                 name: name.clone(),
                 expected: t.dims().to_vec(),
-                got: view.shape().to_vec(),
+                got: entry.shape.clone(),
             });
         }
-        sources.push(view);
+        sources.push(entry);
     }
     let known: HashSet<&str> = targets.iter().map(|(n, _)| n.as_str()).collect();
-    for name in st.names() {
+    for name in header.tensors.keys() {
         let ignorable = optim.is_none() && name.starts_with(OPTIM_PREFIX);
-        if !known.contains(name) && !ignorable {
+        if !known.contains(name.as_str()) && !ignorable {
             return Err(CheckpointError::Unexpected { path: label.to_string(), name: name.to_string() });
         }
+    }
+    // Read every tensor (each by its declared size) and check its values before writing any.
+    let mut data = Vec::with_capacity(sources.len());
+    for ((name, t), entry) in targets.iter().zip(&sources) {
+        let bytes = reader::read_tensor(r, &header, entry, label)?;
+        if !opts.allow_nonfinite {
+            if let Some((index, value)) = codec::first_nonfinite(&bytes, t.dtype()) {
+                return Err(CheckpointError::NonFinite { path: label.to_string(), name: name.clone(), index, value });
+            }
+        }
+        data.push(bytes);
     }
 
     // Scalars first (they validate; on a later failure the old ones are put back), then tensors.
@@ -227,8 +295,8 @@ pub fn from_bytes(
         previous = Some(old);
     }
     let written = (|| -> CResult<()> {
-        for ((_, t), view) in targets.iter().zip(&sources) {
-            let src = codec::tensor_from_bytes(view.data(), t.dtype(), t.dims(), t.device())?;
+        for ((_, t), bytes) in targets.iter().zip(&data) {
+            let src = codec::tensor_from_bytes(bytes, t.dtype(), t.dims(), t.device())?;
             t.set(&src)?;
         }
         Ok(())

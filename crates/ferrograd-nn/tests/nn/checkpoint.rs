@@ -278,8 +278,13 @@ fn header_json() -> impl Strategy<Value = String> {
     })
 }
 
+/// Cases per property: 256, or `FERROGRAD_PROPTEST_CASES` (CI's bounded harness step runs more).
+fn cases() -> u32 {
+    std::env::var("FERROGRAD_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..400)) {

@@ -3,6 +3,7 @@
 
 mod amp;
 mod checkpoint;
+mod checkpoint_files;
 mod common;
 mod cuda;
 mod data;

@@ -1,0 +1,122 @@
+//! The GPU architecture a CUBIN is built for, and the spellings a user may give it.
+
+use super::error::KernelError;
+use std::fmt;
+use std::str::FromStr;
+
+/// A real GPU architecture (`sm_XY`), the unit a CUBIN is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Arch {
+    major: u32,
+    minor: u32,
+    specific: bool,
+}
+
+impl Arch {
+    pub const SM80: Arch = Arch::new(8, 0);
+    pub const SM90: Arch = Arch::new(9, 0);
+
+    pub const fn new(major: u32, minor: u32) -> Arch {
+        Arch { major, minor, specific: false }
+    }
+
+    /// The `a` variant (`sm_90a`): unlocks instructions that exist only on that exact chip
+    /// (wgmma, setmaxnreg), at the price of a CUBIN that loads on nothing else.
+    pub const fn arch_specific(self) -> Arch {
+        Arch { specific: true, ..self }
+    }
+
+    /// From the driver's compute-capability attributes, which are `c_int`s.
+    pub fn from_compute_capability(major: i32, minor: i32) -> Result<Arch, KernelError> {
+        match (u32::try_from(major), u32::try_from(minor)) {
+            (Ok(ma), Ok(mi)) if ma > 0 && mi < 10 => Ok(Arch::new(ma, mi)),
+            _ => Err(KernelError::InvalidArch(format!("{major}.{minor}"))),
+        }
+    }
+
+    pub fn major(self) -> u32 {
+        self.major
+    }
+
+    pub fn minor(self) -> u32 {
+        self.minor
+    }
+
+    pub fn is_arch_specific(self) -> bool {
+        self.specific
+    }
+
+    /// The number NVRTC uses in `nvrtcGetSupportedArchs` (90 for sm_90 and sm_90a).
+    pub fn number(self) -> u32 {
+        self.major * 10 + self.minor
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let suffix = if self.specific { "a" } else { "" };
+        write!(f, "sm_{}{}{suffix}", self.major, self.minor)
+    }
+}
+
+/// Accepts `sm_90`, `sm_90a`, `90`, `9.0`: the spellings of `nvcc`, `nvidia-smi` and PyTorch's
+/// `TORCH_CUDA_ARCH_LIST`, so a user can paste whichever they have.
+impl FromStr for Arch {
+    type Err = KernelError;
+
+    fn from_str(s: &str) -> Result<Arch, KernelError> {
+        let bad = || KernelError::InvalidArch(s.to_string());
+        let t = s.trim();
+        let t = t.strip_prefix("sm_").unwrap_or(t);
+        let (t, specific) = match t.strip_suffix('a') {
+            Some(rest) => (rest, true),
+            None => (t, false),
+        };
+        let arch = if let Some((ma, mi)) = t.split_once('.') {
+            let major = ma.parse::<u32>().map_err(|_| bad())?;
+            let minor = mi.parse::<u32>().map_err(|_| bad())?;
+            if minor > 9 {
+                return Err(bad());
+            }
+            Arch::new(major, minor)
+        } else {
+            if !(2..=3).contains(&t.len()) || !t.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            let n = t.parse::<u32>().map_err(|_| bad())?;
+            Arch::new(n / 10, n % 10)
+        };
+        if arch.major == 0 {
+            return Err(bad());
+        }
+        Ok(if specific { arch.arch_specific() } else { arch })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_parses_common_spellings() {
+        for (s, want) in [
+            ("sm_90", Arch::SM90),
+            ("90", Arch::SM90),
+            ("9.0", Arch::SM90),
+            ("sm_80", Arch::SM80),
+            ("sm_86", Arch::new(8, 6)),
+            ("sm_100", Arch::new(10, 0)),
+            ("120", Arch::new(12, 0)),
+            ("sm_90a", Arch::SM90.arch_specific()),
+        ] {
+            assert_eq!(s.parse::<Arch>(), Ok(want), "{s}");
+        }
+        for s in ["", "sm_", "sm_9", "sm_x0", "9.10", "0.5", "sm_1000", "compute_90"] {
+            assert!(s.parse::<Arch>().is_err(), "{s}");
+        }
+        assert_eq!(Arch::new(10, 0).to_string(), "sm_100");
+        assert_eq!(Arch::new(10, 0).number(), 100);
+        assert_eq!(Arch::from_compute_capability(9, 0), Ok(Arch::SM90));
+        assert!(Arch::from_compute_capability(-1, 0).is_err());
+    }
+}

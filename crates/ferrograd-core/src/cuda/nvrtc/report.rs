@@ -1,0 +1,144 @@
+//! What `ferrograd kernels --precompile` reports: one line per module and the totals.
+
+use super::arch::Arch;
+use super::cache::{CompiledKernel, Origin};
+use super::error::KernelError;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct PrecompileEntry {
+    pub name: String,
+    pub result: Result<CompiledKernel, KernelError>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PrecompileReport {
+    pub arch: Arch,
+    pub cache_dir: Option<PathBuf>,
+    pub kernels: Vec<PrecompileEntry>,
+    pub elapsed: Duration,
+}
+
+impl PrecompileReport {
+    fn ok(&self) -> impl Iterator<Item = &CompiledKernel> {
+        self.kernels.iter().filter_map(|e| e.result.as_ref().ok())
+    }
+
+    /// Kernels that needed no NVRTC run.
+    pub fn hits(&self) -> usize {
+        self.ok().filter(|k| k.from_cache).count()
+    }
+
+    /// Kernels compiled by this run.
+    pub fn misses(&self) -> usize {
+        self.ok().filter(|k| !k.from_cache).count()
+    }
+
+    pub fn failures(&self) -> usize {
+        self.kernels.iter().filter(|e| e.result.is_err()).count()
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.failures() == 0
+    }
+
+    /// NVRTC time the next start no longer spends on these kernels.
+    pub fn compile_time_saved(&self) -> Duration {
+        self.ok().map(|k| k.compile_time).sum()
+    }
+}
+
+impl fmt::Display for PrecompileReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dir = self.cache_dir.as_ref().map_or_else(|| "disabled".to_string(), |d| d.display().to_string());
+        writeln!(f, "kernels for {} (cache: {dir})", self.arch)?;
+        let width = self.kernels.iter().map(|e| e.name.len()).max().unwrap_or(0);
+        for e in &self.kernels {
+            match &e.result {
+                Ok(k) => {
+                    let what = match k.origin {
+                        Origin::Compiled => "compiled",
+                        Origin::Disk => "hit (disk)",
+                        Origin::Memory => "hit (memory)",
+                    };
+                    write!(
+                        f,
+                        "  {:width$}  {what:12}  {:>9}  nvrtc {:>9}  {:>7} B",
+                        e.name,
+                        fmt_duration(k.elapsed),
+                        fmt_duration(k.compile_time),
+                        k.cubin.len(),
+                    )?;
+                    if let Some(w) = &k.cache_warning {
+                        write!(f, "  ({w})")?;
+                    }
+                    writeln!(f)?;
+                }
+                Err(err) => writeln!(f, "  {:width$}  FAILED        {err}", e.name)?,
+            }
+        }
+        write!(
+            f,
+            "{} hit, {} compiled, {} failed in {}; a start now skips {} of NVRTC",
+            self.hits(),
+            self.misses(),
+            self.failures(),
+            fmt_duration(self.elapsed),
+            fmt_duration(self.compile_time_saved())
+        )
+    }
+}
+
+fn fmt_duration(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1e3;
+    if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1e3)
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::nvrtc::testutil::key;
+    use std::sync::Arc;
+
+    #[test]
+    fn precompile_report_counts_and_prints() {
+        let ok = |name: &str, origin: Origin, ms: u64| PrecompileEntry {
+            name: name.to_string(),
+            result: Ok(CompiledKernel {
+                name: name.to_string(),
+                arch: Arch::SM90,
+                key: key(name),
+                cubin: Arc::from(vec![0u8; 10]),
+                from_cache: origin != Origin::Compiled,
+                origin,
+                compile_time: Duration::from_millis(ms),
+                elapsed: Duration::from_millis(1),
+                cache_warning: None,
+            }),
+        };
+        let report = PrecompileReport {
+            arch: Arch::SM90,
+            cache_dir: None,
+            kernels: vec![
+                ok("unary", Origin::Compiled, 300),
+                ok("binary", Origin::Disk, 200),
+                PrecompileEntry {
+                    name: "bad".to_string(),
+                    result: Err(KernelError::InvalidInput { name: "bad".to_string(), what: "the source".to_string() }),
+                },
+            ],
+            elapsed: Duration::from_millis(305),
+        };
+        assert_eq!((report.hits(), report.misses(), report.failures()), (1, 1, 1));
+        assert!(!report.is_ok());
+        assert_eq!(report.compile_time_saved(), Duration::from_millis(500));
+        let text = report.to_string();
+        assert!(text.contains("hit (disk)") && text.contains("FAILED") && text.contains("500.0 ms"), "{text}");
+    }
+}

@@ -1,0 +1,198 @@
+//! What NVRTC compiles: a module's source, the shared headers it may `#include`, the `-D` defines
+//! Rust passes to it, and the compile options.
+//!
+//! A kernel module is declared once as a `const` [`Module`] (name, source, headers, defines) next
+//! to the code that launches it: core ops in `src/cuda/modules.rs`, a fused op in its own folder
+//! under `src/fused/`, a model's own kernels in the model's crate. Constants that both sides must
+//! agree on (a row cap, a table size, a sentinel) are Rust constants passed as defines, so the
+//! `.cu` file never repeats a number by hand; they are part of the cache key.
+
+use super::arch::Arch;
+
+/// A header a module may include by name (`#include "row_reduce.cuh"`): NVRTC gets its text
+/// directly, so nothing is read from disk at run time. A header brings the defines its text needs
+/// (`common.cuh` needs `FG_MAX_DIMS`), so every module that includes it gets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Header {
+    /// The name the source includes it by.
+    pub name: &'static str,
+    pub src: &'static str,
+    pub defines: &'static [Define],
+}
+
+impl Header {
+    pub const fn new(name: &'static str, src: &'static str) -> Header {
+        Header { name, src, defines: &[] }
+    }
+
+    pub const fn with_defines(self, defines: &'static [Define]) -> Header {
+        Header { defines, ..self }
+    }
+}
+
+/// A `-D NAME=VALUE` define from Rust. `suffix` is appended to the value (`u` for an unsigned
+/// constant such as a `0xffffffff` sentinel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Define {
+    pub name: &'static str,
+    pub value: i64,
+    pub suffix: &'static str,
+}
+
+impl Define {
+    pub const fn int(name: &'static str, value: i64) -> Define {
+        Define { name, value, suffix: "" }
+    }
+
+    /// An `unsigned int` constant (the value gets a `u` suffix).
+    pub const fn uint(name: &'static str, value: u32) -> Define {
+        Define { name, value: value as i64, suffix: "u" }
+    }
+
+    /// The NVRTC option.
+    pub fn option(&self) -> String {
+        format!("-D{}={}{}", self.name, self.value, self.suffix)
+    }
+}
+
+/// Per-kernel compile options. `Copy` and const-constructible so a kernel table can be a
+/// `const` next to the `include_str!`s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct CompileOptions {
+    /// `--use_fast_math`: approximate transcendentals, flush denormals. Only for kernels whose
+    /// CPU twin tolerates it; exact by default.
+    pub fast_math: bool,
+    /// Extra NVRTC flags, e.g. `-lineinfo` for profiling.
+    pub extra: &'static [&'static str],
+}
+
+impl CompileOptions {
+    pub const DEFAULT: CompileOptions = CompileOptions { fast_math: false, extra: &[] };
+    pub const FAST_MATH: CompileOptions = CompileOptions { fast_math: true, extra: &[] };
+}
+
+/// One kernel module as the cache sees it: a name for logs and errors, the CUDA C source, the
+/// headers it may include, the defines and how to compile it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelSource<'a> {
+    pub name: &'a str,
+    pub src: &'a str,
+    pub headers: &'a [Header],
+    pub defines: &'a [Define],
+    pub options: CompileOptions,
+}
+
+impl<'a> KernelSource<'a> {
+    pub const fn new(name: &'a str, src: &'a str) -> KernelSource<'a> {
+        KernelSource { name, src, headers: &[], defines: &[], options: CompileOptions::DEFAULT }
+    }
+
+    pub const fn with_options(self, options: CompileOptions) -> KernelSource<'a> {
+        KernelSource { options, ..self }
+    }
+
+    pub const fn with_headers(self, headers: &'a [Header]) -> KernelSource<'a> {
+        KernelSource { headers, ..self }
+    }
+
+    pub const fn with_defines(self, defines: &'a [Define]) -> KernelSource<'a> {
+        KernelSource { defines, ..self }
+    }
+
+    /// Bytes of CUDA C NVRTC reads (source and headers): roughly how long it takes.
+    pub fn source_len(&self) -> usize {
+        self.src.len() + self.headers.iter().map(|h| h.src.len()).sum::<usize>()
+    }
+}
+
+/// A kernel module declared in Rust: `const MODULE: Module = Module::new("softmax",
+/// include_str!("softmax.cu")).with_headers(&[COMMON, ROW_REDUCE]).with_defines(&[...]);`.
+/// Registered in `src/cuda/modules.rs` `ALL` (what `ferrograd kernels --precompile` and the NVRTC
+/// compile test walk); a model's own module (`CudaDevice::launch_raw`) need not be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Module {
+    pub name: &'static str,
+    pub src: &'static str,
+    pub headers: &'static [Header],
+    pub defines: &'static [Define],
+    pub options: CompileOptions,
+}
+
+impl Module {
+    pub const fn new(name: &'static str, src: &'static str) -> Module {
+        Module { name, src, headers: &[], defines: &[], options: CompileOptions::DEFAULT }
+    }
+
+    pub const fn with_headers(self, headers: &'static [Header]) -> Module {
+        Module { headers, ..self }
+    }
+
+    pub const fn with_defines(self, defines: &'static [Define]) -> Module {
+        Module { defines, ..self }
+    }
+
+    pub const fn with_options(self, options: CompileOptions) -> Module {
+        Module { options, ..self }
+    }
+
+    /// What the kernel cache compiles.
+    pub const fn source(&self) -> KernelSource<'static> {
+        KernelSource {
+            name: self.name,
+            src: self.src,
+            headers: self.headers,
+            defines: self.defines,
+            options: self.options,
+        }
+    }
+
+    /// Bytes of CUDA C NVRTC reads for this module (source and headers).
+    pub fn source_len(&self) -> usize {
+        self.source().source_len()
+    }
+}
+
+/// The NVRTC flags that determine the output, i.e. everything but the include path.
+pub(crate) fn nvrtc_options(arch: Arch, kernel: &KernelSource<'_>) -> Vec<String> {
+    let mut out = vec![format!("--gpu-architecture={arch}"), "-std=c++17".to_string()];
+    if kernel.options.fast_math {
+        out.push("--use_fast_math".to_string());
+    }
+    out.extend(kernel.options.extra.iter().map(|s| s.to_string()));
+    let headers = kernel.headers.iter().flat_map(|h| h.defines);
+    out.extend(headers.chain(kernel.defines).map(Define::option));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_exact_and_fast_math_only_when_asked() {
+        let o = nvrtc_options(Arch::SM80, &KernelSource::new("k", ""));
+        assert_eq!(o, ["--gpu-architecture=sm_80", "-std=c++17"]);
+        let k = KernelSource::new("k", "").with_options(CompileOptions { fast_math: true, extra: &["-lineinfo"] });
+        let o = nvrtc_options(Arch::SM90.arch_specific(), &k);
+        assert_eq!(o, ["--gpu-architecture=sm_90a", "-std=c++17", "--use_fast_math", "-lineinfo"]);
+    }
+
+    #[test]
+    fn defines_become_d_options_after_the_flags() {
+        const D: &[Define] = &[Define::int("FG_ROW_CAP", 32), Define::uint("FG_IGNORED", u32::MAX)];
+        let o = nvrtc_options(Arch::SM90, &KernelSource::new("k", "").with_defines(D));
+        assert_eq!(o, ["--gpu-architecture=sm_90", "-std=c++17", "-DFG_ROW_CAP=32", "-DFG_IGNORED=4294967295u"]);
+    }
+
+    #[test]
+    fn a_module_hands_everything_to_its_source() {
+        const H: &[Header] = &[Header::new("a.cuh", "#define A 1\n").with_defines(&[Define::int("C", 3)])];
+        const D: &[Define] = &[Define::int("B", 2)];
+        const M: Module = Module::new("m", "A B").with_headers(H).with_defines(D);
+        let s = M.source();
+        assert_eq!((s.name, s.src, s.headers, s.defines), ("m", "A B", H, D));
+        assert_eq!(M.source_len(), 3 + 12);
+        // The header's defines come first, then the module's.
+        assert_eq!(&nvrtc_options(Arch::SM80, &s)[2..], ["-DC=3", "-DB=2"]);
+    }
+}

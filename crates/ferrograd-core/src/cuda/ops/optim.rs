@@ -1,0 +1,92 @@
+//! Launch sites of the fused optimizer kernels (`kernels/optim.cu`): tensors go in batches of 40
+//! whose pointers ride in the kernel parameters.
+
+use crate::cuda::device::CudaDevice;
+use crate::cuda::launch::{cfg_1d, launch};
+use crate::cuda::modules;
+use crate::optim::{AdamConfig, SgdConfig};
+use crate::storage::Storage;
+use crate::{Error, Result, Tensor};
+use cudarc::driver::DeviceRepr;
+
+/// Tensors one launch updates (`FG_OPT_MAX` in kernels/optim.cu, passed as a define).
+pub(crate) const MAX: usize = 40;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct OptTable {
+    p: [u64; MAX],
+    g: [u64; MAX],
+    s1: [u64; MAX],
+    s2: [u64; MAX],
+    n: [u64; MAX],
+    count: u32,
+    pad: u32,
+}
+
+// SAFETY: plain-old-data with the C layout `kernels/optim.cu` declares.
+unsafe impl DeviceRepr for OptTable {}
+
+fn ptr(t: &Tensor) -> Result<u64> {
+    match &*t.storage() {
+        Storage::Cuda(c) => Ok(c.buf.ptr_at(t.layout().offset())),
+        Storage::Cpu(_) => Err(Error::DeviceMismatch { op: "optimizer", lhs: crate::Device::Cpu, rhs: t.device() }),
+    }
+}
+
+/// Fill tables of up to 40 tensors and hand each to `run` with its largest tensor size.
+fn batches(ts: [&[Tensor]; 4], mut run: impl FnMut(OptTable, usize) -> Result<()>) -> Result<()> {
+    let n = ts[0].len();
+    for start in (0..n).step_by(MAX) {
+        let mut t = OptTable { p: [0; MAX], g: [0; MAX], s1: [0; MAX], s2: [0; MAX], n: [0; MAX], count: 0, pad: 0 };
+        let mut widest = 0;
+        for (k, i) in (start..n.min(start + MAX)).enumerate() {
+            t.p[k] = ptr(&ts[0][i])?;
+            t.g[k] = ptr(&ts[1][i])?;
+            t.s1[k] = if ts[2].is_empty() { 0 } else { ptr(&ts[2][i])? };
+            t.s2[k] = if ts[3].is_empty() { 0 } else { ptr(&ts[3][i])? };
+            t.n[k] = ts[0][i].elem_count() as u64;
+            widest = widest.max(ts[0][i].elem_count());
+            t.count += 1;
+        }
+        run(t, widest)?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn adam(
+    dev: &CudaDevice,
+    params: &[Tensor],
+    grads: &[Tensor],
+    m: &[Tensor],
+    v: &[Tensor],
+    c: &AdamConfig,
+    bc1: f32,
+    bc2: f32,
+) -> Result<()> {
+    batches([params, grads, m, v], |t, widest| {
+        launch!(dev, modules::OPTIM, "adam_f32", cfg_1d(dev, widest);
+            t, c.lr as f32, c.beta1 as f32, c.beta2 as f32, (1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32,
+            c.eps as f32, c.weight_decay as f32, bc1, bc2,
+            c.decoupled as i32);
+        Ok(())
+    })
+}
+
+pub(crate) fn sgd(
+    dev: &CudaDevice,
+    params: &[Tensor],
+    grads: &[Tensor],
+    bufs: &[Tensor],
+    c: &SgdConfig,
+    first: bool,
+) -> Result<()> {
+    let bufs = if c.momentum != 0.0 { bufs } else { &[] };
+    batches([params, grads, bufs, &[]], |t, widest| {
+        launch!(dev, modules::OPTIM, "sgd_f32", cfg_1d(dev, widest);
+            t, c.lr as f32, c.momentum as f32, c.dampening as f32, c.weight_decay as f32, c.nesterov as i32,
+            first as i32);
+        Ok(())
+    })
+}

@@ -1,0 +1,118 @@
+// attention.cu: the backward's helper kernels (delta, dQ conversion) and the entry points of
+// the attention module (one module per head dim; the ABI is in attention_common.cuh).
+//
+// The module's source: its headers are declared in mod.rs `attention_module!`, which passes the
+// head dim as `-D FG_ATTN_D=<d>`.
+
+#include "common.cuh"
+#include "attention_common.cuh"
+#include "attention_tc.cu"
+#include "attention_simt.cu"
+
+// ---------------------------------------------------------------------------------------------
+// Backward helpers, every dtype: delta = rowsum(dO * O) (and dq_acc zeroed), dq_acc -> dq
+// ---------------------------------------------------------------------------------------------
+
+template <typename T, int D>
+static __device__ __forceinline__ void fg_attn_bwd_pre(const T* __restrict__ o, const T* __restrict__ dout,
+                                                       float* __restrict__ delta, float* __restrict__ dq_acc,
+                                                       const FgAttnParams& p) {
+  const unsigned int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
+  const unsigned long long rows = (unsigned long long)p.B * p.H * p.Tq;
+  for (unsigned long long r = (unsigned long long)blockIdx.x * wpb + (threadIdx.x >> 5); r < rows;
+       r += (unsigned long long)gridDim.x * wpb) {
+    const unsigned long long bh = r / p.Tq, i = r - bh * p.Tq;
+    const unsigned long long b = bh / p.H, h = bh - b * p.H;
+    const T* orow = o + b * p.o.b + h * p.o.h + i * p.o.t;
+    const T* drow = dout + b * p.dout.b + h * p.dout.h + i * p.dout.t;
+    float s = 0.f;
+    for (int d = lane; d < D; d += 32) s += fg_to_acc(orow[d * p.o.d]) * fg_to_acc(drow[d * p.dout.d]);
+    s = fg_warp_reduce(s, FgSum());
+    if (lane == 0) delta[r] = s;
+    float* qa = dq_acc + r * D;
+    for (int d = lane; d < D; d += 32) qa[d] = 0.f;
+  }
+}
+
+template <typename T, int D>
+static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_acc, T* __restrict__ dq,
+                                                  const FgAttnParams& p) {
+  const unsigned long long n = (unsigned long long)p.B * p.H * p.Tq * D;
+  FG_GRID_STRIDE(e, n) {
+    const unsigned long long r = e / D, d = e - r * D;
+    const unsigned long long bh = r / p.Tq, i = r - bh * p.Tq;
+    const unsigned long long b = bh / p.H, h = bh - b * p.H;
+    dq[b * p.dq.b + h * p.dq.h + i * p.dq.t + d * p.dq.d] = fg_from_acc<T>(dq_acc[e]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------------------------
+
+#define FG_ATTN_NAME2(stem, d, suf) stem##d##_##suf
+#define FG_ATTN_NAME(stem, d, suf) FG_ATTN_NAME2(stem, d, suf)
+#define FG_ATTN_TNAME2(stem, d, tile, suf) stem##d##_##tile##_##suf
+#define FG_ATTN_TNAME(stem, d, tile, suf) FG_ATTN_TNAME2(stem, d, tile, suf)
+
+// Tensor-core kernels per tile: fg_attn_fwd_d{D}_k{BKV}_{bf16,f16}, fg_attn_bwd_d{D}_q{BQ}_{..}.
+#define FG_ATTN_FWD(SUF, T, BKV)                                                                          \
+  extern "C" __global__ void __launch_bounds__(FG_ATTN_THREADS)                                            \
+      FG_ATTN_TNAME(fg_attn_fwd_d, FG_ATTN_D, k##BKV, SUF)(const T* q, const T* k, const T* v, T* o,       \
+                                                          float* lse, FgAttnParams p) {                    \
+    fg_attn_fwd_tc<T, FG_ATTN_D, BKV>(q, k, v, o, lse, p);                                                 \
+  }
+#define FG_ATTN_BWD(SUF, T, BQ)                                                                           \
+  extern "C" __global__ void __launch_bounds__(FG_ATTN_THREADS, FG_ATTN_BWD_MIN_BLOCKS)                                            \
+      FG_ATTN_TNAME(fg_attn_bwd_d, FG_ATTN_D, q##BQ, SUF)(const T* q, const T* k, const T* v,               \
+                                                         const T* dout, const float* lse,                  \
+                                                         const float* delta, float* dq_acc, T* dk, T* dv,  \
+                                                         FgAttnParams p) {                                 \
+    fg_attn_bwd_tc<T, FG_ATTN_D, BQ>(q, k, v, dout, lse, delta, dq_acc, dk, dv, p);                        \
+  }
+#define FG_ATTN_TILES(SUF, T) FG_ATTN_FWD_TILES(FG_ATTN_FWD, SUF, T) FG_ATTN_BWD_TILES(FG_ATTN_BWD, SUF, T)
+
+// Small head dims: the backward fits in 168 registers (ptxas, no spills), so three blocks share a
+// multiprocessor instead of two.
+#define FG_ATTN_BWD_MIN_BLOCKS (FG_ATTN_D <= 64 ? 3 : 1)
+
+// The tile each head dim is built with (cuda.rs `tile_choice` mirrors it). Measured on an H200
+// (bf16, B * H = 64, T = 1024 and 4096): the backward is faster with 32 query rows a step than 64
+// (d=64: 192 against 177 TFLOP/s fwd+bwd at T=4096; d=128: 209 against 192), the d=128 forward
+// with 64 key rows a step than 32 (303 against 296 TFLOP/s). d=80 keeps 64 query rows: with 32 its
+// dQ split over the warps would be uneven.
+#if FG_ATTN_D <= 64
+#define FG_ATTN_FWD_TILES(M, SUF, T) M(SUF, T, 64)
+#define FG_ATTN_BWD_TILES(M, SUF, T) M(SUF, T, 32)
+#elif FG_ATTN_D <= 80
+#define FG_ATTN_FWD_TILES(M, SUF, T) M(SUF, T, 32)
+#define FG_ATTN_BWD_TILES(M, SUF, T) M(SUF, T, 64)
+#else
+#define FG_ATTN_FWD_TILES(M, SUF, T) M(SUF, T, 64)
+#define FG_ATTN_BWD_TILES(M, SUF, T) M(SUF, T, 32)
+#endif
+
+#define FG_ATTN_COMMON(SUF, T)                                                                              \
+  FG_KERNEL FG_ATTN_NAME(fg_attn_bwd_pre_d, FG_ATTN_D, SUF)(const T* o, const T* dout, float* delta,         \
+                                                            float* dq_acc, FgAttnParams p) {                \
+    fg_attn_bwd_pre<T, FG_ATTN_D>(o, dout, delta, dq_acc, p);                                              \
+  }                                                                                                         \
+  FG_KERNEL FG_ATTN_NAME(fg_attn_dq_d, FG_ATTN_D, SUF)(const float* dq_acc, T* dq, FgAttnParams p) {         \
+    fg_attn_dq<T, FG_ATTN_D>(dq_acc, dq, p);                                                               \
+  }
+
+FG_ATTN_TILES(bf16, __nv_bfloat16)
+FG_ATTN_TILES(f16, __half)
+FG_ATTN_COMMON(bf16, __nv_bfloat16)
+FG_ATTN_COMMON(f16, __half)
+FG_ATTN_COMMON(f32, float)
+
+extern "C" __global__ void __launch_bounds__(256) FG_ATTN_NAME(fg_attn_fwd_d, FG_ATTN_D, f32)(
+    const float* q, const float* k, const float* v, float* o, float* lse, FgAttnParams p) {
+  fg_attn_fwd_simt<FG_ATTN_D>(q, k, v, o, lse, p);
+}
+extern "C" __global__ void __launch_bounds__(128) FG_ATTN_NAME(fg_attn_bwd_d, FG_ATTN_D, f32)(
+    const float* q, const float* k, const float* v, const float* dout, const float* lse, const float* delta,
+    float* dq_acc, float* dk, float* dv, FgAttnParams p) {
+  fg_attn_bwd_simt<FG_ATTN_D>(q, k, v, dout, lse, delta, dq_acc, dk, dv, p);
+}

@@ -1,0 +1,323 @@
+//! Launches of the attention kernels (`attention_common.cuh` documents the ABI): the forward, and the backward's three
+//! kernels (delta = rowsum(dO * O) with dQ's f32 accumulator zeroed, the main kernel, dQ's
+//! conversion). Everything is enqueued on `CudaDevice::stream()` with no host synchronization, so
+//! a training step that uses attention can be captured as a CUDA graph.
+
+use super::{Problem, CUDA_HEAD_DIMS, MODULES, OP};
+use crate::backend::BackendStorage;
+use crate::cuda::device::driver_err;
+use crate::cuda::launch::{cfg_1d, cfg_warp_rows, launch};
+use crate::cuda::modules::Module;
+use crate::cuda::{CudaDevice, CudaStorage};
+use crate::fused::FusedOutputs;
+use crate::{shape_err, DType, Error, Layout, Result, Shape};
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+use std::sync::Arc;
+
+/// Element strides of a `[B, H, T, D]` operand (`FgStride4`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Stride4 {
+    b: i64,
+    h: i64,
+    t: i64,
+    d: i64,
+}
+
+/// `FgAttnParams` of attention_common.cuh, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct AttnParams {
+    q: Stride4,
+    k: Stride4,
+    v: Stride4,
+    o: Stride4,
+    dout: Stride4,
+    dq: Stride4,
+    dk: Stride4,
+    dv: Stride4,
+    seed: u64,
+    rng_offset: u64,
+    b: u32,
+    h: u32,
+    tq: u32,
+    tk: u32,
+    scale: f32,
+    scale_log2: f32,
+    rp_keep: f32,
+    drop_thr: u32,
+    causal: u32,
+    pad: u32,
+}
+
+// SAFETY: plain-old-data with the C layout the kernels declare (312 bytes, no padding holes
+// that the kernel reads).
+unsafe impl DeviceRepr for AttnParams {}
+
+/// Tile shapes of `FgAttnTile<D>` and the f32 kernels; the dynamic shared memory each kernel needs.
+struct Tiles {
+    fwd_bq: usize,
+    /// Key rows per step of the forward (its kernel's `k` tile), query rows per step of the backward.
+    fwd_bkv: usize,
+    bwd_bq: usize,
+    bwd_bkv: usize,
+    fwd_smem: usize,
+    bwd_smem: usize,
+}
+
+/// The tensor-core tiles per head dim, as `FG_ATTN_FWD_TILES` / `FG_ATTN_BWD_TILES` build them
+/// (the measurements behind them are noted there, in attention.cu): forward key rows per step, backward query
+/// rows per step.
+fn tile_choice(d: usize) -> (usize, usize) {
+    match d {
+        ..=64 => (64, 32),
+        65..=80 => (32, 64),
+        _ => (64, 32),
+    }
+}
+
+fn tiles(d: usize, dtype: DType) -> Tiles {
+    if dtype == DType::F32 {
+        // FG_SIMT_FWD_BQ = 64 query rows, FG_SIMT_FWD_BK = 32 keys; FG_SIMT_BWD_B = 32; rows padded
+        // by one float.
+        let ds = d + 1;
+        return Tiles {
+            fwd_bq: 64,
+            fwd_bkv: 32,
+            bwd_bq: 32,
+            bwd_bkv: 32,
+            fwd_smem: ((64 + 2 * 32) * ds + 64 * 33) * 4,
+            bwd_smem: (4 * 32 * ds + 2 * 32 * 33 + 2 * 32) * 4,
+        };
+    }
+    let mt = if d <= 128 { 2 } else { 1 };
+    let fwd_bq = 4 * 16 * mt;
+    let (fwd_bkv, bwd_bq) = tile_choice(d);
+    let bwd_bkv = 64;
+    let dp = d + 8;
+    Tiles {
+        fwd_bq,
+        fwd_bkv,
+        bwd_bq,
+        bwd_bkv,
+        fwd_smem: (fwd_bq + 4 * fwd_bkv) * dp * 2,
+        bwd_smem: (2 * bwd_bkv + 4 * bwd_bq) * dp * 2 + bwd_bkv * (bwd_bq + 8) * 2 + 4 * bwd_bq * 4,
+    }
+}
+
+/// The forward and backward kernels' names for this head dim, dtype and tiles.
+fn kernel_names(d: usize, dtype: DType, t: &Tiles) -> Result<(String, String)> {
+    let sfx = suffix(dtype)?;
+    Ok(if dtype == DType::F32 {
+        (format!("fg_attn_fwd_d{d}_{sfx}"), format!("fg_attn_bwd_d{d}_{sfx}"))
+    } else {
+        (format!("fg_attn_fwd_d{d}_k{}_{sfx}", t.fwd_bkv), format!("fg_attn_bwd_d{d}_q{}_{sfx}", t.bwd_bq))
+    })
+}
+
+fn suffix(dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::F16 => Ok("f16"),
+        DType::BF16 => Ok("bf16"),
+        dtype => Err(Error::UnsupportedDType { op: OP, dtype }),
+    }
+}
+
+fn module(d: usize) -> Result<&'static Module> {
+    CUDA_HEAD_DIMS.iter().position(|&x| x == d).map(|i| MODULES[i]).ok_or_else(|| {
+        shape_err!(
+            OP,
+            "head dim {d} is not supported on CUDA (supported: {CUDA_HEAD_DIMS:?}; any head dim runs on the CPU)"
+        )
+    })
+}
+
+/// The largest grid dimension y the launches use is ceil(T / 32) (65535 at most).
+const MAX_T: usize = 65535 * 32;
+
+/// What the CUDA kernels accept, checked before anything is recorded.
+pub(super) fn check(dtype: DType, b: usize, h: usize, tq: usize, tk: usize, d: usize) -> Result<()> {
+    suffix(dtype)?;
+    module(d)?;
+    if b * h > i32::MAX as usize || tq > MAX_T || tk > MAX_T {
+        return Err(shape_err!(
+            OP,
+            "B * H = {} and T = {tq} / {tk} exceed the CUDA kernels' grid ({MAX_T} rows at most)",
+            b * h
+        ));
+    }
+    Ok(())
+}
+
+/// An operand's device address and strides as a `[B, H, T, D]` tensor. `bthd`: the layout's dims
+/// are `[B, T, H, D]`. For the tensor-core kernels (`rows16`) a view whose head dim is not
+/// contiguous or whose rows are not 16-byte aligned is copied first; the copy is returned so that
+/// it lives until the launch has been enqueued.
+fn operand(s: &CudaStorage, l: &Layout, bthd: bool, rows16: bool) -> Result<(u64, Stride4, Option<CudaStorage>)> {
+    let strides = |l: &Layout| {
+        let st: Vec<i64> = l.strides().iter().map(|&x| x as i64).collect();
+        if bthd {
+            Stride4 { b: st[0], h: st[2], t: st[1], d: st[3] }
+        } else {
+            Stride4 { b: st[0], h: st[1], t: st[2], d: st[3] }
+        }
+    };
+    let st = strides(l);
+    let ptr = s.buf.ptr_at(l.offset());
+    let elem = s.dtype().size_in_bytes() as i64;
+    let aligned = st.d == 1 && [st.b, st.h, st.t].iter().all(|x| (x * elem) % 16 == 0) && ptr.is_multiple_of(16);
+    if !rows16 || aligned {
+        return Ok((ptr, st, None));
+    }
+    let c = s.copy_strided(l)?;
+    Ok((c.buf.ptr(), strides(&Layout::contiguous(l.shape().clone())), Some(c)))
+}
+
+/// Strides of a contiguous `[B, T, H, D]` buffer, as a `[B, H, T, D]` operand.
+fn bthd_strides(t: usize, h: usize, d: usize) -> Stride4 {
+    Stride4 { b: (t * h * d) as i64, h: d as i64, t: (h * d) as i64, d: 1 }
+}
+
+fn params(pb: &Problem) -> AttnParams {
+    let (rp_keep, drop_thr, seed, rng_offset) = match pb.dropout {
+        Some(dr) => ((1.0 / (1.0 - dr.p)) as f32, dr.thr, dr.seed, dr.offset),
+        None => (1.0, 0, 0, 0),
+    };
+    AttnParams {
+        b: pb.b as u32,
+        h: pb.h as u32,
+        tq: pb.tq as u32,
+        tk: pb.tk as u32,
+        scale: pb.scale as f32,
+        scale_log2: (pb.scale * std::f64::consts::LOG2_E) as f32,
+        rp_keep,
+        drop_thr,
+        seed,
+        rng_offset,
+        causal: pb.causal as u32,
+        ..Default::default()
+    }
+}
+
+/// Raise a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB.
+fn allow_smem(dev: &Arc<CudaDevice>, m: &Module, name: &str, bytes: usize) -> Result<()> {
+    if bytes <= 48 * 1024 {
+        return Ok(());
+    }
+    let max = dev.max_shared_memory_per_block()?;
+    if bytes > max {
+        return Err(Error::Kernel {
+            name: name.to_string(),
+            msg: format!("needs {bytes} bytes of shared memory; this GPU allows {max} a block"),
+        });
+    }
+    dev.func(m, name)?
+        .set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(|e| driver_err(&format!("cuFuncSetAttribute({name})"), e))
+}
+
+fn cfg(grid: (usize, usize), block: u32, smem: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: smem as u32,
+    }
+}
+
+type Operand<'a> = (&'a CudaStorage, &'a Layout);
+
+/// Outputs: O `[B, Tq, H, D]`, the log-sum-exp `[B, H, Tq]` (f32).
+pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Result<FusedOutputs<CudaStorage>> {
+    let dtype = q.0.dtype();
+    let m = module(pb.d)?;
+    let dev = q.0.dev().clone();
+    let Problem { b, h, tq, d, .. } = *pb;
+    let o = CudaStorage::uninit(&dev, b * tq * h * d, dtype)?;
+    let lse = CudaStorage::uninit(&dev, b * h * tq, DType::F32)?;
+    let tc = dtype != DType::F32;
+    if b * h * tq > 0 {
+        let (qp, qs, _qc) = operand(q.0, q.1, false, tc)?;
+        let (kp, ks, _kc) = operand(k.0, k.1, false, tc)?;
+        let (vp, vs, _vc) = operand(v.0, v.1, false, tc)?;
+        let p = AttnParams { q: qs, k: ks, v: vs, o: bthd_strides(tq, h, d), ..params(pb) };
+        let t = tiles(d, dtype);
+        let (name, _) = kernel_names(d, dtype, &t)?;
+        allow_smem(&dev, m, &name, t.fwd_smem)?;
+        let c = cfg((b * h, tq.div_ceil(t.fwd_bq)), if tc { 128 } else { 256 }, t.fwd_smem);
+        launch!(dev, *m, name, c; qp, kp, vp, o.buf.ptr(), lse.buf.ptr(), p);
+    }
+    Ok(vec![(o, Shape::from(vec![b, tq, h, d])), (lse, Shape::from(vec![b, h, tq]))])
+}
+
+/// Outputs: dq `[B, Tq, H, D]`, dk and dv `[B, Tk, H, D]`. `o` and `dout` have `[B, Tq, H, D]`
+/// dims; `lse` is the forward's `[B, H, Tq]` f32.
+pub(super) fn backward(
+    pb: &Problem,
+    q: Operand,
+    k: Operand,
+    v: Operand,
+    o: Operand,
+    dout: Operand,
+    lse: Operand,
+) -> Result<FusedOutputs<CudaStorage>> {
+    let dtype = q.0.dtype();
+    let (sfx, m) = (suffix(dtype)?, module(pb.d)?);
+    let dev = q.0.dev().clone();
+    let Problem { b, h, tq, tk, d, .. } = *pb;
+    if lse.0.dtype() != DType::F32 {
+        return Err(Error::DTypeMismatch {
+            op: "scaled_dot_product_attention_backward",
+            lhs: DType::F32,
+            rhs: lse.0.dtype(),
+        });
+    }
+    let dq = CudaStorage::uninit(&dev, b * tq * h * d, dtype)?;
+    let dk = CudaStorage::uninit(&dev, b * tk * h * d, dtype)?;
+    let dv = CudaStorage::uninit(&dev, b * tk * h * d, dtype)?;
+    let tc = dtype != DType::F32;
+    if b * h * tk > 0 {
+        let (qp, qs, _qc) = operand(q.0, q.1, false, tc)?;
+        let (kp, ks, _kc) = operand(k.0, k.1, false, tc)?;
+        let (vp, vs, _vc) = operand(v.0, v.1, false, tc)?;
+        let (op, os, _oc) = operand(o.0, o.1, true, false)?;
+        let (gp, gs, _gc) = operand(dout.0, dout.1, true, tc)?;
+        let lse_c = if lse.1.is_contiguous() { None } else { Some(lse.0.copy_strided(lse.1)?) };
+        let lp = lse_c.as_ref().map_or_else(|| lse.0.buf.ptr_at(lse.1.offset()), |c| c.buf.ptr());
+        let rows = b * h * tq;
+        let delta = CudaStorage::uninit(&dev, rows, DType::F32)?;
+        let dq_acc = CudaStorage::uninit(&dev, rows * d, DType::F32)?;
+        let p = AttnParams {
+            q: qs,
+            k: ks,
+            v: vs,
+            o: os,
+            dout: gs,
+            dq: bthd_strides(tq, h, d),
+            dk: bthd_strides(tk, h, d),
+            dv: bthd_strides(tk, h, d),
+            ..params(pb)
+        };
+        if rows > 0 {
+            launch!(dev, *m, format!("fg_attn_bwd_pre_d{d}_{sfx}"), cfg_warp_rows(&dev, rows);
+                op, gp, delta.buf.ptr(), dq_acc.buf.ptr(), p);
+        }
+        let t = tiles(d, dtype);
+        let (_, name) = kernel_names(d, dtype, &t)?;
+        allow_smem(&dev, m, &name, t.bwd_smem)?;
+        let c = cfg((b * h, tk.div_ceil(t.bwd_bkv)), 128, t.bwd_smem);
+        launch!(dev, *m, name, c; qp, kp, vp, gp, lp, delta.buf.ptr(), dq_acc.buf.ptr(), dk.buf.ptr(), dv.buf.ptr(), p);
+        if rows > 0 {
+            let c = cfg_1d(&dev, rows * d);
+            launch!(dev, *m, format!("fg_attn_dq_d{d}_{sfx}"), c; dq_acc.buf.ptr(), dq.buf.ptr(), p);
+        }
+    }
+    Ok(vec![
+        (dq, Shape::from(vec![b, tq, h, d])),
+        (dk, Shape::from(vec![b, tk, h, d])),
+        (dv, Shape::from(vec![b, tk, h, d])),
+    ])
+}

@@ -1,0 +1,311 @@
+//! Scaled dot-product attention as one fused op: `Tensor::scaled_dot_product_attention`, with
+//! PyTorch's `F.scaled_dot_product_attention` semantics and its own backward.
+//!
+//! - `cpu.rs`: the CPU forward and backward (blocked, rayon-parallel); also the reference of the
+//!   parity tests when run in f64.
+//! - `cuda.rs`: the launches; the kernels are `attention_common.cuh` (ABI, shared helpers),
+//!   `attention_tc.cu` (FlashAttention-2 style, tensor cores, bf16 / f16), `attention_simt.cu`
+//!   (exact f32) and `attention.cu` (backward helpers, entry points), one NVRTC module per head dim.
+//! - `bench.rs`: the workload of `ferrograd bench attention` (twin: `bench/torch_attention.py`).
+//!
+//! The forward keeps only the output and the per-row log-sum-exp (`[B, H, Tq]`, f32, f64 for f64
+//! inputs on the CPU), never the `Tq x Tk` matrix; the backward recomputes the probabilities from
+//! them. Dropout draws its mask from the project's Philox generator at indices of
+//! `(b, h, i, j)` (see [`Dropout`]), so the CPU and the GPU drop the same elements and the backward
+//! regenerates the mask instead of storing it.
+
+pub mod bench;
+mod cpu;
+mod cuda;
+
+use super::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
+use crate::cpu::CpuStorage;
+use crate::cuda::modules::headers::COMMON;
+use crate::cuda::modules::{Define, Header, Module};
+use crate::cuda::CudaStorage;
+use crate::rng::Rng;
+use crate::{shape_err, DType, Error, Layout, Result, Tensor};
+use std::sync::Arc;
+
+/// Options of [`Tensor::scaled_dot_product_attention`], PyTorch's keyword arguments.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionOpts {
+    /// Mask out keys after the query (`j > i`), top-left aligned as PyTorch's `is_causal`.
+    pub causal: bool,
+    /// Softmax scale; `None` is `1 / sqrt(D)`.
+    pub scale: Option<f64>,
+    /// Dropout probability on the attention weights, in `[0, 1)`; 0 disables dropout. Like
+    /// PyTorch's argument it applies whenever it is non-zero: pass 0 in evaluation.
+    pub dropout_p: f64,
+}
+
+impl Default for AttentionOpts {
+    fn default() -> Self {
+        AttentionOpts { causal: false, scale: None, dropout_p: 0.0 }
+    }
+}
+
+impl AttentionOpts {
+    pub fn causal() -> Self {
+        AttentionOpts { causal: true, ..Default::default() }
+    }
+}
+
+/// Head dims the CUDA kernels are built for (every head dim works on the CPU).
+pub const CUDA_HEAD_DIMS: [usize; 5] = [32, 64, 80, 96, 128];
+
+/// The module's own headers (`attention.cu` includes them after the shared `common.cuh`): the
+/// ABI and helpers, the tensor-core kernels, the f32 kernels.
+const ATTN_COMMON: Header = Header::new("attention_common.cuh", include_str!("attention_common.cuh"));
+const ATTN_TC: Header = Header::new("attention_tc.cu", include_str!("attention_tc.cu"));
+const ATTN_SIMT: Header = Header::new("attention_simt.cu", include_str!("attention_simt.cu"));
+
+macro_rules! attention_module {
+    ($id:ident, $name:literal, $d:literal) => {
+        pub const $id: Module = Module::new($name, include_str!("attention.cu"))
+            .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT])
+            .with_defines(&[Define::int("FG_ATTN_D", $d)]);
+    };
+}
+
+attention_module!(ATTENTION_D32, "attention_d32", 32);
+attention_module!(ATTENTION_D64, "attention_d64", 64);
+attention_module!(ATTENTION_D80, "attention_d80", 80);
+attention_module!(ATTENTION_D96, "attention_d96", 96);
+attention_module!(ATTENTION_D128, "attention_d128", 128);
+
+/// The kernel modules, one per head dim of [`CUDA_HEAD_DIMS`] (for `cuda::modules::ALL`).
+pub const MODULES: [&Module; 5] = [&ATTENTION_D32, &ATTENTION_D64, &ATTENTION_D80, &ATTENTION_D96, &ATTENTION_D128];
+
+/// Dropout of one call: which Philox numbers it reads and how it decides.
+///
+/// Element `(b, h, i, j)` (query `i`, key `j`) takes word `j % 4` of Philox block
+/// `offset + ((b * H + h) * Tq + i) * ceil(Tk / 4) + j / 4` of `seed` (`rng::philox4x32_10`,
+/// counter `[index lo, index hi, 0, 0]`, key `[seed lo, seed hi]`), and is kept when
+/// `(word >> 8) >= thr`, `thr = ceil(p * 2^24)`: exactly when the uniform `(word >> 8) * 2^-24` of
+/// `rng::to_uniform` is `>= p`. Kept weights are scaled by `1 / (1 - p)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    pub p: f64,
+    pub seed: u64,
+    pub offset: u64,
+    pub thr: u32,
+}
+
+impl Dropout {
+    fn new(p: f64, seed: u64, offset: u64) -> Dropout {
+        Dropout { p, seed, offset, thr: (p * 16_777_216.0).ceil() as u32 }
+    }
+
+    /// The 4 words of the block that holds keys `4 * jb4 .. 4 * jb4 + 3` of query row `i` of head `bh`.
+    pub fn words(&self, bh: usize, tq: usize, tk: usize, i: usize, jb4: usize) -> [u32; 4] {
+        let index = self.offset + ((bh * tq + i) * tk.div_ceil(4) + jb4) as u64;
+        crate::rng::philox4x32_10(
+            [index as u32, (index >> 32) as u32, 0, 0],
+            [self.seed as u32, (self.seed >> 32) as u32],
+        )
+    }
+
+    pub fn keeps(&self, word: u32) -> bool {
+        (word >> 8) >= self.thr
+    }
+}
+
+/// One call's resolved problem, shared by the forward and backward of both backends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Problem {
+    pub b: usize,
+    pub h: usize,
+    pub tq: usize,
+    pub tk: usize,
+    pub d: usize,
+    pub causal: bool,
+    pub scale: f64,
+    pub dropout: Option<Dropout>,
+}
+
+impl Problem {
+    /// Philox blocks one call's mask covers (the stream advance that reserves them).
+    fn mask_blocks(&self) -> usize {
+        self.b * self.h * self.tq * self.tk.div_ceil(4)
+    }
+}
+
+const OP: &str = "scaled_dot_product_attention";
+
+/// Shapes, dtypes, devices and options checked; the problem they describe.
+fn resolve(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOpts) -> Result<Problem> {
+    for t in [q, k, v] {
+        if t.rank() != 4 {
+            return Err(shape_err!(
+                OP,
+                "q, k and v must be [B, H, T, D], got {:?}, {:?}, {:?}",
+                q.dims(),
+                k.dims(),
+                v.dims()
+            ));
+        }
+    }
+    if !q.dtype().is_float() {
+        return Err(Error::UnsupportedDType { op: OP, dtype: q.dtype() });
+    }
+    for t in [k, v] {
+        if t.dtype() != q.dtype() {
+            return Err(Error::DTypeMismatch { op: OP, lhs: q.dtype(), rhs: t.dtype() });
+        }
+        if t.device() != q.device() {
+            return Err(Error::DeviceMismatch { op: OP, lhs: q.device(), rhs: t.device() });
+        }
+    }
+    let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+    if qd[0] != kd[0] || qd[1] != kd[1] || qd[3] != kd[3] {
+        return Err(Error::ShapeMismatch { op: OP, lhs: qd.to_vec(), rhs: kd.to_vec() });
+    }
+    if kd[..3] != vd[..3] || vd[3] != qd[3] {
+        return Err(Error::ShapeMismatch { op: OP, lhs: kd.to_vec(), rhs: vd.to_vec() });
+    }
+    let (b, h, tq, tk, d) = (qd[0], qd[1], qd[2], kd[2], qd[3]);
+    if tk == 0 && tq > 0 {
+        return Err(shape_err!(OP, "no keys (k has shape {kd:?}): every query's softmax would be empty"));
+    }
+    if d == 0 {
+        return Err(shape_err!(OP, "head dim 0 (q has shape {qd:?})"));
+    }
+    if !(opts.dropout_p.is_finite() && (0.0..1.0).contains(&opts.dropout_p)) {
+        return Err(Error::InvalidArgument(format!("{OP}: dropout_p {} is not in [0, 1)", opts.dropout_p)));
+    }
+    let scale = opts.scale.unwrap_or(1.0 / (d as f64).sqrt());
+    if !scale.is_finite() {
+        return Err(Error::InvalidArgument(format!("{OP}: scale {scale} is not finite")));
+    }
+    if q.device().is_cuda() {
+        cuda::check(q.dtype(), b, h, tq, tk, d)?;
+    }
+    Ok(Problem { b, h, tq, tk, d, causal: opts.causal, scale, dropout: None })
+}
+
+impl Tensor {
+    /// Scaled dot-product attention, PyTorch's `F.scaled_dot_product_attention(q, k, v,
+    /// dropout_p=opts.dropout_p, is_causal=opts.causal, scale=opts.scale)`:
+    /// `softmax(scale * q k^T [+ causal mask]) v`, with dropout on the softmax weights. Recorded as
+    /// one op with its own backward (gradients for q, k and v).
+    ///
+    /// - Shapes: `q` is `[B, H, Tq, D]`, `k` and `v` are `[B, H, Tk, D]` (B, H and D must agree;
+    ///   a value head dim different from D is not supported); the result is `[B, H, Tq, D]`, a
+    ///   permuted view of a `[B, Tq, H, D]` buffer as FlashAttention returns it, so
+    ///   `.transpose(1, 2)` of it is contiguous. Any T (1, odd, not a multiple of a tile).
+    /// - Strides: any; the CUDA kernels read views in place (the `[B, H, T, D]` permutations of
+    ///   one `[B, T, 3, H, D]` QKV buffer, say) as long as the head dim is contiguous and rows are
+    ///   16-byte aligned, and copy other views first.
+    /// - Causal: `j > i` masked, top-left aligned as PyTorch's `is_causal` (also for Tq != Tk).
+    /// - Dtypes: f32, f16, bf16 everywhere (f16 / bf16 accumulate in f32, on tensor cores on
+    ///   CUDA; f32 is exact f32 arithmetic on CUDA, SIMT kernels, no TF32); f64 on the CPU.
+    /// - Devices: CPU (any head dim) and CUDA (head dims [`CUDA_HEAD_DIMS`]: 32, 64, 80, 96, 128).
+    /// - Memory: the output and a `[B, H, Tq]` log-sum-exp; the `Tq x Tk` matrix is never stored.
+    /// - Dropout: drawn from the default generator (see
+    ///   [`scaled_dot_product_attention_with`](Self::scaled_dot_product_attention_with)); the
+    ///   same elements are dropped on every backend.
+    /// - Errors: `Error::Shape` for a rank other than 4, no keys or head dim 0,
+    ///   `Error::ShapeMismatch` when B, H or D differ or k and v disagree,
+    ///   `Error::DTypeMismatch` / `Error::DeviceMismatch` across q, k, v,
+    ///   `Error::UnsupportedDType` for integers (and f64 on CUDA), `Error::Shape` naming the
+    ///   supported head dims for another head dim on CUDA, `Error::InvalidArgument` for
+    ///   `dropout_p` outside `[0, 1)` or a non-finite scale.
+    pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: AttentionOpts) -> Result<Tensor> {
+        sdpa(q, k, v, &opts, |n| crate::rng::with_global_rng(|r| r.advance(n)))
+    }
+
+    /// [`scaled_dot_product_attention`](Self::scaled_dot_product_attention) with dropout drawn
+    /// from `rng` (which advances only when `dropout_p > 0`).
+    pub fn scaled_dot_product_attention_with(
+        rng: &mut Rng,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        opts: AttentionOpts,
+    ) -> Result<Tensor> {
+        sdpa(q, k, v, &opts, |n| rng.advance(n))
+    }
+}
+
+fn sdpa(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &AttentionOpts,
+    draw: impl FnOnce(usize) -> (u64, u64),
+) -> Result<Tensor> {
+    let mut pb = resolve(q, k, v, opts)?;
+    if opts.dropout_p > 0.0 {
+        let (seed, offset) = draw(pb.mask_blocks() * 4);
+        pb.dropout = Some(Dropout::new(opts.dropout_p, seed, offset));
+    }
+    apply(Arc::new(Sdpa(pb)), &[q, k, v])?.permute(&[0, 2, 1, 3])
+}
+
+/// The forward: inputs q, k, v; outputs O `[B, Tq, H, D]` (the op's value) and the saved
+/// log-sum-exp `[B, H, Tq]`.
+struct Sdpa(Problem);
+
+/// The backward: inputs q, k, v, O, dO (both `[B, Tq, H, D]`), lse; outputs dq, dk, dv, each
+/// `[B, T, H, D]`.
+struct SdpaBackward(Problem);
+
+fn three<'a, S>(inputs: &'a [(&'a S, &'a Layout)], n: usize, op: &str) -> Result<&'a [(&'a S, &'a Layout)]> {
+    if inputs.len() == n {
+        Ok(inputs)
+    } else {
+        Err(Error::InvalidArgument(format!("{op}: {} inputs, expected {n}", inputs.len())))
+    }
+}
+
+impl FusedOp for Sdpa {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>> {
+        let x = three(inputs, 3, OP)?;
+        cpu::forward(&self.0, x[0], x[1], x[2])
+    }
+
+    fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
+        let x = three(inputs, 3, OP)?;
+        cuda::forward(&self.0, x[0], x[1], x[2])
+    }
+
+    fn backward(&self, ctx: &FusedCtx<'_>, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        let lse = ctx.saved.first().ok_or_else(|| Error::Backward(format!("{OP}: the log-sum-exp was not saved")))?;
+        let [q, k, v] = ctx.inputs else {
+            return Err(Error::Backward(format!("{OP}: {} inputs recorded, expected 3", ctx.inputs.len())));
+        };
+        let grad = if grad.dtype() == q.dtype() { grad.clone() } else { grad.to_dtype(q.dtype())? };
+        let grads = apply_all(&SdpaBackward(self.0), &[q, k, v, ctx.output, &grad, lse])?;
+        grads.iter().map(|g| g.permute(&[0, 2, 1, 3]).map(Some)).collect()
+    }
+}
+
+impl FusedOp for SdpaBackward {
+    fn name(&self) -> &'static str {
+        "scaled_dot_product_attention_backward"
+    }
+
+    fn cpu_fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>> {
+        let x = three(inputs, 6, self.name())?;
+        cpu::backward(&self.0, x[0], x[1], x[2], x[3], x[4], x[5])
+    }
+
+    fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
+        let x = three(inputs, 6, self.name())?;
+        cuda::backward(&self.0, x[0], x[1], x[2], x[3], x[4], x[5])
+    }
+}
+
+/// The accumulation dtype of the saved log-sum-exp for inputs of `dtype`.
+pub(crate) fn lse_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}

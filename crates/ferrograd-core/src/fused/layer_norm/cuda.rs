@@ -1,0 +1,97 @@
+//! The CUDA launches of `layer_norm.cu`: the forward (the row-in-registers kernel where
+//! `cfg_row_regs` applies, else the any-row kernel with a shared-memory row cache) and the
+//! backward (one kernel: dx, and dweight / dbias accumulated in the accumulation dtype).
+
+use super::MODULE;
+use crate::cuda::launch::{cfg_row_regs, cfg_rows, launch};
+use crate::cuda::ops::same_dtype;
+use crate::cuda::CudaStorage;
+use crate::fused::rows::{last_dim_rows, row_cache_bytes};
+use crate::{shape_err, Error, Layout, Result};
+
+pub(super) fn layer_norm(
+    s: &CudaStorage,
+    l: &Layout,
+    weight: Option<(&CudaStorage, &Layout)>,
+    bias: Option<(&CudaStorage, &Layout)>,
+    eps: f64,
+) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    s.dtype().check_float("layer_norm")?;
+    let (rows, cols) = last_dim_rows(l);
+    let n = l.elem_count();
+    let (x, _k) = s.contiguous_ptr(l)?;
+    let param = |p: Option<(&CudaStorage, &Layout)>| -> Result<(u64, Option<CudaStorage>)> {
+        match p {
+            None => Ok((0, None)),
+            Some((p, pl)) => {
+                same_dtype("layer_norm", s, p)?;
+                p.contiguous_ptr(pl)
+            }
+        }
+    };
+    let ((w, _kw), (b, _kb)) = (param(weight)?, param(bias)?);
+    let acc = s.dtype().acc();
+    let y = CudaStorage::uninit(s.dev(), n, s.dtype())?;
+    let mean = CudaStorage::uninit(s.dev(), rows, acc)?;
+    let rstd = CudaStorage::uninit(s.dev(), rows, acc)?;
+    if rows > 0 {
+        let aligned = [x, y.buf.ptr(), w, b].iter().all(|p| p % 16 == 0); // w, b: 0 when absent
+        let (es, accs) = (s.dtype().size_in_bytes(), acc.size_in_bytes());
+        // The row in registers, moved 16 bytes at a time, where it fits; else one block per row.
+        let (name, cfg) = match cfg_row_regs(rows, cols, es, accs, aligned) {
+            Some(cfg) => (format!("layer_norm_fwd_rows_{}", s.dtype()), cfg),
+            None => {
+                let smem = row_cache_bytes(cols, accs);
+                (format!("layer_norm_fwd_{}", s.dtype()), cfg_rows(s.dev(), rows, cols, smem))
+            }
+        };
+        launch!(s.dev(), MODULE, name, cfg;
+            x, w, b, y.buf.ptr(), mean.buf.ptr(), rstd.buf.ptr(), rows as u64, cols as u64, eps,
+            weight.is_some() as i32, bias.is_some() as i32);
+    }
+    Ok((y, mean, rstd))
+}
+
+pub(super) fn layer_norm_backward(
+    s: &CudaStorage,
+    l: &Layout,
+    weight: Option<(&CudaStorage, &Layout)>,
+    mean: &CudaStorage,
+    rstd: &CudaStorage,
+    dy: &CudaStorage,
+    dyl: &Layout,
+) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    s.dtype().check_float("layer_norm_backward")?;
+    same_dtype("layer_norm_backward", s, dy)?;
+    if dyl.dims() != l.dims() {
+        return Err(Error::ShapeMismatch {
+            op: "layer_norm_backward",
+            lhs: l.dims().to_vec(),
+            rhs: dyl.dims().to_vec(),
+        });
+    }
+    let (rows, cols) = last_dim_rows(l);
+    let n = l.elem_count();
+    let acc = s.dtype().acc();
+    if mean.len() != rows || rstd.len() != rows || mean.dtype() != acc || rstd.dtype() != acc {
+        return Err(shape_err!("layer_norm_backward", "saved statistics do not match {rows} rows of {acc}"));
+    }
+    let (x, _k) = s.contiguous_ptr(l)?;
+    let (g, _kg) = dy.contiguous_ptr(dyl)?;
+    let (w, _kw) = match weight {
+        Some((s, wl)) => s.contiguous_ptr(wl)?,
+        None => (0, None),
+    };
+    let dx = CudaStorage::uninit(s.dev(), n, s.dtype())?;
+    let dw = CudaStorage::full(s.dev(), 0.0, cols, acc)?;
+    let db = CudaStorage::full(s.dev(), 0.0, cols, acc)?;
+    if rows > 0 {
+        let smem = row_cache_bytes(cols, acc.size_in_bytes());
+        launch!(s.dev(), MODULE, format!("layer_norm_bwd_{}", s.dtype()), cfg_rows(s.dev(), rows, cols, smem);
+            x, w, mean.buf.ptr(), rstd.buf.ptr(), g, dx.buf.ptr(), dw.buf.ptr(), db.buf.ptr(),
+            rows as u64, cols as u64, weight.is_some() as i32);
+    }
+    let pd = weight.map_or(s.dtype(), |(w, _)| w.dtype());
+    let (dw, db) = if pd == acc { (dw, db) } else { (dw.cast_to(pd)?, db.cast_to(pd)?) };
+    Ok((dx, dw, db))
+}

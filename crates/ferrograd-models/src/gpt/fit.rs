@@ -1,0 +1,241 @@
+//! The training loop of `gpt train` around a [`Run`]: steps, the loss read back every
+//! `log_every` steps, throughput and MFU, validation and checkpoints between steps, the JSON-lines
+//! log (`out/log.jsonl`), and the exported model at the end.
+
+use super::hf;
+use super::train::{Precision, Run, RunInfo, TrainConfig};
+use ferrograd_core::cuda::CudaDevice;
+use ferrograd_core::{Device, Error, Result, Tensor};
+use ferrograd_nn::optim::Optimizer;
+use serde::Serialize;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// One logged step.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepStats {
+    pub step: u64,
+    /// Mean loss over the steps since the last log.
+    pub loss: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+    pub tokens_per_s: f64,
+    pub mfu: Option<f64>,
+    /// Bytes ferrograd's allocator holds now and at most, on a GPU.
+    pub mem_bytes: Option<usize>,
+    pub peak_mem_bytes: Option<usize>,
+    pub elapsed_s: f64,
+}
+
+pub enum Event<'a> {
+    Started(&'a RunInfo),
+    /// After every step (no host read): for a progress bar's position.
+    Progress(u64),
+    Logged(&'a StepStats),
+    Validated {
+        step: u64,
+        loss: f64,
+    },
+    Saved {
+        step: u64,
+        path: &'a Path,
+    },
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    pub steps: u64,
+    pub first_loss: Option<f64>,
+    pub final_loss: Option<f64>,
+    pub final_val_loss: Option<f64>,
+    /// Tokens per second from the end of the warm-up steps to the end.
+    pub tokens_per_s: f64,
+    pub mfu: Option<f64>,
+    pub peak_mem_bytes: Option<usize>,
+    /// From the caller's `started` to the end of the first step.
+    pub startup_s: f64,
+    pub train_s: f64,
+    pub checkpoint: Option<PathBuf>,
+    pub exported: Option<PathBuf>,
+    pub log: PathBuf,
+}
+
+/// The bf16 (or f32) dense peak FLOP/s of a GPU by its name, for MFU; `None` when unknown.
+pub fn peak_flops(name: &str, precision: Precision) -> Option<f64> {
+    let n = name.to_ascii_uppercase();
+    let (bf16, f32) = if n.contains("H200") || (n.contains("H100") && !n.contains("PCIE") && !n.contains("NVL")) {
+        (989.4e12, 66.9e12)
+    } else if n.contains("H100") && n.contains("NVL") {
+        (835.0e12, 60.0e12)
+    } else if n.contains("H100") {
+        (756.0e12, 51.2e12)
+    } else if n.contains("A100") {
+        (312.0e12, 19.5e12)
+    } else if n.contains("L40S") {
+        (362.0e12, 91.6e12)
+    } else if n.contains("RTX 4090") {
+        (165.2e12, 82.6e12)
+    } else {
+        return None;
+    };
+    Some(if precision == Precision::Bf16 { bf16 } else { f32 })
+}
+
+/// (allocated now, peak) of ferrograd's allocator on a GPU.
+fn memory(device: Device) -> Option<(usize, usize)> {
+    let Device::Cuda(o) = device else { return None };
+    let s = CudaDevice::get(o).ok()?.memory_stats();
+    Some((s.allocated_bytes.current, s.allocated_bytes.peak))
+}
+
+fn json_err(e: serde_json::Error) -> Error {
+    Error::InvalidArgument(e.to_string())
+}
+
+/// Appends JSON lines to `out/log.jsonl`.
+struct JsonLog {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl JsonLog {
+    fn open(out: &Path, append: bool) -> Result<JsonLog> {
+        std::fs::create_dir_all(out)
+            .map_err(|e| Error::File { path: out.display().to_string(), msg: format!("creating: {e}") })?;
+        let path = out.join("log.jsonl");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(append)
+            .write(true)
+            .truncate(!append)
+            .open(&path)
+            .map_err(|e| Error::File { path: path.display().to_string(), msg: format!("opening the log: {e}") })?;
+        Ok(JsonLog { file, path })
+    }
+
+    fn write(&mut self, v: serde_json::Value) -> Result<()> {
+        writeln!(self.file, "{v}")
+            .map_err(|e| Error::File { path: self.path.display().to_string(), msg: format!("writing the log: {e}") })
+    }
+}
+
+/// Train as `cfg` says, reporting through `on_event`. `started` is when the process started (for
+/// the startup time).
+pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<'_>)) -> Result<Summary> {
+    let mut run = Run::new(cfg)?;
+    if let Some(p) = &run.cfg.save_init {
+        if run.step != 0 {
+            return Err(Error::InvalidArgument(
+                "--save-init writes the initial weights; it cannot follow --resume".into(),
+            ));
+        }
+        hf::save_weights(&run.model, p)?;
+        run.info.notes.push(format!("initial weights written to {}", p.display()));
+    }
+    on_event(Event::Started(&run.info));
+    let mut log = JsonLog::open(&run.cfg.out, run.cfg.resume)?;
+    log.write(serde_json::json!({ "kind": "start", "settings": run.settings(), "info": &run.info }))?;
+    let mut summary = Summary { log: log.path.clone(), ..Default::default() };
+    let device = run.cfg.device;
+    let (steps, tokens_per_step) = (run.cfg.steps, run.info.tokens_per_step);
+    let skip = (steps / 10).clamp(1, 10).min(steps.saturating_sub(1));
+    let flops_per_token = run.cfg.model.flops_per_token(run.cfg.context);
+    let t0 = Instant::now();
+    let mut window: Option<Tensor> = None;
+    let (mut window_steps, mut window_start) = (0u64, Instant::now());
+    let mut steady: Option<(u64, Instant)> = None;
+    // Time spent validating and checkpointing, left out of the throughput.
+    let mut paused = std::time::Duration::ZERO;
+    while run.step < steps {
+        let (loss, norm) = run.train_step()?;
+        let step = run.step;
+        window = Some(match window.take() {
+            Some(w) => w.add(&loss)?,
+            None => loss,
+        });
+        window_steps += 1;
+        on_event(Event::Progress(step));
+        if step == run.info.start_step + 1 {
+            device.synchronize()?;
+            summary.startup_s = started.elapsed().as_secs_f64();
+        }
+        if step == run.info.start_step + skip.max(1) && steady.is_none() {
+            device.synchronize()?;
+            steady = Some((step, Instant::now()));
+        }
+        let last = step == steps;
+        if step.is_multiple_of(run.cfg.log_every) || last {
+            let sum = window.take().map(|w| w.item_f64()).transpose()?.unwrap_or(f64::NAN);
+            let secs = window_start.elapsed().as_secs_f64();
+            let tps = (window_steps as usize * tokens_per_step) as f64 / secs.max(1e-9);
+            let mem = memory(device);
+            let stats = StepStats {
+                step,
+                loss: sum / window_steps as f64,
+                lr: run.opt.lr(),
+                grad_norm: norm.item_f64()?,
+                tokens_per_s: tps,
+                mfu: run.info.peak_flops.map(|p| tps * flops_per_token / p),
+                mem_bytes: mem.map(|m| m.0),
+                peak_mem_bytes: mem.map(|m| m.1),
+                elapsed_s: t0.elapsed().as_secs_f64(),
+            };
+            if !stats.loss.is_finite() {
+                return Err(Error::InvalidArgument(format!(
+                    "the loss became {} at step {step}; try a lower --lr or --precision f32",
+                    stats.loss
+                )));
+            }
+            summary.first_loss.get_or_insert(stats.loss);
+            summary.final_loss = Some(stats.loss);
+            let mut line = serde_json::to_value(&stats).map_err(json_err)?;
+            line["kind"] = "train".into();
+            log.write(line)?;
+            on_event(Event::Logged(&stats));
+            (window_steps, window_start) = (0, Instant::now());
+        }
+        let pause = Instant::now();
+        if (run.cfg.val_every > 0 && step.is_multiple_of(run.cfg.val_every)) || last {
+            if let Some(v) = run.evaluate()? {
+                summary.final_val_loss = Some(v);
+                log.write(serde_json::json!({ "kind": "val", "step": step, "val_loss": v }))?;
+                on_event(Event::Validated { step, loss: v });
+            }
+            window_start = Instant::now();
+        }
+        if (run.cfg.save_every > 0 && step.is_multiple_of(run.cfg.save_every)) || last {
+            let p = run.save_checkpoint()?;
+            on_event(Event::Saved { step, path: &p });
+            summary.checkpoint = Some(p);
+            window_start = Instant::now();
+        }
+        if steady.is_some() {
+            paused += pause.elapsed();
+        }
+    }
+    device.synchronize()?;
+    summary.train_s = t0.elapsed().as_secs_f64();
+    summary.steps = run.step - run.info.start_step;
+    if let Some((s0, i0)) = steady {
+        let n = run.step.saturating_sub(s0);
+        if n > 0 {
+            let secs = i0.elapsed().saturating_sub(paused).as_secs_f64();
+            summary.tokens_per_s = (n as usize * tokens_per_step) as f64 / secs.max(1e-9);
+        }
+    }
+    if summary.tokens_per_s == 0.0 && summary.train_s > 0.0 {
+        summary.tokens_per_s = (summary.steps as usize * tokens_per_step) as f64 / summary.train_s;
+    }
+    summary.mfu = run.info.peak_flops.map(|p| summary.tokens_per_s * flops_per_token / p);
+    summary.peak_mem_bytes = memory(device).map(|m| m.1);
+    if run.step > 0 {
+        let dir = run.cfg.out.join("model");
+        hf::save_pretrained(&run.model, &dir)?;
+        summary.exported = Some(dir);
+    }
+    let mut line = serde_json::to_value(&summary).map_err(json_err)?;
+    line["kind"] = "summary".into();
+    log.write(line)?;
+    Ok(summary)
+}

@@ -1,0 +1,29 @@
+//! GPT-2, trained end to end on real text (issue 13).
+//!
+//! - `config`: the four published sizes and small ones; parameter count, FLOPs per token.
+//! - `model`: the model with Hugging Face `GPT2LMHeadModel` names and layouts, padded vocabulary.
+//! - `ops`: its building blocks, one function each, where fused kernels slot in.
+//! - `hf`: reading and writing Hugging Face checkpoints (`save_pretrained` directories).
+//! - `tokenizer`, `shards`, `prepare`, `loader`: text to llm.c token shards to batches.
+//! - `optim`: AdamW in two groups (decay on matrices only).
+//! - `train`: one run's state and step (accumulation, schedule, clipping, validation,
+//!   checkpoints, resume); `fit`: the loop, its log and summary; `autobatch`: `--batch auto`.
+//! - `sample`: generation with a KV cache, temperature and top-k.
+
+mod autobatch;
+pub mod config;
+mod fit;
+pub mod hf;
+pub mod loader;
+pub mod model;
+pub mod ops;
+pub mod optim;
+pub mod prepare;
+pub mod sample;
+pub mod shards;
+pub mod tokenizer;
+pub mod train;
+
+pub use config::{GptConfig, EOT, GPT2_VOCAB};
+pub use model::{Gpt, HfView};
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,358 @@
+//! GPT-2 (Radford et al. 2019) with Hugging Face `GPT2LMHeadModel`'s parameter names and layouts:
+//! Conv1D weights `[in, out]`, q|k|v packed in `c_attn`, the classifier tied to `wte`. The one
+//! difference is inside: `wte` has `padded_vocab()` rows, the extra ones zero (see `config.rs`);
+//! [`HfView`] shows the model with the real vocabulary, as files and outputs see it.
+
+use super::config::GptConfig;
+use super::ops::{attention, causal_mask, layer_norm, linear, linear_gelu, lm_logits, lm_loss, to_matmul_dtype};
+use ferrograd_core::{shape_err, DType, Device, Error, Result, Rng, Tensor};
+use ferrograd_nn::module::join_name;
+use ferrograd_nn::Module;
+use std::sync::Mutex;
+
+/// Name prefix of the transformer's parameters in `GPT2LMHeadModel`'s state dict.
+pub const PREFIX: &str = "transformer";
+
+/// One transformer block's parameters (all f32 leaf variables).
+#[derive(Debug, Clone)]
+pub struct Block {
+    pub ln_1_w: Tensor,
+    pub ln_1_b: Tensor,
+    /// `[C, 3C]`: the q, k and v projections side by side.
+    pub c_attn_w: Tensor,
+    pub c_attn_b: Tensor,
+    /// `[C, C]`
+    pub attn_proj_w: Tensor,
+    pub attn_proj_b: Tensor,
+    pub ln_2_w: Tensor,
+    pub ln_2_b: Tensor,
+    /// `[C, 4C]`
+    pub c_fc_w: Tensor,
+    pub c_fc_b: Tensor,
+    /// `[4C, C]`
+    pub mlp_proj_w: Tensor,
+    pub mlp_proj_b: Tensor,
+}
+
+impl Block {
+    /// `(name under h.{i}, tensor)` in Hugging Face's state-dict order.
+    fn named(&self) -> [(&'static str, &Tensor); 12] {
+        [
+            ("ln_1.weight", &self.ln_1_w),
+            ("ln_1.bias", &self.ln_1_b),
+            ("attn.c_attn.weight", &self.c_attn_w),
+            ("attn.c_attn.bias", &self.c_attn_b),
+            ("attn.c_proj.weight", &self.attn_proj_w),
+            ("attn.c_proj.bias", &self.attn_proj_b),
+            ("ln_2.weight", &self.ln_2_w),
+            ("ln_2.bias", &self.ln_2_b),
+            ("mlp.c_fc.weight", &self.c_fc_w),
+            ("mlp.c_fc.bias", &self.c_fc_b),
+            ("mlp.c_proj.weight", &self.mlp_proj_w),
+            ("mlp.c_proj.bias", &self.mlp_proj_b),
+        ]
+    }
+}
+
+/// Where one block's keys and values go when decoding with a cache: per layer `[capacity, H, D]`
+/// buffers, rows `0..start` already filled by earlier calls.
+pub struct LayerCache<'a> {
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub start: usize,
+}
+
+pub struct Gpt {
+    pub config: GptConfig,
+    /// `[padded_vocab, C]`; rows `vocab_size..` are zero.
+    pub wte: Tensor,
+    /// `[n_positions, C]`
+    pub wpe: Tensor,
+    pub blocks: Vec<Block>,
+    pub ln_f_w: Tensor,
+    pub ln_f_b: Tensor,
+    /// The causal mask of the last training length, kept so that a step does not rebuild it; only
+    /// the fallback of `ops::attention` (a head dim the CUDA kernels lack) reads it.
+    mask: Mutex<Option<Tensor>>,
+}
+
+impl std::fmt::Debug for Gpt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gpt({:?}, {})", self.config, self.wte.device())
+    }
+}
+
+fn leaf(t: Tensor) -> Tensor {
+    t.requires_grad()
+}
+
+impl Gpt {
+    /// GPT-2's initialisation: every weight matrix and embedding N(0, 0.02), the two residual
+    /// projections of each block N(0, 0.02 / sqrt(2 L)), biases 0, layer norms 1 and 0; the padded
+    /// rows of `wte` 0. Drawn in state-dict order from one Philox stream, so a seed gives the same
+    /// weights on every device.
+    pub fn new(config: GptConfig, seed: u64, device: Device) -> Result<Gpt> {
+        let mut rng = Rng::new(seed);
+        Self::build(config, device, &mut |shape, std| Tensor::randn_with(&mut rng, 0.0, std, shape, DType::F32, device))
+    }
+
+    /// A model of this shape with zero weights (layer norms 1), to load weights into.
+    pub fn zeroed(config: GptConfig, device: Device) -> Result<Gpt> {
+        Self::build(config, device, &mut |shape, _| Tensor::zeros(shape, DType::F32, device))
+    }
+
+    /// The parameters in state-dict order, each matrix drawn by `normal(shape, std)`.
+    fn build(
+        config: GptConfig,
+        device: Device,
+        normal: &mut dyn FnMut((usize, usize), f64) -> Result<Tensor>,
+    ) -> Result<Gpt> {
+        config.validate()?;
+        let c = config.n_embd;
+        let std = 0.02;
+        let proj_std = std / (2.0 * config.n_layer as f64).sqrt();
+        let real = normal((config.vocab_size, c), std)?;
+        let wte = pad_rows(&real, config.padded_vocab())?;
+        let wpe = normal((config.n_positions, c), std)?;
+        let zeros = |n: usize| Tensor::zeros(n, DType::F32, device);
+        let ones = |n: usize| Tensor::ones(n, DType::F32, device);
+        let mut blocks = Vec::with_capacity(config.n_layer);
+        for _ in 0..config.n_layer {
+            blocks.push(Block {
+                ln_1_w: leaf(ones(c)?),
+                ln_1_b: leaf(zeros(c)?),
+                c_attn_w: leaf(normal((c, 3 * c), std)?),
+                c_attn_b: leaf(zeros(3 * c)?),
+                attn_proj_w: leaf(normal((c, c), proj_std)?),
+                attn_proj_b: leaf(zeros(c)?),
+                ln_2_w: leaf(ones(c)?),
+                ln_2_b: leaf(zeros(c)?),
+                c_fc_w: leaf(normal((c, 4 * c), std)?),
+                c_fc_b: leaf(zeros(4 * c)?),
+                mlp_proj_w: leaf(normal((4 * c, c), proj_std)?),
+                mlp_proj_b: leaf(zeros(c)?),
+            });
+        }
+        Ok(Gpt {
+            config,
+            wte: leaf(wte),
+            wpe: leaf(wpe),
+            blocks,
+            ln_f_w: leaf(ones(c)?),
+            ln_f_b: leaf(zeros(c)?),
+            mask: Mutex::new(None),
+        })
+    }
+
+    pub fn device(&self) -> Device {
+        self.wte.device()
+    }
+
+    /// Every parameter under its full Hugging Face name (`transformer.h.0.attn.c_attn.weight`),
+    /// in state-dict order: the leaf variables themselves (`wte` with its padded rows).
+    pub fn params(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::with_capacity(4 + 12 * self.blocks.len());
+        out.push((format!("{PREFIX}.wte.weight"), self.wte.clone()));
+        out.push((format!("{PREFIX}.wpe.weight"), self.wpe.clone()));
+        for (i, b) in self.blocks.iter().enumerate() {
+            for (n, t) in b.named() {
+                out.push((format!("{PREFIX}.h.{i}.{n}"), t.clone()));
+            }
+        }
+        out.push((format!("{PREFIX}.ln_f.weight"), self.ln_f_w.clone()));
+        out.push((format!("{PREFIX}.ln_f.bias"), self.ln_f_b.clone()));
+        out
+    }
+
+    /// The parameters as files hold them: `wte` cut to the real vocabulary (a view sharing the
+    /// parameter's storage, so `Tensor::set` on it loads in place).
+    pub fn hf_params(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut p = self.params();
+        p[0].1 = self.wte.narrow(0, 0, self.config.vocab_size)?;
+        Ok(p)
+    }
+
+    fn check_ids(&self, ids: &Tensor, what: &'static str) -> Result<(usize, usize)> {
+        if ids.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op: what, dtype: ids.dtype() });
+        }
+        if ids.device() != self.device() {
+            return Err(Error::DeviceMismatch { op: what, lhs: self.device(), rhs: ids.device() });
+        }
+        let &[b, t] = ids.dims() else {
+            return Err(shape_err!(what, "token ids must be [batch, time], got {:?}", ids.dims()));
+        };
+        Ok((b, t))
+    }
+
+    /// The training-length causal mask, built once per length.
+    fn train_mask(&self, t: usize) -> Result<Tensor> {
+        let mut g = self.mask.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = g.as_ref().filter(|m| m.dims() == [t, t] && m.device() == self.device()) {
+            return Ok(m.clone());
+        }
+        let m = causal_mask(t, 0, self.device())?;
+        *g = Some(m.clone());
+        Ok(m)
+    }
+
+    /// Token plus position embeddings of `ids` `[B, T]` placed at positions `start..start + T`.
+    fn embed(&self, ids: &Tensor, start: usize) -> Result<Tensor> {
+        let (_, t) = self.check_ids(ids, "gpt forward")?;
+        if start + t > self.config.n_positions {
+            return Err(shape_err!(
+                "gpt forward",
+                "positions {start}..{} exceed the model's context of {} tokens",
+                start + t,
+                self.config.n_positions
+            ));
+        }
+        self.wte.embedding(ids)?.add(&self.wpe.narrow(0, start, t)?)
+    }
+
+    /// One block: `x + attn(ln_1(x))`, then `+ mlp(ln_2(x))`. With `cache`, `x` is `[1, T, C]`
+    /// at positions `start..start + T` and the keys and values are written into the cache.
+    fn block(&self, blk: &Block, x: &Tensor, cache: Option<LayerCache<'_>>) -> Result<Tensor> {
+        let cfg = &self.config;
+        let &[b, t, c] = x.dims() else {
+            return Err(shape_err!("gpt block", "expected [B, T, C], got {:?}", x.dims()));
+        };
+        let (h, d) = (cfg.n_head, cfg.head_dim());
+        let eps = cfg.layer_norm_epsilon;
+        let a = layer_norm(x, &blk.ln_1_w, &blk.ln_1_b, eps)?;
+        // [B, T, 3, H, D]: q, k and v are permuted views of this one buffer, never copied out
+        // (the attention kernels read them in place).
+        let qkv = linear(&a, &blk.c_attn_w, Some(&blk.c_attn_b))?.reshape((b, t, 3, h, d))?;
+        let part = |qkv: &Tensor, i: usize| qkv.narrow(2, i, 1)?.squeeze(2); // [B, T, H, D]
+        let y = match cache {
+            None => {
+                // One cast of the whole buffer under autocast, not one per view.
+                let qkv = to_matmul_dtype(&qkv)?;
+                let [q, k, v] = [0, 1, 2].map(|i| part(&qkv, i).and_then(|p| p.permute(&[0, 2, 1, 3])));
+                attention(&q?, &k?, &v?, 0, || self.train_mask(t))?
+            }
+            Some(kv) => {
+                if b != 1 {
+                    return Err(shape_err!("gpt decode", "the KV cache holds one sequence, got batch {b}"));
+                }
+                let end = kv.start + t;
+                kv.k.narrow(0, kv.start, t)?.set(&part(&qkv, 1)?.squeeze(0)?)?;
+                kv.v.narrow(0, kv.start, t)?.set(&part(&qkv, 2)?.squeeze(0)?)?;
+                // [end, H, D] -> [1, H, end, D], views of the cache.
+                let keys = kv.k.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
+                let vals = kv.v.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
+                let q = part(&qkv, 0)?.permute(&[0, 2, 1, 3])?;
+                attention(&q, &keys, &vals, kv.start, || causal_mask(t, kv.start, self.device()))?
+            }
+        };
+        // [B, H, T, D] -> [B, T, C]
+        let y = y.permute(&[0, 2, 1, 3])?.reshape((b, t, c))?;
+        let x = x.add(&linear(&y, &blk.attn_proj_w, Some(&blk.attn_proj_b))?)?;
+        let m = layer_norm(&x, &blk.ln_2_w, &blk.ln_2_b, eps)?;
+        let m = linear_gelu(&m, &blk.c_fc_w, &blk.c_fc_b)?;
+        x.add(&linear(&m, &blk.mlp_proj_w, Some(&blk.mlp_proj_b))?)
+    }
+
+    /// The final hidden states `[B, T, C]` (after `ln_f`) of `ids` `[B, T]`.
+    pub fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
+        let mut x = self.embed(ids, 0)?;
+        for blk in &self.blocks {
+            x = self.block(blk, &x, None)?;
+        }
+        layer_norm(&x, &self.ln_f_w, &self.ln_f_b, self.config.layer_norm_epsilon)
+    }
+
+    /// Logits `[B, T, vocab_size]` (f32): what `GPT2LMHeadModel` returns.
+    pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, t) = self.check_ids(ids, "gpt logits")?;
+        let l = lm_logits(&self.hidden(ids)?, &self.wte, self.config.vocab_size)?;
+        let l = if matches!(l.dtype(), DType::BF16 | DType::F16) { l.to_dtype(DType::F32)? } else { l };
+        l.contiguous()?.reshape((b, t, self.config.vocab_size))
+    }
+
+    /// Mean next-token cross entropy of `ids` `[B, T]` against `targets` `[B, T]`.
+    pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let (b, t) = self.check_ids(ids, "gpt loss")?;
+        if targets.dims() != [b, t] {
+            return Err(Error::ShapeMismatch { op: "gpt loss", lhs: vec![b, t], rhs: targets.dims().to_vec() });
+        }
+        let logits = lm_logits(&self.hidden(ids)?, &self.wte, self.config.vocab_size)?;
+        lm_loss(&logits, &targets.reshape(b * t)?)
+    }
+
+    /// Run `ids` `[1, T]` at positions `start..start + T` through the model, writing their keys and
+    /// values into `k_cache`/`v_cache` (per layer `[capacity, H, D]`), and return the logits of the
+    /// last position over the real vocabulary, `[vocab_size]` in f32.
+    pub fn forward_cached(&self, ids: &Tensor, start: usize, k_cache: &[Tensor], v_cache: &[Tensor]) -> Result<Tensor> {
+        let (_, t) = self.check_ids(ids, "gpt decode")?;
+        if k_cache.len() != self.blocks.len() || v_cache.len() != self.blocks.len() {
+            return Err(Error::InvalidArgument(format!(
+                "gpt decode: {} key and {} value caches for {} layers",
+                k_cache.len(),
+                v_cache.len(),
+                self.blocks.len()
+            )));
+        }
+        if let Some(k) = k_cache.first() {
+            if start + t > k.dims()[0] {
+                return Err(shape_err!(
+                    "gpt decode",
+                    "positions up to {} exceed the cache of {}",
+                    start + t,
+                    k.dims()[0]
+                ));
+            }
+        }
+        let mut x = self.embed(ids, start)?;
+        for (i, blk) in self.blocks.iter().enumerate() {
+            x = self.block(blk, &x, Some(LayerCache { k: &k_cache[i], v: &v_cache[i], start }))?;
+        }
+        let last = x.narrow(1, t - 1, 1)?;
+        let h = layer_norm(&last, &self.ln_f_w, &self.ln_f_b, self.config.layer_norm_epsilon)?;
+        let l = lm_logits(&h, &self.wte, self.config.vocab_size)?.flatten_all()?;
+        l.to_dtype(DType::F32)?.contiguous()
+    }
+}
+
+/// `t` `[V, C]` with zero rows appended up to `rows`, contiguous.
+pub(crate) fn pad_rows(t: &Tensor, rows: usize) -> Result<Tensor> {
+    let (v, c) = (t.dims()[0], t.dims()[1]);
+    if rows == v {
+        return t.contiguous();
+    }
+    let pad = Tensor::zeros((rows - v, c), t.dtype(), t.device())?;
+    Tensor::cat(&[t.detach(), pad], 0)
+}
+
+impl Module for Gpt {
+    /// Logits `[B, T, vocab_size]` of token ids `[B, T]`.
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.logits(ids)
+    }
+
+    /// The leaf variables (what optimizers update), `wte` with its padded rows.
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        for (n, t) in self.params() {
+            f(join_name(prefix, &n), &t);
+        }
+    }
+}
+
+/// The model as files see it: Hugging Face names, `wte` with `vocab_size` rows. Checkpoints are
+/// written and read through this view (`ferrograd_nn::checkpoint::save(path, &HfView(&model), ..)`).
+pub struct HfView<'a>(pub &'a Gpt);
+
+impl Module for HfView<'_> {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.0.logits(ids)
+    }
+
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        // Narrowing a 2-d parameter to fewer rows cannot fail; fall back to the full tensor if the
+        // impossible happens rather than dropping a parameter from the file.
+        let params = self.0.hf_params().unwrap_or_else(|_| self.0.params());
+        for (n, t) in params {
+            f(join_name(prefix, &n), &t);
+        }
+    }
+}

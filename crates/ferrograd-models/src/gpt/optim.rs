@@ -1,0 +1,98 @@
+//! AdamW in two parameter groups, as GPT-2 is trained (nanoGPT, llm.c): weight decay on the
+//! matrices and embeddings (rank >= 2), none on biases and layer norms. Each group is one fused
+//! multi-tensor step (`ferrograd_core::optim::adam_step`).
+//!
+//! Checkpoints see the optimizer through [`Optimizer::state_tensors`], which cuts the moments of
+//! `wte` to the real vocabulary as [`super::HfView`] cuts the weight: the padded rows' moments are
+//! zero forever (their gradient is exactly zero, see `config.rs`), so nothing is lost.
+
+use super::model::Gpt;
+use ferrograd_core::optim::AdamConfig;
+use ferrograd_core::{Error, GradStore, Result, Tensor};
+use ferrograd_nn::optim::{Adam, Optimizer};
+
+/// GPT-2's AdamW settings apart from the learning rate.
+pub fn gpt_adamw_config(lr: f64, weight_decay: f64) -> AdamConfig {
+    AdamConfig { lr, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay, decoupled: true }
+}
+
+#[derive(Debug)]
+pub struct GptAdamW {
+    decay: Adam,
+    no_decay: Adam,
+    /// All parameters in model order (the list checkpoints record).
+    params: Vec<(String, Tensor)>,
+    /// Name of the tied embedding and its real row count.
+    wte: (String, usize),
+}
+
+impl GptAdamW {
+    pub fn new(model: &Gpt, lr: f64, weight_decay: f64) -> Result<GptAdamW> {
+        let params = model.params();
+        let (decay, no_decay): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|(_, t)| t.rank() >= 2);
+        Ok(GptAdamW {
+            decay: Adam::new_adamw(decay, gpt_adamw_config(lr, weight_decay))?,
+            no_decay: Adam::new_adamw(no_decay, gpt_adamw_config(lr, 0.0))?,
+            wte: (params[0].0.clone(), model.config.vocab_size),
+            params,
+        })
+    }
+
+    pub fn weight_decay(&self) -> f64 {
+        self.decay.config.weight_decay
+    }
+}
+
+impl Optimizer for GptAdamW {
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.decay.step(grads)?;
+        self.no_decay.step(grads)
+    }
+
+    fn lr(&self) -> f64 {
+        self.decay.lr()
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.decay.set_lr(lr);
+        self.no_decay.set_lr(lr);
+    }
+
+    fn params(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
+
+    fn step_count(&self) -> u64 {
+        self.decay.step_count()
+    }
+
+    fn kind(&self) -> &'static str {
+        "gpt-adamw"
+    }
+
+    fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let (name, rows) = &self.wte;
+        let cut = |(n, t): (String, Tensor)| -> (String, Tensor) {
+            if n.strip_suffix(".m").or_else(|| n.strip_suffix(".v")) == Some(name.as_str()) {
+                // A narrow of the leading dim of a 2-d buffer cannot fail for rows <= its length.
+                let t = t.narrow(0, 0, *rows).unwrap_or(t);
+                return (n, t);
+            }
+            (n, t)
+        };
+        self.decay.state_tensors().into_iter().chain(self.no_decay.state_tensors()).map(cut).collect()
+    }
+
+    fn state_meta(&self) -> serde_json::Value {
+        serde_json::json!({ "decay": self.decay.state_meta(), "no_decay": self.no_decay.state_meta() })
+    }
+
+    fn load_state_meta(&mut self, meta: &serde_json::Value) -> Result<()> {
+        let part = |k: &str| {
+            meta.get(k).ok_or_else(|| Error::InvalidArgument(format!("optimizer state: missing group {k:?}")))
+        };
+        let (d, n) = (part("decay")?, part("no_decay")?);
+        self.decay.load_state_meta(d)?;
+        self.no_decay.load_state_meta(n)
+    }
+}

@@ -1,0 +1,211 @@
+//! Generation: the prompt goes through the model once (prefill), filling a KV cache; each new
+//! token is then one decode step over the cache. Temperature and top-k are applied on the host to
+//! the last position's logits; the draw is Philox (`uniform_at(seed, 0, i)` for the i-th new
+//! token), so a seed gives the same text on every device.
+//!
+//! The decode step reads its token from a fixed `[1, 1]` buffer and writes into caches allocated
+//! once at full length, so its inputs and state live across steps (what a CUDA graph of the step
+//! needs); its position is still a host value that selects the cache rows, which a captured step
+//! will have to read from device memory instead.
+
+use super::model::Gpt;
+use ferrograd_core::rng::uniform_at;
+use ferrograd_core::{no_grad, DType, Error, Result, Tensor};
+use std::time::Instant;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleConfig {
+    pub max_new_tokens: usize,
+    /// Logits are divided by this; 0 means greedy.
+    pub temperature: f64,
+    /// Sample among the `k` most likely tokens (1 = greedy); `None`: the whole vocabulary.
+    pub top_k: Option<usize>,
+    pub seed: u64,
+    /// Stop after generating `<|endoftext|>`.
+    pub stop_at_eot: bool,
+}
+
+impl Default for SampleConfig {
+    fn default() -> Self {
+        SampleConfig { max_new_tokens: 100, temperature: 1.0, top_k: Some(50), seed: 0, stop_at_eot: true }
+    }
+}
+
+/// Per-layer key and value buffers `[capacity, H, D]`.
+pub struct KvCache {
+    pub k: Vec<Tensor>,
+    pub v: Vec<Tensor>,
+    pub len: usize,
+}
+
+impl KvCache {
+    pub fn new(model: &Gpt, capacity: usize) -> Result<KvCache> {
+        let c = &model.config;
+        let z = || Tensor::zeros((capacity, c.n_head, c.head_dim()), DType::F32, model.device());
+        Ok(KvCache {
+            k: (0..c.n_layer).map(|_| z()).collect::<Result<_>>()?,
+            v: (0..c.n_layer).map(|_| z()).collect::<Result<_>>()?,
+            len: 0,
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.k.first().map_or(0, |k| k.dims()[0])
+    }
+}
+
+/// A model with its cache and its fixed one-token input buffer.
+pub struct Decoder<'a> {
+    pub model: &'a Gpt,
+    pub cache: KvCache,
+    token: Tensor,
+}
+
+impl<'a> Decoder<'a> {
+    /// A decoder for sequences of up to `capacity` tokens (at most the model's context).
+    pub fn new(model: &'a Gpt, capacity: usize) -> Result<Decoder<'a>> {
+        if capacity == 0 || capacity > model.config.n_positions {
+            return Err(Error::InvalidArgument(format!(
+                "a sequence of {capacity} tokens does not fit the model's context of {}",
+                model.config.n_positions
+            )));
+        }
+        Ok(Decoder {
+            model,
+            cache: KvCache::new(model, capacity)?,
+            token: Tensor::zeros((1, 1), DType::U32, model.device())?,
+        })
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        let v = self.model.config.vocab_size;
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= v) {
+            return Err(Error::IndexOutOfRange { op: "gpt sample", index: bad as i64, size: v });
+        }
+        if self.cache.len + ids.len() > self.cache.capacity() {
+            return Err(Error::InvalidArgument(format!(
+                "{} tokens do not fit the cache of {} (the model's context)",
+                self.cache.len + ids.len(),
+                self.cache.capacity()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Run `ids` from the current position; the logits `[vocab_size]` (f32) after the last of them.
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<Tensor> {
+        if ids.is_empty() {
+            return Err(Error::InvalidArgument("prefill needs at least one token".into()));
+        }
+        self.check_ids(ids)?;
+        let _g = no_grad();
+        let x = Tensor::from_vec(ids.to_vec(), (1, ids.len()), self.model.device())?;
+        let l = self.model.forward_cached(&x, self.cache.len, &self.cache.k, &self.cache.v)?;
+        self.cache.len += ids.len();
+        Ok(l)
+    }
+
+    /// One decode step: `id` at the next position; the logits after it.
+    pub fn step(&mut self, id: u32) -> Result<Tensor> {
+        self.check_ids(&[id])?;
+        let _g = no_grad();
+        self.token.set(&Tensor::from_vec(vec![id], (1, 1), self.model.device())?)?;
+        let l = self.model.forward_cached(&self.token, self.cache.len, &self.cache.k, &self.cache.v)?;
+        self.cache.len += 1;
+        Ok(l)
+    }
+}
+
+/// The token to emit given the logits: the arg-max for `temperature == 0` or `top_k == 1` (the
+/// lowest index among ties), else a draw from `softmax(logits / temperature)` restricted to the
+/// `top_k` largest, by inverse CDF at `u` in `[0, 1)`.
+pub fn choose(logits: &[f32], temperature: f64, top_k: Option<usize>, u: f64) -> Result<u32> {
+    if logits.is_empty() {
+        return Err(Error::InvalidArgument("no logits to sample from".into()));
+    }
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        return Err(Error::InvalidArgument(format!("--temperature {temperature} must be >= 0")));
+    }
+    if top_k == Some(0) {
+        return Err(Error::InvalidArgument("--top-k must be at least 1".into()));
+    }
+    if let Some(i) = logits.iter().position(|v| v.is_nan()) {
+        return Err(Error::InvalidArgument(format!("the model produced NaN logits (token {i})")));
+    }
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    // Descending by value, ascending index among equals: a stable, total order.
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if temperature == 0.0 || top_k == Some(1) {
+        return Ok(order[0] as u32);
+    }
+    let k = top_k.unwrap_or(order.len()).min(order.len());
+    let top = &order[..k];
+    let max = logits[top[0]] as f64;
+    let w: Vec<f64> = top.iter().map(|&i| ((logits[i] as f64 - max) / temperature).exp()).collect();
+    let total: f64 = w.iter().sum();
+    let target = u * total;
+    let mut acc = 0.0;
+    for (&i, wi) in top.iter().zip(&w) {
+        acc += wi;
+        if target < acc {
+            return Ok(i as u32);
+        }
+    }
+    Ok(top[k - 1] as u32)
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct GenStats {
+    /// The new tokens (the prompt not included).
+    pub tokens: Vec<u32>,
+    pub prefill_s: f64,
+    /// Time of the decode steps (each one's logits read back to the host).
+    pub decode_s: f64,
+    pub decode_steps: usize,
+}
+
+impl GenStats {
+    pub fn ms_per_token(&self) -> Option<f64> {
+        (self.decode_steps > 0).then(|| 1e3 * self.decode_s / self.decode_steps as f64)
+    }
+}
+
+/// Continue `prompt` (at least one token) by up to `cfg.max_new_tokens`, calling `on_token` with
+/// each new token as it is chosen.
+pub fn generate(
+    model: &Gpt,
+    prompt: &[u32],
+    cfg: &SampleConfig,
+    mut on_token: impl FnMut(u32) -> Result<()>,
+) -> Result<GenStats> {
+    let capacity = prompt.len() + cfg.max_new_tokens;
+    if capacity > model.config.n_positions {
+        return Err(Error::InvalidArgument(format!(
+            "prompt ({} tokens) + --tokens {} exceed the model's context of {}",
+            prompt.len(),
+            cfg.max_new_tokens,
+            model.config.n_positions
+        )));
+    }
+    let mut dec = Decoder::new(model, capacity.max(1))?;
+    let mut stats = GenStats::default();
+    if cfg.max_new_tokens == 0 {
+        return Ok(stats);
+    }
+    let t = Instant::now();
+    let mut logits = dec.prefill(prompt)?.to_vec::<f32>()?;
+    stats.prefill_s = t.elapsed().as_secs_f64();
+    for i in 0..cfg.max_new_tokens {
+        let id = choose(&logits, cfg.temperature, cfg.top_k, uniform_at(cfg.seed, 0, i as u64))?;
+        stats.tokens.push(id);
+        on_token(id)?;
+        if (cfg.stop_at_eot && id == super::EOT) || i + 1 == cfg.max_new_tokens {
+            break;
+        }
+        let t = Instant::now();
+        logits = dec.step(id)?.to_vec::<f32>()?;
+        stats.decode_s += t.elapsed().as_secs_f64();
+        stats.decode_steps += 1;
+    }
+    Ok(stats)
+}

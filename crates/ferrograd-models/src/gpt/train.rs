@@ -1,0 +1,481 @@
+//! `gpt train`: the training run. One optimizer step is
+//!
+//! 1. [`Run::load_inputs`] (host side): the loader's next `k` micro-batches copied into the fixed
+//!    `[B, T]` device buffers of [`StepInputs`];
+//! 2. [`Run::compute_step`] (device side, no host read): for each micro-batch forward and backward
+//!    (loss scaled by `1/k`, gradients summed), clipping by global norm, AdamW; the mean loss and
+//!    the gradient norm stay on the device as 0-d tensors.
+//!
+//! Step 2 touches only tensors that live across steps (parameters, moments, the input buffers), so
+//! it is the unit a CUDA graph captures once the runtime can (the learning rate is then the one
+//! host value to move into device memory). The loss is read back every `log_every` steps from a
+//! device running sum; validation, checkpoints and the log happen between steps.
+
+use super::config::GptConfig;
+use super::hf;
+use super::loader::{LoaderPos, StepInputs, TokenLoader};
+use super::model::{Gpt, HfView};
+use super::optim::GptAdamW;
+use ferrograd_core::cuda::CudaDevice;
+use ferrograd_core::{DType, Device, Error, Result, Tensor};
+use ferrograd_nn::amp::{autocast, AutocastGuard};
+use ferrograd_nn::checkpoint::{self, TrainState};
+use ferrograd_nn::optim::{clip_grad_norm, grad_norm, GradAccumulator, LrSchedule, Optimizer};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+pub use super::fit::{peak_flops, train, Event, StepStats, Summary};
+
+/// Micro-batch size: given, or the largest power of two that fits in device memory (measured).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BatchSize {
+    Fixed(usize),
+    Auto,
+}
+
+/// `Bf16`: f32 master weights, matmuls under a bf16 autocast scope. `F32`: everything in f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Precision {
+    Bf16,
+    F32,
+}
+
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    pub model: GptConfig,
+    /// Directory of `train_*.bin` / `val_*.bin` shards.
+    pub data: PathBuf,
+    /// Checkpoint, log and exported model go here.
+    pub out: PathBuf,
+    pub device: Device,
+    pub steps: u64,
+    pub batch: BatchSize,
+    /// Tokens per sequence (`T`), at most the model's `n_positions`.
+    pub context: usize,
+    /// Tokens per optimizer step; a multiple of `B * T` (gradient accumulation). `None`: one micro-batch.
+    pub total_batch: Option<usize>,
+    pub lr: f64,
+    /// The cosine schedule ends at `lr * min_lr_ratio`.
+    pub min_lr_ratio: f64,
+    /// Warm-up steps; `None`: `min(700, steps / 10)`.
+    pub warmup: Option<u64>,
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this (0: no clipping).
+    pub grad_clip: f64,
+    pub precision: Precision,
+    pub seed: u64,
+    /// Read the loss back and log every this many steps.
+    pub log_every: u64,
+    /// Validation every this many steps (0: only at the end).
+    pub val_every: u64,
+    pub val_batches: usize,
+    /// Checkpoint every this many steps (0: only at the end).
+    pub save_every: u64,
+    /// Continue from `out/checkpoint.safetensors`.
+    pub resume: bool,
+    /// Start from these weights (ours or a Hugging Face file/directory) instead of GPT-2's init.
+    pub init: Option<PathBuf>,
+    /// Write the initial weights here before the first step (for the PyTorch twin).
+    pub save_init: Option<PathBuf>,
+}
+
+impl TrainConfig {
+    /// The defaults for one GPU: gpt2 (124M) from scratch, 16 x 1024, bf16, lr 6e-4, wd 0.1, clip 1.
+    pub fn gpu_defaults(data: PathBuf, out: PathBuf, device: Device) -> TrainConfig {
+        TrainConfig {
+            model: GptConfig::gpt2(),
+            data,
+            out,
+            device,
+            steps: 1000,
+            batch: BatchSize::Fixed(16),
+            context: 1024,
+            total_batch: None,
+            lr: 6e-4,
+            min_lr_ratio: 0.1,
+            warmup: None,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            precision: Precision::Bf16,
+            seed: 0,
+            log_every: 10,
+            val_every: 250,
+            val_batches: 20,
+            save_every: 0,
+            resume: false,
+            init: None,
+            save_init: None,
+        }
+    }
+
+    pub fn warmup_steps(&self) -> u64 {
+        self.warmup.unwrap_or((self.steps / 10).min(700))
+    }
+
+    pub fn schedule(&self) -> LrSchedule {
+        LrSchedule::WarmupCosine {
+            peak: self.lr,
+            warmup: self.warmup_steps(),
+            total: self.steps,
+            min: self.lr * self.min_lr_ratio,
+        }
+    }
+}
+
+/// What must agree between a checkpoint and the run that resumes it (for bit-identical batches
+/// and updates); recorded in every checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSettings {
+    pub model: GptConfig,
+    pub micro_batch: usize,
+    pub context: usize,
+    pub grad_accum: usize,
+    pub steps: u64,
+    pub lr: f64,
+    pub min_lr_ratio: f64,
+    pub warmup: u64,
+    pub weight_decay: f64,
+    pub grad_clip: f64,
+    pub precision: Precision,
+    pub seed: u64,
+}
+
+/// Settings fixed at the start of a run, for the progress display.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunInfo {
+    pub parameters: usize,
+    pub micro_batch: usize,
+    pub grad_accum: usize,
+    pub tokens_per_step: usize,
+    pub train_tokens: usize,
+    pub val_tokens: Option<usize>,
+    /// Step the run starts from (0, or the checkpoint's step).
+    pub start_step: u64,
+    pub device: String,
+    /// bf16 (or f32) dense peak of the device, when known: the MFU denominator.
+    pub peak_flops: Option<f64>,
+    /// How `--batch auto` chose, when it did.
+    pub auto_batch: Option<String>,
+    pub notes: Vec<String>,
+}
+
+pub(crate) fn device_name(device: Device) -> String {
+    match device {
+        Device::Cpu => "cpu".to_string(),
+        Device::Cuda(o) => match CudaDevice::get(o) {
+            Ok(d) => format!("cuda:{o} ({})", d.info.name),
+            Err(_) => format!("cuda:{o}"),
+        },
+    }
+}
+
+fn json_err(e: serde_json::Error) -> Error {
+    Error::InvalidArgument(e.to_string())
+}
+
+pub(crate) fn precision_guard(p: Precision) -> Result<Option<AutocastGuard>> {
+    Ok(match p {
+        Precision::Bf16 => Some(autocast(DType::BF16)?),
+        Precision::F32 => None,
+    })
+}
+
+pub struct Run {
+    pub cfg: TrainConfig,
+    pub model: Gpt,
+    pub opt: GptAdamW,
+    pub schedule: LrSchedule,
+    pub train: TokenLoader,
+    pub val: Option<TokenLoader>,
+    pub inputs: StepInputs,
+    accum: GradAccumulator,
+    pub step: u64,
+    pub micro_batch: usize,
+    pub grad_accum: usize,
+    pub info: RunInfo,
+}
+
+impl Run {
+    pub fn checkpoint_path(out: &Path) -> PathBuf {
+        out.join("checkpoint.safetensors")
+    }
+
+    /// Build the model (GPT-2 init, `--init` weights, or the checkpoint when resuming), the
+    /// optimizer and the loaders; choose the micro-batch.
+    pub fn new(cfg: TrainConfig) -> Result<Run> {
+        cfg.model.validate()?;
+        if cfg.context == 0 || cfg.context > cfg.model.n_positions {
+            return Err(Error::InvalidArgument(format!(
+                "--context {} must be between 1 and the model's n_positions {}",
+                cfg.context, cfg.model.n_positions
+            )));
+        }
+        if cfg.steps == 0 && cfg.save_init.is_none() {
+            return Err(Error::InvalidArgument("--steps must be positive".into()));
+        }
+        if cfg.log_every == 0 {
+            return Err(Error::InvalidArgument("--log-every must be positive".into()));
+        }
+        if !(cfg.lr.is_finite() && cfg.lr > 0.0) {
+            return Err(Error::InvalidArgument(format!("--lr {} must be positive", cfg.lr)));
+        }
+        if !(0.0..=1.0).contains(&cfg.min_lr_ratio) {
+            return Err(Error::InvalidArgument(format!("--min-lr-ratio {} must be in [0, 1]", cfg.min_lr_ratio)));
+        }
+        if !(cfg.weight_decay >= 0.0 && cfg.grad_clip >= 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "--weight-decay {} and --clip {} must be >= 0",
+                cfg.weight_decay, cfg.grad_clip
+            )));
+        }
+        let mut notes = vec![];
+        let model = Gpt::new(cfg.model, cfg.seed, cfg.device)?;
+        if let Some(init) = &cfg.init {
+            let src = hf::Source::locate(init)?;
+            let (file_cfg, _) = hf::read_config(&src)?;
+            if file_cfg != cfg.model {
+                return Err(Error::InvalidArgument(format!(
+                    "--init {}: its config {file_cfg:?} differs from the run's {:?}",
+                    init.display(),
+                    cfg.model
+                )));
+            }
+            hf::load_weights(&model, &src.weights)?;
+            notes.push(format!("weights from {}", init.display()));
+        }
+        let opt = GptAdamW::new(&model, cfg.lr, cfg.weight_decay)?;
+        let t = cfg.context;
+        let (micro_batch, auto_note) = match cfg.batch {
+            BatchSize::Fixed(0) => return Err(Error::InvalidArgument("--batch must be positive".into())),
+            BatchSize::Fixed(b) => (b, None),
+            BatchSize::Auto => {
+                let limit = match cfg.total_batch {
+                    Some(total) if total.is_multiple_of(t) => total / t,
+                    Some(total) => {
+                        return Err(Error::InvalidArgument(format!(
+                            "--total-batch {total} is not a multiple of --context {t}"
+                        )))
+                    }
+                    None => 512,
+                };
+                let (b, note) = super::autobatch::find_micro_batch(&model, &cfg, limit)?;
+                (b, Some(note))
+            }
+        };
+        let per_micro = micro_batch * t;
+        let total = cfg.total_batch.unwrap_or(per_micro);
+        if total == 0 || !total.is_multiple_of(per_micro) {
+            return Err(Error::InvalidArgument(format!(
+                "--total-batch {total} tokens is not a multiple of one micro-batch ({micro_batch} x {t} = {per_micro})"
+            )));
+        }
+        let grad_accum = total / per_micro;
+        let train = TokenLoader::new(&cfg.data, "train", micro_batch, t)?;
+        let val = match TokenLoader::new(&cfg.data, "val", micro_batch, t) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                notes.push(format!("no validation: {e}"));
+                None
+            }
+        };
+        let inputs = StepInputs::new(grad_accum, micro_batch, t, cfg.device)?;
+        let info = RunInfo {
+            parameters: cfg.model.num_parameters(),
+            micro_batch,
+            grad_accum,
+            tokens_per_step: total,
+            train_tokens: train.total_tokens(),
+            val_tokens: val.as_ref().map(|v| v.total_tokens()),
+            start_step: 0,
+            device: device_name(cfg.device),
+            peak_flops: match cfg.device {
+                Device::Cuda(o) => CudaDevice::get(o).ok().and_then(|d| peak_flops(&d.info.name, cfg.precision)),
+                Device::Cpu => None,
+            },
+            auto_batch: auto_note,
+            notes,
+        };
+        let schedule = cfg.schedule();
+        let mut run = Run {
+            cfg,
+            model,
+            opt,
+            schedule,
+            train,
+            val,
+            inputs,
+            accum: GradAccumulator::new(),
+            step: 0,
+            micro_batch,
+            grad_accum,
+            info,
+        };
+        if run.cfg.resume {
+            run.resume()?;
+        }
+        Ok(run)
+    }
+
+    pub fn settings(&self) -> RunSettings {
+        RunSettings {
+            model: self.cfg.model,
+            micro_batch: self.micro_batch,
+            context: self.cfg.context,
+            grad_accum: self.grad_accum,
+            steps: self.cfg.steps,
+            lr: self.cfg.lr,
+            min_lr_ratio: self.cfg.min_lr_ratio,
+            warmup: self.cfg.warmup_steps(),
+            weight_decay: self.cfg.weight_decay,
+            grad_clip: self.cfg.grad_clip,
+            precision: self.cfg.precision,
+            seed: self.cfg.seed,
+        }
+    }
+
+    /// Copy the next `k` micro-batches into the step's input buffers.
+    pub fn load_inputs(&mut self) -> Result<()> {
+        self.inputs.fill_from(&mut self.train)
+    }
+
+    /// One optimizer step on the current input buffers: `(mean loss, gradient norm)` as device
+    /// scalars. Reads nothing back to the host.
+    pub fn compute_step(&mut self) -> Result<(Tensor, Tensor)> {
+        self.opt.set_lr(self.schedule.lr_at(self.step));
+        self.accum.zero_grad();
+        let k = self.grad_accum;
+        let mut total: Option<Tensor> = None;
+        {
+            let _ac = precision_guard(self.cfg.precision)?;
+            for i in 0..k {
+                let loss = self.model.loss(&self.inputs.x[i], &self.inputs.y[i])?;
+                self.accum.backward_scaled(&loss, 1.0 / k as f64)?;
+                let l = loss.detach();
+                total = Some(match total {
+                    Some(s) => s.add(&l)?,
+                    None => l,
+                });
+            }
+        }
+        let params: Vec<Tensor> = self.opt.params().iter().map(|(_, t)| t.clone()).collect();
+        let norm = if self.cfg.grad_clip > 0.0 {
+            clip_grad_norm(self.accum.grads_mut(), &params, self.cfg.grad_clip)?
+        } else {
+            grad_norm(self.accum.grads(), &params)?
+        };
+        self.opt.step(self.accum.grads())?;
+        self.accum.zero_grad();
+        self.step += 1;
+        let loss = total.ok_or_else(|| Error::InvalidArgument("no micro-batches".into()))?;
+        Ok((if k > 1 { loss.mul_scalar(1.0 / k as f64)? } else { loss }, norm))
+    }
+
+    /// One whole step: inputs, then compute.
+    pub fn train_step(&mut self) -> Result<(Tensor, Tensor)> {
+        self.load_inputs()?;
+        self.compute_step()
+    }
+
+    /// Mean loss over the first `val_batches` micro-batches of the validation split.
+    pub fn evaluate(&mut self) -> Result<Option<f64>> {
+        let n = self.cfg.val_batches;
+        let Some(val) = self.val.as_mut() else { return Ok(None) };
+        if n == 0 {
+            return Ok(None);
+        }
+        val.set_position(LoaderPos::default())?;
+        let _g = ferrograd_core::no_grad();
+        let _ac = precision_guard(self.cfg.precision)?;
+        let bufs = StepInputs::new(1, self.micro_batch, self.cfg.context, self.cfg.device)?;
+        let mut sum: Option<Tensor> = None;
+        for _ in 0..n {
+            bufs.fill_from(val)?;
+            let l = self.model.loss(&bufs.x[0], &bufs.y[0])?;
+            sum = Some(match sum {
+                Some(s) => s.add(&l)?,
+                None => l,
+            });
+        }
+        Ok(sum.map(|s| s.item_f64()).transpose()?.map(|s| s / n as f64))
+    }
+
+    /// Write `out/checkpoint.safetensors` atomically: weights (Hugging Face names), AdamW moments,
+    /// step, loader position and the run's settings.
+    pub fn save_checkpoint(&self) -> Result<PathBuf> {
+        std::fs::create_dir_all(&self.cfg.out).map_err(|e| Error::File {
+            path: self.cfg.out.display().to_string(),
+            msg: format!("creating the output directory: {e}"),
+        })?;
+        let path = Self::checkpoint_path(&self.cfg.out);
+        let mut state = TrainState { step: self.step, ..Default::default() };
+        let extra = &mut state.extra;
+        extra.insert("gpt_config".into(), serde_json::to_string(&self.cfg.model).map_err(json_err)?);
+        extra.insert("run".into(), serde_json::to_string(&self.settings()).map_err(json_err)?);
+        extra.insert("loader".into(), serde_json::to_string(&self.train.position()).map_err(json_err)?);
+        checkpoint::save(&path, &HfView(&self.model), Some(&self.opt), &state)?;
+        Ok(path)
+    }
+
+    /// The settings recorded in `out/checkpoint.safetensors` (what `--resume` continues).
+    pub fn saved_settings(out: &Path) -> Result<RunSettings> {
+        let path = Self::checkpoint_path(out);
+        let file_err = |msg: String| Error::File { path: path.display().to_string(), msg };
+        if !path.is_file() {
+            return Err(file_err(
+                "--resume: no checkpoint here (a run writes it at --save-every steps and at its end)".into(),
+            ));
+        }
+        let bytes = std::fs::read(&path).map_err(|e| file_err(e.to_string()))?;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| file_err(e.to_string()))?;
+        let saved = meta.metadata().as_ref().and_then(|m| m.get("extra.run")).cloned();
+        let saved = saved.ok_or_else(|| file_err("not a gpt train checkpoint (no run settings)".into()))?;
+        serde_json::from_str(&saved).map_err(|e| file_err(format!("run settings: {e}")))
+    }
+
+    /// Restore from `out/checkpoint.safetensors`, refusing one made with other settings.
+    pub fn resume(&mut self) -> Result<()> {
+        let saved = Self::saved_settings(&self.cfg.out)?;
+        let path = Self::checkpoint_path(&self.cfg.out);
+        let bytes =
+            std::fs::read(&path).map_err(|e| Error::File { path: path.display().to_string(), msg: e.to_string() })?;
+        let mine = self.settings();
+        let same_but_steps = RunSettings { steps: mine.steps, ..saved.clone() };
+        if same_but_steps != mine {
+            let (a, b) = (
+                serde_json::to_value(&same_but_steps).map_err(json_err)?,
+                serde_json::to_value(&mine).map_err(json_err)?,
+            );
+            let diff: Vec<String> = a
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, v)| b.get(k.as_str()) != Some(v))
+                .map(|(k, v)| format!("{k} {v} (this run: {})", b.get(k.as_str()).unwrap_or(&serde_json::Value::Null)))
+                .collect();
+            return Err(Error::InvalidArgument(format!(
+                "--resume: {} was made with other settings: {}",
+                path.display(),
+                diff.join(", ")
+            )));
+        }
+        let label = path.display().to_string();
+        let state = checkpoint::from_bytes(&bytes, &label, &HfView(&self.model), Some(&mut self.opt))?;
+        let pos: LoaderPos = state
+            .extra
+            .get("loader")
+            .map(|s| serde_json::from_str(s))
+            .transpose()
+            .map_err(json_err)?
+            .unwrap_or_default();
+        self.train.set_position(pos)?;
+        self.step = state.step;
+        self.info.start_step = state.step;
+        if saved.steps != mine.steps {
+            self.info.notes.push(format!(
+                "resumed with --steps {} (the checkpoint's run planned {}): the schedule changes",
+                mine.steps, saved.steps
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,28 @@
+//! The models' own CUDA modules compile under NVRTC for Ampere and Hopper, wherever libnvrtc is
+//! found (FERROGRAD_REQUIRE_NVRTC=1 turns a skip into a failure, as in the core's compile test).
+//! FERROGRAD_DUMP_CUBIN=DIR also writes each cubin there, for cuobjdump.
+
+use ferrograd_core::cuda::nvrtc::{compile_cubin, find_cuda_include, nvrtc_info, Arch};
+
+#[test]
+fn model_kernels_compile_for_sm80_and_sm90() {
+    if let Err(e) = nvrtc_info() {
+        assert!(std::env::var_os("FERROGRAD_REQUIRE_NVRTC").is_none_or(|v| v != "1"), "NVRTC required: {e}");
+        println!("skipping: {e}");
+        return;
+    }
+    let include = find_cuda_include().unwrap_or_else(|e| panic!("{e}"));
+    for m in ferrograd_models::MODULES {
+        for arch in [Arch::SM80, Arch::SM90] {
+            let t = std::time::Instant::now();
+            let cubin =
+                compile_cubin(&m.source(), arch, &include).unwrap_or_else(|e| panic!("{} for {arch}: {e}", m.name));
+            assert!(cubin.len() > 1000, "{} for {arch}: {} bytes", m.name, cubin.len());
+            println!("{} {arch}: {} bytes in {:.1} s", m.name, cubin.len(), t.elapsed().as_secs_f64());
+            if let Some(dir) = std::env::var_os("FERROGRAD_DUMP_CUBIN") {
+                let path = std::path::Path::new(&dir).join(format!("{}_{arch}.cubin", m.name));
+                std::fs::write(&path, &cubin).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
+        }
+    }
+}
