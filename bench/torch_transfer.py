@@ -10,6 +10,7 @@ bit-exact round trip.
 - h2d pinned    x.pin_memory() -> .to(dev, non_blocking=True)   (ours: pin_memory + to_device)
 - d2h pageable  xd.to("cpu")                            (ours: to_device(Device::Cpu))
 - d2h pinned    pinned.copy_(xd, non_blocking=True)     (PyTorch only: ferrograd has no such API)
+- d2d           xd.to("cuda:1") where a second GPU exists   (ours: to_device(Device::Cuda(1)), peer to peer)
 - 100 x 4 KiB: 100 separate .to(dev), against torch.cat + one .to(dev) + split (ours:
   Tensor::to_device_many, which packs into pinned memory and makes one copy)
 
@@ -86,6 +87,24 @@ def main() -> None:
         hp.copy_(xd, non_blocking=True)
         return None
     gbps(f"d2h pinned {a.mib} MiB", bl.measure_self_timed(timed(d2h_pinned), **BIG))
+
+    # GPU to GPU (ours: Tensor::to_device(Device::Cuda(j)), peer to peer where the pair allows).
+    if torch.cuda.device_count() > 1:
+        other = torch.device("cuda", (dev.index + 1) % torch.cuda.device_count())
+        same(f"d2d {dev}->{other}", xd.to(other), x)
+
+        def d2d():
+            t0 = time.perf_counter()
+            r = xd.to(other)
+            torch.cuda.synchronize(dev)
+            torch.cuda.synchronize(other)
+            el = time.perf_counter() - t0
+            del r
+            return el
+        peer = torch.cuda.can_device_access_peer(dev.index, other.index)
+        t = bl.measure_self_timed(d2d, **BIG)
+        rows.append(bl.row(f"d2d {dev}->{other} {a.mib} MiB", nbytes / t["median_s"] / 1e9, "GB/s", True,
+                           median_s=t["median_s"], reps=t["reps"], peer_access=peer))
     del xp, xd, hp, x
 
     elems = a.kib * 1024 // 4

@@ -4,6 +4,9 @@
 //! it is given, so that a closed pipe (`ferrograd info | head -1`) ends the program quietly
 //! instead of panicking in `println!`.
 //!
+//! (About 640 lines: every command's clap definitions and its `Job` arms stay side by side in one
+//! file, so each `match` is exhaustive where its commands are defined.)
+//!
 //! A command runs in three phases ([`Job`]): its flags become a configuration and are checked
 //! (numbers in range, sizes that do not overflow, plans that fit the host's memory: no device is
 //! touched), then every output path is checked (`ferrograd_core::io::check_outputs`: its directory
@@ -19,11 +22,14 @@
 
 mod bench;
 mod demo;
+mod dist;
 mod gpt;
 mod info;
 mod kernels;
+mod launch;
 mod memory;
 mod monster;
+mod monster_dist;
 mod plot;
 mod timing;
 
@@ -112,6 +118,11 @@ enum Command {
     MonsterWalk(monster::MonsterArgs),
     /// GPT-2 on real text: `gpt prepare` (text to token shards), `gpt train`, `gpt sample`.
     Gpt(gpt::GptArgs),
+    /// Start one process per GPU (torchrun-style): `launch --nproc-per-node 2 -- ferrograd ...`.
+    Launch(launch::LaunchArgs),
+    /// Checks of a multi-process setup, run under `launch`: collectives, a data-parallel MLP.
+    #[command(subcommand)]
+    Dist(dist::DistCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -141,6 +152,8 @@ enum BenchCommand {
     /// Fused selective scan (Mamba) forward and forward+backward time and peak memory (twin:
     /// bench/torch_selective_scan.py, the sequential recurrence in plain PyTorch).
     SelectiveScan(SelectiveScanArgs),
+    /// NCCL all-reduce bus bandwidth across the ranks of a launch (twin: torch.distributed).
+    Allreduce(bench::allreduce::AllreduceArgs),
 }
 
 #[derive(Args, Debug)]
@@ -419,6 +432,10 @@ pub enum Job {
     Linear(bench::linear::Config),
     SelectiveScan(bench::selective_scan::Config),
     Kernels(kernels::Config),
+    /// `ferrograd launch` (the ranks it starts check their own flags).
+    LaunchRanks(launch::LaunchArgs),
+    Dist(dist::DistCommand),
+    Allreduce(bench::allreduce::Config),
 }
 
 impl Job {
@@ -435,6 +452,9 @@ impl Job {
             }),
             Command::MonsterWalk(a) => Job::MonsterWalk(Box::new(a)),
             Command::Gpt(a) => Job::Gpt(Box::new(a)),
+            Command::Launch(a) => Job::LaunchRanks(a),
+            Command::Dist(c) => Job::Dist(c),
+            Command::Bench(BenchCommand::Allreduce(a)) => Job::Allreduce(a.into()),
             Command::Bench(BenchCommand::Matmul(a)) => Job::Matmul(matmul::Config {
                 device: a.device,
                 dtypes: a.dtype,
@@ -544,8 +564,11 @@ impl Job {
             Job::Attention(c) => two(&c.json, &c.plot),
             Job::Linear(c) => two(&c.json, &c.plot),
             Job::SelectiveScan(c) => two(&c.json, &None),
-            // gpt checks its own output paths (checkpoint directories, logs) before training.
-            Job::Info | Job::Demo(_) | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) => vec![],
+            Job::Allreduce(c) => two(&c.json, &None),
+            Job::Dist(c) => dist::outputs(c),
+            // gpt checks its own output paths (checkpoint directories, logs) before training; the
+            // ranks a launch starts check theirs.
+            Job::Info | Job::Demo(_) | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) | Job::LaunchRanks(_) => vec![],
         }
     }
 
@@ -566,6 +589,9 @@ impl Job {
             Job::Attention(c) => attention::check(c),
             Job::Linear(c) => linear::check(c),
             Job::SelectiveScan(c) => selective_scan::check(c),
+            Job::Allreduce(c) => allreduce::check(c),
+            Job::LaunchRanks(a) => crate::launch::check(a),
+            Job::Dist(c) => dist::check(c),
             Job::Info | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) => Ok(()),
         }
     }
@@ -590,6 +616,9 @@ impl Job {
             Job::Linear(c) => linear::run(&c, out),
             Job::SelectiveScan(c) => selective_scan::run(&c, out),
             Job::Kernels(c) => kernels::run(&c, out),
+            Job::LaunchRanks(a) => crate::launch::run(a, out),
+            Job::Dist(c) => dist::run(c, out),
+            Job::Allreduce(c) => allreduce::run(&c, out),
         }
     }
 }
@@ -619,6 +648,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::Attention(_)) => "try shorter sequences (--seqs) or fewer heads (--heads)",
         Command::Bench(BenchCommand::Linear(_)) => "try fewer tokens (--rows 4096)",
         Command::Bench(BenchCommand::SelectiveScan(_)) => "try shorter sequences (--seqs) or fewer channels (--dim)",
+        Command::Bench(BenchCommand::Allreduce(_)) => "try smaller buffers (--sizes 1,16,64)",
         _ => "free memory held by other processes (nvidia-smi lists them)",
     }
 }

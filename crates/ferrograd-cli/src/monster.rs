@@ -221,11 +221,28 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
         writeln!(out, "wrote {}", path.display())?;
         return Ok(());
     }
-    let (device, why) = match a.device {
-        Some(d) => (d, "--device".to_string()),
-        None => Device::best_with_reason()?,
+    // Under `ferrograd launch`: data parallel, this process on cuda:LOCAL_RANK.
+    let pg = crate::monster_dist::group()?;
+    let (device, why) = match (&pg, a.device) {
+        (Some(pg), Some(d)) if d != pg.device() => {
+            return Err(format!(
+                "--device {d}: under launch, rank {} trains on {} (LOCAL_RANK)",
+                pg.rank(),
+                pg.device()
+            )
+            .into())
+        }
+        (Some(pg), _) => (pg.device(), format!("rank {} of {}, data parallel", pg.rank(), pg.world_size())),
+        (None, Some(d)) => (d, "--device".to_string()),
+        (None, None) => Device::best_with_reason()?,
     };
-    let cfg = config(&a, device)?;
+    let main_rank = pg.as_ref().is_none_or(|p| p.is_main());
+    let mut cfg = config(&a, device)?;
+    cfg.dist = pg.as_ref().map(crate::monster_dist::hooks);
+    if !main_rank {
+        // Rank 0 writes the weights (every rank ends with the same ones) and the report.
+        cfg.save = None;
+    }
     let on_cpu = device.is_cpu();
     writeln!(out, "monster-walk on {} ({why})", describe(device))?;
     // What will run, said before it runs. On the CPU a copy's bytes are exactly the arithmetic, so
@@ -241,8 +258,9 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
     match planned {
         Some(n) => writeln!(
             out,
-            "training {n} cop{} x {} epoch{} in batches of {} ({} Adam steps)",
+            "training {n} cop{}{} x {} epoch{} in batches of {} ({} Adam steps)",
             if n == 1 { "y" } else { "ies" },
+            if pg.is_some() { " per GPU" } else { "" },
             cfg.epochs,
             if cfg.epochs == 1 { "" } else { "s" },
             cfg.batch,
@@ -264,7 +282,7 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
         )?;
     }
     out.flush()?;
-    let bar = progress(cfg.epochs);
+    let bar = if main_rank { progress(cfg.epochs) } else { None };
     let mut log: Vec<String> = vec![];
     let result = train(&cfg, |s: &EpochStats| {
         let mem = s.device_memory_used.map(|b| format!(", {} on device", human(b))).unwrap_or_default();
@@ -280,10 +298,19 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
     if let Some(b) = &bar {
         b.abandon();
     }
-    for l in &log {
-        writeln!(out, "{l}")?;
+    if main_rank {
+        for l in &log {
+            writeln!(out, "{l}")?;
+        }
     }
-    let (report, plan) = result?;
+    let (mut report, plan) = result?;
+    if let Some(pg) = &pg {
+        report.allreduce_share = Some(crate::monster_dist::allreduce_share(&pg.comm(), report.training_time_s)?);
+        if !pg.is_main() {
+            writeln!(out, "rank {}: done, loss {:.6} (rank 0 reports)", pg.rank(), report.final_loss)?;
+            return Ok(());
+        }
+    }
     if let Some(why) = &report.step_fallback {
         writeln!(out, "note: persistent kernel not used ({why}); trained with the fused step")?;
     }
@@ -353,6 +380,12 @@ fn table(r: &Report, out: &mut dyn Write) -> CliResult<()> {
             p.block,
             p.smem_bytes / 1024
         )?;
+    }
+    if r.world_size > 1 {
+        writeln!(out, "  {:<18} {} (copies per GPU: {})", "GPUs", r.world_size, r.copies / r.world_size)?;
+    }
+    if let Some(s) = r.allreduce_share {
+        writeln!(out, "  {:<18} {:.1}% of the training time", "all-reduce share", 100.0 * s)?;
     }
     Ok(())
 }

@@ -27,6 +27,11 @@ const COMMANDS: &[&[&str]] = &[
     &["kernels"],
     &["info"],
     &["memory"],
+    &["launch"],
+    &["launch", "--nproc-per-node", "2", "--", "true"],
+    &["dist", "check"],
+    &["dist", "mlp"],
+    &["bench", "allreduce"],
 ];
 
 const FLAGS: &[&str] = &[
@@ -68,6 +73,22 @@ const FLAGS: &[&str] = &[
     "--arch",
     "--watch",
     "--iterations",
+    "--nproc-per-node",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--stop-grace",
+    "--global-batch",
+    "--micro-steps",
+    "--zero",
+    "--comm-dtype",
+    "--bucket-mib",
+    "--clip",
+    "--checkpoint",
+    "--warmup",
+    "--iters",
+    "--",
 ];
 
 const VALUES: &[&str] = &[
@@ -166,6 +187,10 @@ fn the_issue_commands_check_without_panicking() {
         "monster-walk --device cpu --batch 99999999",
         "monster-walk --copies -1",
         "monster-walk export --values-of 18446744073709551615 --out x",
+        "launch --nproc-per-node 18446744073709551615 --nnodes 2 --master-addr a -- true",
+        "launch --nproc-per-node 1024 --nnodes 18446744073709551615 --master-addr a -- true",
+        "bench allreduce --sizes 1e300",
+        "dist mlp --bucket-mib 1e300",
     ] {
         let argv: Vec<String> = args.split(' ').map(String::from).collect();
         check(&argv);

@@ -1,7 +1,8 @@
 //! Reverse-mode autodiff. `backward()` sorts the graph below a scalar once, then walks it from the
 //! output to the leaves, applying one rule per `Op`. A node's gradient is removed from the working
 //! map as soon as it has been pushed to its inputs, so intermediate buffers die during the walk;
-//! only leaf variables' gradients reach the returned `GradStore`.
+//! only leaf variables' gradients reach the returned `GradStore`, each stored as soon as its last
+//! user has been differentiated (`backward_into_with_hook` reports it then).
 
 use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::{DType, Error, Result, Tensor, TensorId};
@@ -130,16 +131,31 @@ fn topo_order(root: &Tensor) -> Vec<Tensor> {
     order
 }
 
+/// Called once per leaf variable during a backward walk, when that leaf's gradient is final (every
+/// op that uses the leaf has been differentiated), with the leaf and its gradient as stored (summed
+/// with what the store held before). Leaves become final in reverse topological order, so a
+/// data-parallel wrapper can start communicating gradients while the rest of the walk runs.
+pub type LeafHook<'a> = &'a mut dyn FnMut(&Tensor, &Tensor) -> Result<()>;
+
 pub(crate) fn backward(root: &Tensor, store: &mut GradStore) -> Result<()> {
+    backward_with_hook(root, store, None)
+}
+
+pub(crate) fn backward_with_hook(root: &Tensor, store: &mut GradStore, on_leaf: Option<LeafHook>) -> Result<()> {
     if root.elem_count() != 1 {
         return Err(Error::Backward(format!("needs a scalar loss, got shape {:?}", root.dims())));
     }
-    backward_from(root, root.ones_like()?, store)
+    backward_from(root, root.ones_like()?, store, on_leaf)
 }
 
 /// Backpropagate `seed` (the gradient of some loss with respect to `root`, root's shape) into
-/// `store`: PyTorch's `root.backward(seed)`.
-pub(crate) fn backward_from(root: &Tensor, seed: Tensor, store: &mut GradStore) -> Result<()> {
+/// `store`: PyTorch's `root.backward(seed)`. `on_leaf` sees each leaf's gradient once it is final.
+pub(crate) fn backward_from(
+    root: &Tensor,
+    seed: Tensor,
+    store: &mut GradStore,
+    mut on_leaf: Option<LeafHook>,
+) -> Result<()> {
     if seed.dims() != root.dims() || seed.dtype() != root.dtype() || seed.device() != root.device() {
         return Err(Error::Backward(format!(
             "the seed gradient ({:?} {} on {}) must match the tensor ({:?} {} on {})",
@@ -155,18 +171,57 @@ pub(crate) fn backward_from(root: &Tensor, seed: Tensor, store: &mut GradStore) 
         return Err(Error::Backward("the loss does not depend on any variable that requires grad".into()));
     }
     let _guard = crate::backprop::no_grad();
-    let order = topo_order(root);
+    let mut order = topo_order(root);
+    // Creation order is a topological order too (an op's output is made after its inputs), and
+    // walking it backwards differentiates each node as soon as the ops created after it are done:
+    // a weight's transpose right after the matmul that used it, not after every earlier layer as
+    // the depth-first order would (PyTorch's engine orders by creation sequence the same way).
+    order.sort_unstable_by_key(|t| t.id());
+    // Uses of each node by other nodes of the walk. The depth-first order puts a leaf as early as
+    // it was first seen, so in reverse it would come last; counting uses lets a leaf's gradient
+    // be stored (and reported) as soon as its last user has been differentiated instead.
+    let mut uses: HashMap<TensorId, usize> = HashMap::new();
+    for node in &order {
+        if let Some(op) = node.op() {
+            for i in op_inputs(op).into_iter().filter(|i| i.tracks_grad()) {
+                *uses.entry(i.id()).or_default() += 1;
+            }
+        }
+    }
     let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
     grads.insert(root.id(), seed.detach());
-    for node in order.into_iter().rev() {
-        let Some(g) = grads.remove(&node.id()) else { continue };
-        if node.is_variable() {
-            GradStore::accumulate(&mut store.0, node.id(), g.clone())?;
+    let mut finish_leaf = |leaf: &Tensor, g: Tensor, store: &mut GradStore| -> Result<()> {
+        GradStore::accumulate(&mut store.0, leaf.id(), g)?;
+        if let (Some(hook), Some(full)) = (on_leaf.as_mut(), store.0.get(&leaf.id())) {
+            hook(leaf, full)?;
         }
-        let Some(op) = node.op() else { continue };
-        for (input, gi) in input_grads(&node, op, &g)? {
-            if input.tracks_grad() {
-                GradStore::accumulate(&mut grads, input.id(), gi)?;
+        Ok(())
+    };
+    for node in order.into_iter().rev() {
+        let g = grads.remove(&node.id());
+        let Some(op) = node.op() else {
+            // A leaf still here has no users in the walk (the loss itself is a variable).
+            if let (true, Some(g)) = (node.is_variable(), g) {
+                finish_leaf(&node, g, store)?;
+            }
+            continue;
+        };
+        if let Some(g) = g {
+            for (input, gi) in input_grads(&node, op, &g)? {
+                if input.tracks_grad() {
+                    GradStore::accumulate(&mut grads, input.id(), gi)?;
+                }
+            }
+        }
+        for input in op_inputs(op).into_iter().filter(|i| i.tracks_grad()) {
+            let left = uses.get_mut(&input.id()).map(|n| {
+                *n -= 1;
+                *n
+            });
+            if left == Some(0) && input.is_variable() {
+                if let Some(gl) = grads.remove(&input.id()) {
+                    finish_leaf(input, gl, store)?;
+                }
             }
         }
     }

@@ -88,6 +88,11 @@ pub enum Error {
 
     #[error(transparent)]
     Io(#[from] std::io::Error),
+
+    /// An error of the multi-GPU layer (`ferrograd-dist`: NCCL, rendezvous, a peer that failed),
+    /// carried through APIs that return this type; downcast to `ferrograd_dist::DistError`.
+    #[error(transparent)]
+    Distributed(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -338,13 +338,24 @@ impl Tensor {
     /// `t.backward(grad)`.
     pub fn backward_with(&self, grad: &Tensor) -> Result<backprop::GradStore> {
         let mut store = backprop::GradStore::default();
-        backprop::backward_from(self, grad.clone(), &mut store)?;
+        backprop::backward_from(self, grad.clone(), &mut store, None)?;
         Ok(store)
     }
 
     /// Like `backward`, adding into an existing store (gradient accumulation over several losses).
     pub fn backward_into(&self, store: &mut backprop::GradStore) -> Result<()> {
         backprop::backward(self, store)
+    }
+
+    /// Like `backward_into`, calling `on_leaf(leaf, grad)` as soon as each leaf variable's
+    /// gradient is final, in the order the walk finishes them (reverse topological order). An
+    /// error from the hook stops the walk and is returned.
+    pub fn backward_into_with_hook(
+        &self,
+        store: &mut backprop::GradStore,
+        on_leaf: &mut dyn FnMut(&Tensor, &Tensor) -> Result<()>,
+    ) -> Result<()> {
+        backprop::backward_with_hook(self, store, Some(on_leaf))
     }
 
     /// Overwrite this tensor's elements with `src`'s (same shape and dtype), keeping identity and

@@ -50,8 +50,32 @@ impl Tensor {
                 return Ok(Self::from_storage(Storage::Cuda(dst), self.shape().clone(), None));
             }
         }
+        if let (Device::Cuda(i), Device::Cuda(j)) = (self.device(), device) {
+            if let Some(t) = self.copy_peer(i, j)? {
+                return Ok(t);
+            }
+        }
         let c = self.cpu_storage()?;
         Ok(Self::from_storage(Self::cpu_to_device(c, device)?, self.shape().clone(), None))
+    }
+
+    /// GPU `i` to GPU `j` directly (`cuda/peer.rs`), or `None` where the pair has no peer access
+    /// and the copy must stage through the host.
+    fn copy_peer(&self, i: usize, j: usize) -> Result<Option<Tensor>> {
+        let (src, dst) = (CudaDevice::get(i)?, CudaDevice::get(j)?);
+        if !crate::cuda::peer::peer_access(&src, &dst)? {
+            return Ok(None);
+        }
+        let t = if self.is_contiguous() { self.clone() } else { self.contiguous()? };
+        let esz = self.dtype().size_in_bytes();
+        let n = t.elem_count();
+        let out = CudaStorage::uninit(&dst, n, self.dtype())?;
+        let src_ptr = match &*t.storage() {
+            Storage::Cuda(c) => c.buf.ptr_at(t.layout().offset()),
+            Storage::Cpu(_) => return Ok(None),
+        };
+        crate::cuda::peer::copy(&src, src_ptr, &dst, out.buf.ptr(), n * esz)?;
+        Ok(Some(Self::from_storage(Storage::Cuda(out), self.shape().clone(), None)))
     }
 
     /// Start copying this tensor to `device` and return at once. From a pinned CPU tensor the copy

@@ -176,3 +176,57 @@ fn memory_fits_12gb() -> Result<()> {
     assert!(err < 0.01, "measured {measured} vs planned {planned}");
     Ok(())
 }
+
+/// Data-parallel hooks over `comm` (what `ferrograd monster-walk` under `launch` builds).
+fn hooks(comm: std::sync::Arc<dyn ferrograd_dist::Communicator>) -> ferrograd_models::monster_walk::train::DistHooks {
+    use ferrograd_core::{DType, Tensor};
+    use ferrograd_dist::ReduceOp;
+    let (c1, c2, c3) = (comm.clone(), comm.clone(), comm.clone());
+    ferrograd_models::monster_walk::train::DistHooks {
+        rank: comm.rank(),
+        world: comm.world_size(),
+        all_reduce_mean: std::sync::Arc::new(move |t| Ok(c1.all_reduce(t, ReduceOp::Avg)?.wait()?)),
+        broadcast: std::sync::Arc::new(move |t| Ok(c2.broadcast(t, 0)?.wait()?)),
+        min: std::sync::Arc::new(move |v| {
+            let t = Tensor::full(v as f64, 1, DType::F64, c3.device())?;
+            c3.all_reduce(&t, ReduceOp::Min)?.wait()?;
+            Ok(t.item_f64()? as usize)
+        }),
+    }
+}
+
+#[test]
+fn data_parallel_on_one_rank_is_the_plain_run() -> Result<()> {
+    let mut devices = vec![(Device::Cpu, false)];
+    devices.extend(gpu().map(|d| (d, true)));
+    for (dev, fused) in devices {
+        // The plain run on the same step (fused, not persistent: data parallel never takes the
+        // single-GPU persistent kernel).
+        let plain = run(&TrainConfig { fused, persistent: false, seed: 2, ..small(dev, 2, 3) }, |_| {})?.0;
+        let solo = std::sync::Arc::new(ferrograd_dist::Solo::new(dev));
+        let dp = TrainConfig { fused, seed: 2, dist: Some(hooks(solo)), ..small(dev, 2, 3) };
+        let d = run(&dp, |_| {})?.0;
+        assert_eq!((d.world_size, d.copies, d.steps), (1, 2, 6));
+        let rel = (d.final_loss - plain.final_loss).abs() / plain.final_loss;
+        println!("{dev} fused={fused}: data-parallel step on one rank vs plain: {rel:e}");
+        assert!(rel < 1e-5, "{dev}: {} vs {}", d.final_loss, plain.final_loss);
+    }
+    Ok(())
+}
+
+#[test]
+fn two_ranks_train_their_own_copies_in_lockstep() {
+    let reports = ferrograd_dist::testing::run_ranks(2, |comm| {
+        let dir = std::env::temp_dir().join(format!("mw-dp-{}-{}", std::process::id(), comm.rank()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let save = dir.join("w.safetensors");
+        let cfg =
+            TrainConfig { fused: false, save: Some(save.clone()), dist: Some(hooks(comm)), ..small(Device::Cpu, 2, 4) };
+        let r = run(&cfg, |_| {}).unwrap().0;
+        (r, std::fs::read(&save).unwrap())
+    });
+    let (a, b) = (&reports[0], &reports[1]);
+    assert_eq!(a.1, b.1, "both ranks must end with the same weights");
+    assert_eq!((a.0.world_size, a.0.copies, a.0.total_entries, a.0.steps), (2, 4, 4 * 357_911, 8));
+    assert!(a.0.final_loss < a.0.first_loss, "{} -> {}", a.0.first_loss, a.0.final_loss);
+}

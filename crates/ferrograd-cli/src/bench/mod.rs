@@ -3,6 +3,7 @@
 //! under `bench/` (see [`Report`]), so `bench/compare.py` can put ours and PyTorch's side by side.
 
 pub mod alloc;
+pub mod allreduce;
 pub mod attention;
 pub mod check;
 pub mod elementwise;

@@ -7,6 +7,9 @@
 //! - **d2h pageable**: `Tensor::to_device(Device::Cpu)` of a CUDA tensor, into a new `Vec`.
 //!   PyTorch: `x.to("cpu")`. (There is no ferrograd API to copy into a pinned host tensor, so the
 //!   twin's "d2h pinned" row has no partner here.)
+//! - **d2d** (where a second GPU is visible): `Tensor::to_device(Device::Cuda(j))` from GPU i,
+//!   peer to peer when the driver allows the pair (`peer_access` in the JSON), else staged through
+//!   the host. PyTorch: `x.to("cuda:1")`.
 //! - **many small**: 100 tensors of 4 KiB each, moved with 100 `to_device` calls, against one
 //!   `Tensor::to_device_many` (one packed copy). PyTorch: 100 `.to("cuda")` against
 //!   `torch.cat` + one `.to("cuda")` + `split`.
@@ -111,6 +114,25 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     same("d2h pageable", &xd.to_device(Device::Cpu)?.to_vec::<f32>()?, &want)?;
     let t = timed_copy(&xd, Device::Cpu)?;
     rows.push(gbps(format!("d2h pageable {} MiB", cfg.mib), &t));
+
+    // GPU to GPU, where a second GPU is visible: peer to peer when the pair allows it.
+    let count = ferrograd_core::cuda::device_count().unwrap_or(0);
+    if let (Device::Cuda(i), true) = (device, count > 1) {
+        let other = Device::Cuda((i + 1) % count);
+        let od = ferrograd_core::cuda::CudaDevice::get((i + 1) % count)?;
+        same(&format!("d2d {device}->{other}"), &xd.to_device(other)?.to_vec::<f32>()?, &want)?;
+        let peer = ferrograd_core::cuda::peer::peer_access(&dev, &od)?;
+        let t = measure_self_timed(BIG_PLAN, || {
+            let t0 = Instant::now();
+            let d = xd.to_device(other)?;
+            sync()?;
+            od.synchronize()?;
+            let el = t0.elapsed();
+            drop(d);
+            Ok(el)
+        })?;
+        rows.push(gbps(format!("d2d {device}->{other} {} MiB", cfg.mib), &t).with("peer_access", peer));
+    }
     drop(xd);
     drop(want);
     drop(x);

@@ -90,6 +90,31 @@ impl FusedTrainer {
 
     /// One Adam step on the rows of `x` ([n, 71], contiguous f32 on the device).
     pub fn step(&mut self, x: &Tensor) -> Result<()> {
+        let (n, blocks) = self.launch_grads(x)?;
+        let (part, lpart) = (self.partial.cuda_ptr()?, self.loss_partial.cuda_ptr()?);
+        self.launch_adam(part, blocks, lpart, 1.0 / (n * RINGS) as f32)
+    }
+
+    /// A data-parallel step: this rank's gradient of the rows of `x` and its loss, as one flat
+    /// [9690 + 1] f32 tensor, are averaged over all ranks by `reduce` (in place, compute ordered
+    /// after it), then Adam applies the average, so every rank takes the same step. The loss of
+    /// the step is then the mean over ranks.
+    pub fn step_reduced(&mut self, x: &Tensor, reduce: &dyn Fn(&Tensor) -> Result<()>) -> Result<()> {
+        let (n, blocks) = self.launch_grads(x)?;
+        // mw_grads leaves one scaled gradient per block; their sum is this rank's gradient.
+        let grad = self.partial.narrow(0, 0, blocks * PARAMS)?.reshape((blocks, PARAMS))?.sum(0, false)?;
+        let loss = self.loss_partial.narrow(0, 0, blocks)?.sum_all()?.mul_scalar(1.0 / (n * RINGS) as f64)?;
+        let flat = Tensor::cat(&[grad, loss.reshape(1)?], 0)?;
+        reduce(&flat)?;
+        // mw_adam over one "block" of partials (the averaged gradient); its loss reduction reads
+        // the averaged loss behind it with a scale of 1.
+        let p = flat.cuda_ptr()?;
+        self.launch_adam(p, 1, p + 4 * PARAMS as u64, 1.0)
+    }
+
+    /// Launch `mw_grads` for the rows of `x`: per-block gradients in `partial`, per-block losses in
+    /// `loss_partial`. Returns the rows and the blocks used.
+    fn launch_grads(&mut self, x: &Tensor) -> Result<(usize, usize)> {
         let n = x.dims().first().copied().unwrap_or(0);
         if x.dims() != [n, RINGS] || x.dtype() != DType::F32 || n == 0 {
             return Err(Error::InvalidArgument(format!(
@@ -102,10 +127,6 @@ impl FusedTrainer {
         if blocks > self.max_blocks {
             return Err(Error::InvalidArgument(format!("fused step: {n} rows exceed the planned batch")));
         }
-        self.step += 1;
-        let c = &self.adam;
-        let t = self.step.min(i32::MAX as u64) as i32;
-        let (bc1, bc2) = ((1.0 - c.beta1.powi(t)) as f32, (1.0 - c.beta2.powi(t)) as f32);
         let mut xp = x.cuda_ptr()?;
         let mut n_i = n as i32;
         let mut pp = self.params.cuda_ptr()?;
@@ -127,9 +148,20 @@ impl FusedTrainer {
         unsafe {
             self.dev.launch_raw(&MODULE, "mw_grads", blocks as u32, THREADS, smem_bytes(self.rows) as u32, &mut a1)?
         };
-        let mut nb = blocks as i32;
+        Ok((n, blocks))
+    }
+
+    /// Launch `mw_adam`: sum `nb` partial gradients at `partial` (9690 floats each), one Adam step,
+    /// and the loss as `inv_count` times the sum of `nb` floats at `loss_partial`.
+    fn launch_adam(&mut self, partial: u64, nb: usize, loss_partial: u64, inv_count: f32) -> Result<()> {
+        self.step += 1;
+        let c = &self.adam;
+        let t = self.step.min(i32::MAX as u64) as i32;
+        let (bc1, bc2) = ((1.0 - c.beta1.powi(t)) as f32, (1.0 - c.beta2.powi(t)) as f32);
+        let (mut part, mut lpart, mut nb) = (partial, loss_partial, nb as i32);
+        let mut pp = self.params.cuda_ptr()?;
         let (mut mp, mut vp, mut lp) = (self.m.cuda_ptr()?, self.v.cuda_ptr()?, self.loss.cuda_ptr()?);
-        let mut inv = 1.0f32 / (n * RINGS) as f32;
+        let mut inv = inv_count;
         let (mut lr, mut b1, mut b2) = (c.lr as f32, c.beta1 as f32, c.beta2 as f32);
         let (mut omb1, mut omb2, mut eps) = ((1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32, c.eps as f32);
         let (mut bc1, mut bc2) = (bc1, bc2);
@@ -152,7 +184,9 @@ impl FusedTrainer {
             arg(&mut bc2),
         ];
         let grid = PARAMS.div_ceil(THREADS as usize) as u32;
-        // SAFETY: the arguments match `mw_adam`; m and v hold 9690 floats, loss one.
+        // SAFETY: the arguments match `mw_adam`; `partial` holds nb x 9690 floats and
+        // `loss_partial` nb floats (the caller's buffers, alive until the launch is queued and
+        // kept alive by the caller until compute passes it), m and v 9690 floats, loss one.
         unsafe { self.dev.launch_raw(&MODULE, "mw_adam", grid, THREADS, 0, &mut a2) }
     }
 

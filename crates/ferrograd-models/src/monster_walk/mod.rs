@@ -8,8 +8,11 @@
 //! - `fused`: the CUDA training step in two kernel launches.
 //! - `persistent`: the whole run in one cooperative kernel (`crate::persistent`), the default on a GPU.
 //! - `train`: the training run and its report.
+//! - `dp`: data parallel under `ferrograd launch` (hooks into the process group, the fused step
+//!   with the all-reduce).
 
 pub mod data;
+pub mod dp;
 pub mod fused;
 pub mod model;
 pub mod persistent;

@@ -18,8 +18,13 @@
 //! weights, so in practice the loss stays NaN). Under graph replay this works unchanged: the
 //! snapshot and its restore copy into the same tensors the graph reads and writes (the device's
 //! Adam step count among them), and the loss tensor each replay overwrites is read as any other.
+//!
+//! (About 700 lines: the run, its non-finite guard and the guard's tests belong together; the
+//! persistent kernel lives in `persistent`, the data-parallel step in `dp`.)
 
 use super::data::{CopyData, COPY_BYTES};
+use super::dp::Reduce;
+pub use super::dp::{DistHooks, TensorHook};
 use super::model::Autoencoder;
 use super::plan::{human, measure_copy, plan, MemoryPlan, PlanRequest};
 use super::walk::{ENTRIES, RINGS, SAMPLES, STEPS};
@@ -57,6 +62,10 @@ pub struct TrainConfig {
     pub allow_nonfinite: bool,
     /// Undo and skip steps whose loss is not finite instead of stopping at the first one.
     pub skip_nonfinite: bool,
+    /// Data parallel over several processes, one GPU each (`ferrograd launch`): each rank fills
+    /// its GPU with copies of its own, trains one copy per step, and gradients are averaged
+    /// over the ranks every step (see `dp`).
+    pub dist: Option<DistHooks>,
 }
 
 impl TrainConfig {
@@ -77,6 +86,7 @@ impl TrainConfig {
             precision: Precision::F32,
             allow_nonfinite: false,
             skip_nonfinite: false,
+            dist: None,
         }
     }
 }
@@ -132,6 +142,17 @@ pub struct Report {
     /// Of `steps`, those whose loss was not finite and whose update was undone (`skip_nonfinite`).
     #[serde(default)]
     pub skipped_steps: u64,
+    /// Processes (GPUs) that trained together; copies, entries and samples count all of them.
+    #[serde(default = "one")]
+    pub world_size: usize,
+    /// Data parallel: the share of the training time the gradient all-reduces took (device time
+    /// on the communication stream over wall time; the step waits for them).
+    #[serde(default)]
+    pub allreduce_share: Option<f64>,
+}
+
+fn one() -> usize {
+    1
 }
 
 fn memory_used(device: Device) -> Option<usize> {
@@ -165,12 +186,29 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
     };
     let build_start = Instant::now();
     let (first, copy_bytes) = measure_copy(cfg.device)?;
-    let mp = plan(cfg.plan, copy_bytes, free)?;
+    let mut mp = plan(cfg.plan, copy_bytes, free)?;
     check_fits(&mp, cfg.device)?;
+    let (rank, world) = cfg.dist.as_ref().map_or((0, 1), |d| (d.rank, d.world));
+    if let Some(d) = &cfg.dist {
+        // Every rank steps once per copy it holds: they must hold as many.
+        let n = (d.min)(mp.copies)?;
+        mp.planned_bytes = mp.planned_bytes / mp.copies.max(1) * n;
+        mp.copies = n;
+        for p in model.parameters() {
+            (d.broadcast)(&p)?;
+        }
+    }
+    // Rank r holds copies r*n .. (r+1)*n: the ranks together train world x n distinct copies.
+    let base = rank * mp.copies;
     let mut copies = Vec::with_capacity(mp.copies);
-    copies.push(first);
+    if base == 0 {
+        copies.push(first);
+    } else {
+        drop(first);
+        copies.push(CopyData::build(base, cfg.device)?);
+    }
     for c in 1..mp.copies {
-        copies.push(CopyData::build(c, cfg.device)?);
+        copies.push(CopyData::build(base + c, cfg.device)?);
     }
     let measured = match cfg.device {
         Device::Cuda(o) => {
@@ -202,7 +240,17 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
     let adam = AdamConfig { lr: cfg.lr, ..AdamConfig::default() };
     let fused = cfg.fused && cfg.device.is_cuda();
     let graph = !fused && cfg.graph && cfg.device.is_cuda();
+    let reduce = cfg.dist.as_ref().map(|d| d.all_reduce_mean.clone());
     let (persistent, step_fallback) = match fused && cfg.persistent {
+        // The persistent kernel is single-GPU: it has no point between its steps where the
+        // gradients could be all-reduced, so data parallel takes the fused step (`dp::FusedDp`).
+        true if reduce.is_some() => (
+            None,
+            Some(format!(
+                "it is single-GPU; data parallel over {world} rank(s) all-reduces the 9,690 gradients between \
+                 the fused step's two kernels"
+            )),
+        ),
         // Undoing single steps needs the host between steps; the persistent kernel has none.
         true if cfg.skip_nonfinite => (None, Some("--skip-nonfinite undoes single steps from the host".to_string())),
         true => {
@@ -254,12 +302,15 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
         };
         return Ok((report, mp));
     }
-    let mut stepper: Box<dyn Stepper> = if fused {
-        Box::new(super::fused::FusedTrainer::new(&model, cfg.device, cfg.batch.min(SAMPLES), adam)?)
-    } else if graph {
-        Box::new(GraphSteps::new(&model, adam)?)
-    } else {
-        Box::new(Autograd::new(&model, adam)?)
+    let mut stepper: Box<dyn Stepper> = match (fused, reduce) {
+        (true, None) => Box::new(super::fused::FusedTrainer::new(&model, cfg.device, cfg.batch.min(SAMPLES), adam)?),
+        (true, Some(r)) => Box::new(super::dp::FusedDp {
+            inner: super::fused::FusedTrainer::new(&model, cfg.device, cfg.batch.min(SAMPLES), adam)?,
+            reduce: r,
+        }),
+        // The autograd step replayed as a CUDA graph: one GPU (the all-reduce is not captured).
+        (false, None) if graph => Box::new(GraphSteps::new(&model, adam)?),
+        (false, r) => Box::new(Autograd::new(&model, adam, r)?),
     };
 
     let start = Instant::now();
@@ -273,7 +324,8 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
             epochs: cfg.epochs,
             steps: g.step as usize,
             loss,
-            samples_per_s: ((epoch + 1) * copies.len() * SAMPLES) as f64 / start.elapsed().as_secs_f64().max(1e-9),
+            samples_per_s: ((epoch + 1) * world * copies.len() * SAMPLES) as f64
+                / start.elapsed().as_secs_f64().max(1e-9),
             device_memory_used: memory_used(cfg.device),
         });
     }
@@ -284,7 +336,7 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
     if let Some(p) = &cfg.save {
         model.save(p)?;
     }
-    let samples = (cfg.epochs * copies.len() * SAMPLES) as f64;
+    let samples = (cfg.epochs * world * copies.len() * SAMPLES) as f64;
     let report = Report {
         training_time_s,
         samples_per_s: samples / training_time_s,
@@ -310,11 +362,12 @@ fn report_base(
     data_build_time_s: f64,
     model: &Autoencoder,
 ) -> Report {
+    let world = cfg.dist.as_ref().map_or(1, |d| d.world);
     Report {
         name: "monster-walk".into(),
         tensor_shape: vec![STEPS, STEPS, RINGS],
-        copies: copies.len(),
-        total_entries: copies.len() * ENTRIES,
+        copies: world * copies.len(),
+        total_entries: world * copies.len() * ENTRIES,
         memory_planned_bytes: mp.planned_bytes,
         memory_measured_bytes: measured,
         device: describe(cfg.device),
@@ -332,6 +385,8 @@ fn report_base(
         parameters: model.parameter_count(),
         data_build_time_s,
         step_kind: String::new(),
+        world_size: world,
+        allreduce_share: None,
         precision: None,
         step_fallback: None,
         phases: None,
@@ -473,7 +528,7 @@ impl Guard {
 }
 
 /// One optimizer step over a batch, and the loss it saw.
-trait Stepper {
+pub(super) trait Stepper {
     fn step(&mut self, x: &Tensor) -> Result<()>;
     fn loss(&self) -> Result<Tensor>;
     /// Leave the trained weights in the model's tensors.
@@ -501,7 +556,8 @@ impl Stepper for super::fused::FusedTrainer {
     }
 }
 
-/// The generic path: autograd over the model's ops, then the fused multi-tensor Adam.
+/// The generic path: autograd over the model's ops, then the fused multi-tensor Adam (with the
+/// gradients averaged over ranks first when data parallel).
 struct Autograd {
     model: Autoencoder,
     params: Vec<Tensor>,
@@ -510,14 +566,15 @@ struct Autograd {
     adam: AdamConfig,
     step: u64,
     last: Option<Tensor>,
+    reduce: Option<Reduce>,
 }
 
 impl Autograd {
-    fn new(model: &Autoencoder, adam: AdamConfig) -> Result<Autograd> {
+    fn new(model: &Autoencoder, adam: AdamConfig, reduce: Option<Reduce>) -> Result<Autograd> {
         let params = model.parameters();
         let m = params.iter().map(|p| p.zeros_like()).collect::<Result<_>>()?;
         let v = params.iter().map(|p| p.zeros_like()).collect::<Result<_>>()?;
-        Ok(Autograd { model: model.clone(), params, m, v, adam, step: 0, last: None })
+        Ok(Autograd { model: model.clone(), params, m, v, adam, step: 0, last: None, reduce })
     }
 }
 
@@ -525,14 +582,29 @@ impl Stepper for Autograd {
     fn step(&mut self, x: &Tensor) -> Result<()> {
         let loss = self.model.loss(x)?;
         let grads = loss.backward()?;
-        let g: Vec<Tensor> = self
+        let mut g: Vec<Tensor> = self
             .params
             .iter()
             .map(|p| grads.get(p).cloned().ok_or_else(|| Error::Backward("a weight got no gradient".into())))
             .collect::<Result<_>>()?;
+        let mut loss = loss.detach();
+        if let Some(reduce) = &self.reduce {
+            // The loss travels with the gradients, so every rank reads the same (mean) loss and
+            // takes the same non-finite decision (`Guard`), as in `FusedTrainer::step_reduced`.
+            let mut flat = g.iter().map(|t| t.flatten_all()).collect::<Result<Vec<_>>>()?;
+            flat.push(loss.reshape(1)?);
+            let flat = Tensor::cat(&flat, 0)?;
+            reduce(&flat)?;
+            let mut off = 0;
+            for (t, p) in g.iter_mut().zip(&self.params) {
+                *t = flat.narrow(0, off, p.elem_count())?.reshape(p.dims())?;
+                off += p.elem_count();
+            }
+            loss = flat.narrow(0, off, 1)?.reshape(())?;
+        }
         self.step += 1;
         adam_step(&self.params, &g, &self.m, &self.v, &self.adam, self.step)?;
-        self.last = Some(loss.detach());
+        self.last = Some(loss);
         Ok(())
     }
     fn loss(&self) -> Result<Tensor> {

@@ -30,6 +30,35 @@ pub struct LoaderConfig {
     /// megabyte the driver's own staged copy is as fast and pinning costs more than it saves
     /// (core's transfer code uses the same threshold).
     pub pin_min_bytes: usize,
+    /// Data parallel: deliver only this rank's slice of each batch (the batch of `batch_size`
+    /// samples is the global one, cut into `world` equal slices), so that the ranks together see
+    /// exactly what one process would, whatever their number.
+    pub shard: Option<Shard>,
+}
+
+/// Which slice of every batch this process reads (`rank` of `world`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub rank: usize,
+    pub world: usize,
+}
+
+impl Shard {
+    /// The slice `[rank * n / world, (rank + 1) * n / world)` of `n` items; `n` must divide evenly
+    /// (unequal slices would weigh samples unequally once gradients are averaged).
+    pub fn range(&self, n: usize) -> Result<std::ops::Range<usize>> {
+        if self.world == 0 || self.rank >= self.world {
+            return Err(Error::InvalidArgument(format!("shard: rank {} of world size {}", self.rank, self.world)));
+        }
+        if !n.is_multiple_of(self.world) {
+            return Err(Error::InvalidArgument(format!(
+                "a batch of {n} samples does not split evenly over {} ranks",
+                self.world
+            )));
+        }
+        let per = n / self.world;
+        Ok(self.rank * per..(self.rank + 1) * per)
+    }
 }
 
 impl Default for LoaderConfig {
@@ -42,6 +71,7 @@ impl Default for LoaderConfig {
             prefetch: 2,
             device: Device::Cpu,
             pin_min_bytes: 1 << 20,
+            shard: None,
         }
     }
 }
@@ -75,6 +105,19 @@ impl DataLoader {
         if config.batch_size == 0 {
             return Err(Error::InvalidArgument("DataLoader: batch_size must be positive".into()));
         }
+        if let Some(sh) = config.shard {
+            sh.range(config.batch_size)
+                .map_err(|e| Error::InvalidArgument(format!("DataLoader: batch_size {}: {e}", config.batch_size)))?;
+            let last = dataset.len() % config.batch_size;
+            if !config.drop_last && !last.is_multiple_of(sh.world) {
+                return Err(Error::InvalidArgument(format!(
+                    "DataLoader: the last batch of an epoch holds {last} samples, which do not split over {} ranks; \
+                     set drop_last or pick a batch size that divides the dataset ({} samples)",
+                    sh.world,
+                    dataset.len()
+                )));
+            }
+        }
         Ok(DataLoader { dataset, config })
     }
 
@@ -106,10 +149,15 @@ impl DataLoader {
         }
     }
 
-    /// The index lists of epoch `epoch`'s batches.
+    /// The index lists of epoch `epoch`'s batches (this rank's slices when sharded).
     pub fn batch_indices(&self, epoch: u64) -> Vec<Vec<usize>> {
         let order = self.order(epoch);
-        order.chunks(self.config.batch_size).take(self.len()).map(|c| c.to_vec()).collect()
+        let batches = order.chunks(self.config.batch_size).take(self.len());
+        match self.config.shard {
+            // `new` checked that every batch splits evenly.
+            Some(sh) => batches.map(|c| sh.range(c.len()).map(|r| c[r].to_vec()).unwrap_or_default()).collect(),
+            None => batches.map(|c| c.to_vec()).collect(),
+        }
     }
 
     /// Iterate over epoch `epoch`.

@@ -8,6 +8,6 @@ mod overlap;
 mod shuffle;
 
 pub use dataset::{Dataset, TensorDataset};
-pub use loader::{Batch, Batches, DataLoader, LoaderConfig};
+pub use loader::{Batch, Batches, DataLoader, LoaderConfig, Shard};
 pub use overlap::{measure_overlap, OverlapConfig, OverlapReport};
 pub use shuffle::shuffled_order;

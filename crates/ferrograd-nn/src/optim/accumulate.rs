@@ -2,6 +2,7 @@
 //! optimizer steps on the sum, and `zero_grad` empties the store for the next step. The store
 //! keeps its table capacity and the optimizer its parameter list, so resetting allocates nothing.
 
+use super::Optimizer;
 use ferrograd_core::{GradStore, Result, Tensor};
 
 #[derive(Debug, Default)]
@@ -29,6 +30,14 @@ impl GradAccumulator {
             return self.backward(loss);
         }
         self.backward(&loss.mul_scalar(scale)?)
+    }
+
+    /// Like `backward`, through `opt` (which may start communicating gradients on the last
+    /// micro-batch: see `Optimizer::backward`).
+    pub fn backward_with(&mut self, opt: &mut dyn Optimizer, loss: &Tensor, last_micro_step: bool) -> Result<()> {
+        opt.backward(loss, &mut self.store, last_micro_step)?;
+        self.micro_steps += 1;
+        Ok(())
     }
 
     pub fn grads(&self) -> &GradStore {

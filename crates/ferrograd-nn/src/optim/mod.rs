@@ -42,6 +42,29 @@ pub trait Optimizer {
     /// Everything else the optimizer needs to resume (step count, learning rate, flags).
     fn state_meta(&self) -> serde_json::Value;
     fn load_state_meta(&mut self, meta: &serde_json::Value) -> Result<()>;
+
+    /// The backward pass of one micro-batch, adding into `grads`; `last_micro_step` marks the
+    /// last micro-batch before `step`. A data-parallel optimizer (`ferrograd-dist`) overrides it
+    /// to start averaging gradients across GPUs during the walk of the last micro-batch only.
+    fn backward(&mut self, loss: &Tensor, grads: &mut GradStore, last_micro_step: bool) -> Result<()> {
+        let _ = last_micro_step;
+        loss.backward_into(grads)
+    }
+
+    /// Make `grads` the gradients `step` will apply (data parallel: wait for the average over all
+    /// GPUs and put it in the store), so that unscaling and clipping see them. Nothing to do for
+    /// a single process.
+    fn reduce_grads(&mut self, grads: &mut GradStore) -> Result<()> {
+        let _ = grads;
+        Ok(())
+    }
+
+    /// Clip the gradients `step` will apply to a global L2 norm of `max_norm`; returns the norm
+    /// before clipping (a device scalar). A sharded optimizer overrides it to clip its shards.
+    fn clip_grad_norm(&mut self, grads: &mut GradStore, max_norm: f64) -> Result<Tensor> {
+        let params: Vec<Tensor> = self.params().iter().map(|(_, p)| p.clone()).collect();
+        clip_grad_norm(grads, &params, max_norm)
+    }
 }
 
 /// Indices of the parameters that have a gradient, and those gradients as contiguous f32 (the

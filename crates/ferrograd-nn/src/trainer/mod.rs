@@ -11,7 +11,7 @@ pub use log::ProgressMode;
 use crate::amp::{GradScaler, GradScalerState};
 use crate::checkpoint::TrainState;
 use crate::data::{Batch, DataLoader};
-use crate::optim::{clip_grad_norm, GradAccumulator, LrSchedule, Optimizer};
+use crate::optim::{GradAccumulator, LrSchedule, Optimizer};
 use ferrograd_core::{Device, Error, Result, Tensor};
 use log::StepLog;
 use std::path::PathBuf;
@@ -126,7 +126,7 @@ impl<O: Optimizer> Trainer<O> {
                 Some(s) => s.scale_loss(&scaled)?,
                 None => scaled,
             };
-            self.accum.backward(&scaled)?;
+            self.accum.backward_with(&mut self.optimizer, &scaled, i + 1 == k)?;
             let l = loss.detach();
             loss_sum = Some(match loss_sum {
                 Some(s) => s.add(&l)?,
@@ -137,12 +137,14 @@ impl<O: Optimizer> Trainer<O> {
         let loss = if k > 1 { loss.mul_scalar(1.0 / k as f64)? } else { loss };
         let params: Vec<Tensor> = self.optimizer.params().iter().map(|(_, p)| p.clone()).collect();
         let grads = self.accum.grads_mut();
+        // Data parallel: the averaged gradients, before unscaling and clipping look at them.
+        self.optimizer.reduce_grads(grads)?;
         if let Some(s) = self.scaler.as_mut() {
             // Clipping must see true gradient magnitudes.
             s.unscale(grads, &params)?;
         }
         let grad_norm = match self.config.clip_grad_norm {
-            Some(max) => Some(clip_grad_norm(grads, &params, max)?),
+            Some(max) => Some(self.optimizer.clip_grad_norm(grads, max)?),
             None => None,
         };
         let stepped = match self.scaler.as_mut() {

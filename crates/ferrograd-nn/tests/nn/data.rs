@@ -113,3 +113,26 @@ fn dropping_an_epoch_early_stops_the_producer() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn sharded_loaders_together_read_each_global_batch_once() -> Result<()> {
+    let cfg = LoaderConfig { batch_size: 6, seed: 9, ..Default::default() };
+    let whole = ids(&loader(24, cfg.clone())?, 1)?;
+    let parts: Vec<Vec<Vec<i32>>> = (0..3)
+        .map(|rank| ids(&loader(24, LoaderConfig { shard: Some(Shard { rank, world: 3 }), ..cfg.clone() })?, 1))
+        .collect::<Result<_>>()?;
+    for (b, batch) in whole.iter().enumerate() {
+        let joined: Vec<i32> = parts.iter().flat_map(|p| p[b].clone()).collect();
+        assert_eq!(&joined, batch, "batch {b}: rank slices in rank order make the global batch");
+    }
+    // A batch or a last batch that does not split evenly is refused up front.
+    let bad = |n, batch_size, drop_last| {
+        let shard = Some(Shard { rank: 0, world: 4 });
+        loader(n, LoaderConfig { batch_size, drop_last, shard, ..Default::default() })
+    };
+    assert!(matches!(bad(24, 6, false), Err(Error::InvalidArgument(m)) if m.contains("4 ranks")));
+    assert!(matches!(bad(26, 8, false), Err(Error::InvalidArgument(m)) if m.contains("drop_last")));
+    assert!(bad(26, 8, true).is_ok());
+    assert!(Shard { rank: 4, world: 4 }.range(8).is_err());
+    Ok(())
+}

@@ -1,0 +1,228 @@
+//! Multi-GPU runs through `ferrograd launch` (NCCL). Each test skips with one line where fewer
+//! than two GPUs or no NCCL library exist; on a 2-GPU machine they check that
+//!
+//! - every collective gives the right values across processes (`dist check`);
+//! - 2-GPU data parallel ends with the parameters of 1 GPU on the same global batch (f32, 10
+//!   AdamW steps, 1e-5 relative to each tensor's scale), for ZeRO-1 too, and for two single-GPU
+//!   "nodes" launched separately over 127.0.0.1;
+//! - a checkpoint written by 2 GPUs resumes on 1 to the same parameters;
+//! - a rank that is killed stops the group with a message naming it, with no hang;
+//! - a rendezvous that times out names the missing rank.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("FERROGRAD_BIN") {
+        return p.into();
+    }
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_ferrograd"));
+    if built.exists() {
+        return built;
+    }
+    PathBuf::from(".gpu/bin/ferrograd")
+}
+
+/// Whether the machine can run these tests; prints the one-line reason when not.
+fn two_gpus(test: &str) -> bool {
+    let n = ferrograd_core::cuda::device_count().unwrap_or(0);
+    if n < 2 {
+        println!("skipped {test}: {n} CUDA device(s) visible, 2 needed");
+        return false;
+    }
+    if let Err(e) = ferrograd_dist::nccl::nccl() {
+        println!("skipped {test}: {e}");
+        return false;
+    }
+    true
+}
+
+/// A port for this test's rendezvous (tests of one binary run one at a time on the GPU machine).
+fn port(k: u16) -> String {
+    (20000 + (std::process::id() % 20000) as u16 + 7 * k).to_string()
+}
+
+fn ferrograd(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(bin());
+    c.args(args).env("NCCL_NVLS_ENABLE", "0");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("failed to start ferrograd")
+}
+
+fn ok(o: &Output) -> String {
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "status {:?}\nstdout:\n{out}\nstderr:\n{err}", o.status);
+    out.into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ferrograd-dist-{}-{name}", std::process::id()))
+}
+
+/// `launch --nproc-per-node N -- ferrograd dist mlp ARGS --out FILE`.
+fn mlp(nproc: usize, k: u16, args: &[&str], out: &Path) -> Output {
+    let n = nproc.to_string();
+    let p = port(k);
+    let mut a = vec!["launch", "--nproc-per-node", &n, "--master-port", &p, "--", "ferrograd", "dist", "mlp"];
+    a.extend_from_slice(args);
+    let o = out.to_str().unwrap();
+    a.extend_from_slice(&["--out", o]);
+    ferrograd(&a, &[])
+}
+
+fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.data().chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
+        .collect()
+}
+
+/// Largest over tensors of max|a - b| / max|b|.
+fn max_rel(a: &Path, b: &Path) -> f64 {
+    let (a, b) = (weights(a), weights(b));
+    assert_eq!(a.len(), b.len());
+    let mut worst = 0.0f64;
+    for (name, x) in &a {
+        let y = &b[name];
+        let diff = x.iter().zip(y).map(|(p, q)| (p - q).abs() as f64).fold(0.0, f64::max);
+        let scale = y.iter().map(|q| q.abs() as f64).fold(1e-30, f64::max);
+        worst = worst.max(diff / scale);
+    }
+    worst
+}
+
+#[test]
+fn dist_gpu_collectives_give_the_right_values() {
+    if !two_gpus("dist_gpu_collectives_give_the_right_values") {
+        return;
+    }
+    let p = port(0);
+    let out = ok(&ferrograd(
+        &["launch", "--nproc-per-node", "2", "--master-port", &p, "--", "ferrograd", "dist", "check"],
+        &[],
+    ));
+    for r in 0..2 {
+        assert!(out.contains(&format!("[rank {r}] rank {r}: all-reduce (sum, avg, min, max)")), "{out}");
+    }
+    assert!(out.contains("backend nccl"), "{out}");
+    println!("{out}");
+}
+
+#[test]
+fn dist_gpu_data_parallel_matches_one_gpu() {
+    if !two_gpus("dist_gpu_data_parallel_matches_one_gpu") {
+        return;
+    }
+    let (one, two, zero, bf16) = (tmp("one"), tmp("two"), tmp("zero"), tmp("bf16"));
+    ok(&mlp(1, 1, &["--steps", "10"], &one));
+    ok(&mlp(2, 2, &["--steps", "10"], &two));
+    ok(&mlp(2, 3, &["--steps", "10", "--zero", "1"], &zero));
+    let out = ok(&mlp(2, 4, &["--steps", "10", "--comm-dtype", "bf16", "--micro-steps", "2"], &bf16));
+    let (e2, ez) = (max_rel(&two, &one), max_rel(&zero, &one));
+    println!("2 GPUs vs 1: {e2:e}; ZeRO-1 on 2 vs 1: {ez:e}; bf16 gradients vs f32: {:e}", max_rel(&bf16, &one));
+    assert!(e2 <= 1e-5, "2-GPU data parallel differs from 1 GPU by {e2:e}");
+    assert!(ez <= 1e-5, "ZeRO-1 differs from 1 GPU by {ez:e}");
+    assert!(out.contains("final loss"), "{out}");
+}
+
+#[test]
+fn dist_gpu_checkpoint_from_two_gpus_resumes_on_one() {
+    if !two_gpus("dist_gpu_checkpoint_from_two_gpus_resumes_on_one") {
+        return;
+    }
+    let (want, ckpt, got) = (tmp("want"), tmp("ckpt"), tmp("resumed"));
+    ok(&mlp(1, 5, &["--steps", "10", "--zero", "1"], &want));
+    let c = ckpt.to_str().unwrap();
+    ok(&mlp(2, 6, &["--steps", "5", "--zero", "1", "--save-at", "5", "--checkpoint", c], &tmp("half")));
+    ok(&mlp(1, 7, &["--steps", "10", "--zero", "1", "--resume", c], &got));
+    let e = max_rel(&got, &want);
+    println!("saved on 2 GPUs at step 5, resumed on 1 to step 10: {e:e} from the 1-GPU run");
+    assert!(e <= 1e-5, "{e:e}");
+}
+
+#[test]
+fn dist_gpu_killed_rank_stops_the_group() {
+    if !two_gpus("dist_gpu_killed_rank_stops_the_group") {
+        return;
+    }
+    let t = Instant::now();
+    let o = mlp(2, 8, &["--steps", "1000000", "--die-rank", "1", "--die-at-step", "3"], &tmp("never"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(t.elapsed() < Duration::from_secs(90), "took {:?}", t.elapsed());
+    assert!(err.contains("rank 1 (local rank 1") && err.contains("SIGKILL"), "{err}");
+    assert!(err.contains("stopping rank(s) 0"), "{err}");
+    println!(
+        "stopped in {:.1} s: {}",
+        t.elapsed().as_secs_f64(),
+        err.lines().filter(|l| l.contains("ferrograd launch")).collect::<Vec<_>>().join(" | ")
+    );
+}
+
+#[test]
+fn dist_gpu_two_nodes_on_one_host_match_one_gpu() {
+    if !two_gpus("dist_gpu_two_nodes_on_one_host_match_one_gpu") {
+        return;
+    }
+    let (one, two) = (tmp("node-one"), tmp("node-two"));
+    ok(&mlp(1, 9, &["--steps", "10"], &one));
+    let p = port(10);
+    let o = two.to_str().unwrap().to_string();
+    let node = |rank: &str, gpu: &str| {
+        Command::new(bin())
+            .args([
+                "launch",
+                "--nproc-per-node",
+                "1",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                rank,
+                "--master-addr",
+                "127.0.0.1",
+            ])
+            .args(["--master-port", &p, "--", "ferrograd", "dist", "mlp", "--steps", "10", "--out", &o])
+            .env("CUDA_VISIBLE_DEVICES", gpu)
+            .env("NCCL_NVLS_ENABLE", "0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (n1, n0) = (node("1", "1"), node("0", "0"));
+    let (o0, o1) = (n0.wait_with_output().unwrap(), n1.wait_with_output().unwrap());
+    let out0 = ok(&o0);
+    ok(&o1);
+    assert!(out0.contains("[rank 0] rank 0 of 2"), "{out0}");
+    let e = max_rel(&two, &one);
+    println!("two launches --nnodes 2 over 127.0.0.1 vs 1 GPU: {e:e}");
+    assert!(e <= 1e-5, "{e:e}");
+}
+
+#[test]
+fn dist_gpu_rendezvous_timeout_names_the_missing_rank() {
+    if !two_gpus("dist_gpu_rendezvous_timeout_names_the_missing_rank") {
+        return;
+    }
+    let p = port(11);
+    let t = Instant::now();
+    let env = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", p.as_str()),
+        ("FERROGRAD_DIST_TIMEOUT", "3"),
+    ];
+    let o = ferrograd(&["dist", "check"], &env);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("rank(s) [1] of 2 never arrived"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(60));
+}

@@ -1,0 +1,252 @@
+//! Test scaffolding: a process group whose ranks are threads of one process, behind the same
+//! `Communicator` trait as NCCL, so that bucketing, overlap ordering, averaging, ZeRO sharding and
+//! resuming on another world size are tested without GPUs. Real runs use NCCL only.
+//!
+//! Every collective is a round in which each rank deposits its data and takes everybody's; values
+//! travel as f64 (exact for every dtype ferrograd has) and reductions run in rank order, so results
+//! are deterministic. Ranks that call different collectives, or never call one, get an error naming
+//! what each rank called or which ranks never arrived, instead of a hang.
+
+use crate::comm::{check_buffer, check_peer, Communicator, ReduceOp, Work};
+use crate::error::{DistError, DistResult};
+use ferrograd_core::{DType, Device, Tensor};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+type Round = Arc<Result<Vec<Vec<f64>>, String>>;
+/// Messages in flight per (sender, receiver): their signature and values.
+type Mailboxes = HashMap<(usize, usize), VecDeque<(String, Vec<f64>)>>;
+
+struct State {
+    round: u64,
+    slots: Vec<Option<(String, Vec<f64>)>>,
+    arrived: usize,
+    last: Round,
+    mail: Mailboxes,
+    /// A failed round poisons the group: every later call fails with this message.
+    broken: Option<String>,
+}
+
+struct Shared {
+    world: usize,
+    timeout: Duration,
+    st: Mutex<State>,
+    cv: Condvar,
+}
+
+pub struct ThreadComm {
+    rank: usize,
+    shared: Arc<Shared>,
+}
+
+impl ThreadComm {
+    /// `world` communicators, one per rank, to hand to `world` threads.
+    pub fn group(world: usize) -> Vec<ThreadComm> {
+        Self::group_with_timeout(world, Duration::from_secs(60))
+    }
+
+    pub fn group_with_timeout(world: usize, timeout: Duration) -> Vec<ThreadComm> {
+        let shared = Arc::new(Shared {
+            world,
+            timeout,
+            st: Mutex::new(State {
+                round: 0,
+                slots: (0..world).map(|_| None).collect(),
+                arrived: 0,
+                last: Arc::new(Ok(vec![])),
+                mail: HashMap::new(),
+                broken: None,
+            }),
+            cv: Condvar::new(),
+        });
+        (0..world).map(|rank| ThreadComm { rank, shared: shared.clone() }).collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Deposit `data` under `sig` and return every rank's deposit, in rank order.
+    fn exchange(&self, op: &'static str, sig: String, data: Vec<f64>) -> DistResult<Arc<Vec<Vec<f64>>>> {
+        let world = self.shared.world;
+        let mut st = self.lock();
+        if let Some(b) = &st.broken {
+            return Err(DistError::Collective { op, msg: b.clone() });
+        }
+        let my_round = st.round;
+        st.slots[self.rank] = Some((sig, data));
+        st.arrived += 1;
+        if st.arrived == world {
+            let all: Vec<(String, Vec<f64>)> = st.slots.iter_mut().map(|s| s.take().unwrap_or_default()).collect();
+            let same = all.windows(2).all(|w| w[0].0 == w[1].0);
+            st.last = Arc::new(if same {
+                Ok(all.into_iter().map(|(_, d)| d).collect())
+            } else {
+                let calls: Vec<String> = all.iter().enumerate().map(|(r, (s, _))| format!("rank {r}: {s}")).collect();
+                let msg = format!("ranks called different collectives ({})", calls.join(", "));
+                st.broken = Some(msg.clone());
+                Err(msg)
+            });
+            st.round += 1;
+            st.arrived = 0;
+            self.shared.cv.notify_all();
+        } else {
+            let start = Instant::now();
+            while st.round == my_round && st.broken.is_none() {
+                let left = self.shared.timeout.saturating_sub(start.elapsed());
+                if left.is_zero() {
+                    let missing: Vec<usize> = (0..world).filter(|&r| st.slots[r].is_none()).collect();
+                    let msg = format!("{op} timed out: rank(s) {missing:?} never called it");
+                    st.broken = Some(msg.clone());
+                    self.shared.cv.notify_all();
+                    return Err(DistError::Timeout { op: msg, waited: start.elapsed() });
+                }
+                st = self.shared.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+            }
+            if let (Some(b), true) = (&st.broken, st.round == my_round) {
+                return Err(DistError::Collective { op, msg: b.clone() });
+            }
+        }
+        match &*st.last.clone() {
+            Ok(v) => Ok(Arc::new(v.clone())),
+            Err(m) => Err(DistError::Collective { op, msg: m.clone() }),
+        }
+    }
+}
+
+fn sig(op: &str, t: &Tensor) -> String {
+    format!("{op}({}, {} elements)", t.dtype(), t.elem_count())
+}
+
+fn reduce(parts: &[Vec<f64>], op: ReduceOp, range: std::ops::Range<usize>) -> Vec<f64> {
+    range
+        .map(|i| {
+            let it = parts.iter().map(|p| p[i]);
+            match op {
+                ReduceOp::Sum => it.sum(),
+                ReduceOp::Avg => it.sum::<f64>() / parts.len() as f64,
+                ReduceOp::Min => it.fold(f64::INFINITY, f64::min),
+                ReduceOp::Max => it.fold(f64::NEG_INFINITY, f64::max),
+            }
+        })
+        .collect()
+}
+
+/// Write `vals` into the elements `[start, start + vals.len())` of contiguous `buf`.
+fn write(buf: &Tensor, start: usize, vals: Vec<f64>) -> DistResult<()> {
+    let n = vals.len();
+    let flat = buf.flatten_all()?.narrow(0, start, n)?;
+    let src = Tensor::from_vec(vals, n, buf.device())?;
+    let src = if buf.dtype() == DType::F64 { src } else { src.to_dtype(buf.dtype())? };
+    Ok(flat.set(&src)?)
+}
+
+impl Communicator for ThreadComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.shared.world
+    }
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+    fn backend(&self) -> &'static str {
+        "threads"
+    }
+
+    fn all_reduce(&self, buf: &Tensor, op: ReduceOp) -> DistResult<Work> {
+        check_buffer("all_reduce", self, buf, false)?;
+        let all = self.exchange("all_reduce", sig(&format!("all_reduce {op:?}"), buf), buf.to_f64_vec()?)?;
+        write(buf, 0, reduce(&all, op, 0..buf.elem_count()))?;
+        Ok(Work::done())
+    }
+
+    fn reduce_scatter(&self, buf: &Tensor, op: ReduceOp) -> DistResult<Work> {
+        check_buffer("reduce_scatter", self, buf, true)?;
+        let all = self.exchange("reduce_scatter", sig(&format!("reduce_scatter {op:?}"), buf), buf.to_f64_vec()?)?;
+        let c = buf.elem_count() / self.shared.world;
+        write(buf, self.rank * c, reduce(&all, op, self.rank * c..(self.rank + 1) * c))?;
+        Ok(Work::done())
+    }
+
+    fn all_gather(&self, buf: &Tensor) -> DistResult<Work> {
+        check_buffer("all_gather", self, buf, true)?;
+        let c = buf.elem_count() / self.shared.world;
+        let mine = buf.flatten_all()?.narrow(0, self.rank * c, c)?.to_f64_vec()?;
+        let all = self.exchange("all_gather", sig("all_gather", buf), mine)?;
+        write(buf, 0, all.concat())?;
+        Ok(Work::done())
+    }
+
+    fn broadcast(&self, buf: &Tensor, root: usize) -> DistResult<Work> {
+        check_buffer("broadcast", self, buf, false)?;
+        if root >= self.shared.world {
+            return Err(DistError::Collective {
+                op: "broadcast",
+                msg: format!("root {root} in a world of {}", self.shared.world),
+            });
+        }
+        let data = if self.rank == root { buf.to_f64_vec()? } else { vec![] };
+        let all = self.exchange("broadcast", sig(&format!("broadcast from {root}"), buf), data)?;
+        if self.rank != root {
+            write(buf, 0, all[root].clone())?;
+        }
+        Ok(Work::done())
+    }
+
+    fn send(&self, buf: &Tensor, peer: usize) -> DistResult<Work> {
+        check_buffer("send", self, buf, false)?;
+        check_peer("send", self, peer)?;
+        let data = buf.to_f64_vec()?;
+        let mut st = self.lock();
+        st.mail.entry((self.rank, peer)).or_default().push_back((sig("message", buf), data));
+        self.shared.cv.notify_all();
+        Ok(Work::done())
+    }
+
+    fn recv(&self, buf: &Tensor, peer: usize) -> DistResult<Work> {
+        check_buffer("recv", self, buf, false)?;
+        check_peer("recv", self, peer)?;
+        let start = Instant::now();
+        let mut st = self.lock();
+        loop {
+            if let Some((s, data)) = st.mail.get_mut(&(peer, self.rank)).and_then(|q| q.pop_front()) {
+                drop(st);
+                if s != sig("message", buf) {
+                    return Err(DistError::Collective {
+                        op: "recv",
+                        msg: format!("rank {peer} sent a {s}, rank {} expected a {}", self.rank, sig("message", buf)),
+                    });
+                }
+                write(buf, 0, data)?;
+                return Ok(Work::done());
+            }
+            let left = self.shared.timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(DistError::Timeout { op: format!("recv from rank {peer}"), waited: start.elapsed() });
+            }
+            st = self.shared.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    fn barrier(&self) -> DistResult<()> {
+        self.exchange("barrier", "barrier".into(), vec![]).map(|_| ())
+    }
+}
+
+/// Run `f` on `world` threads, one rank each, and return their results in rank order.
+pub fn run_ranks<R: Send>(world: usize, f: impl Fn(Arc<dyn Communicator>) -> R + Sync) -> Vec<R> {
+    let comms = ThreadComm::group(world);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                let f = &f;
+                s.spawn(move || f(Arc::new(c)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    })
+}
