@@ -63,11 +63,11 @@ def main() -> None:
             # inference tensor gives one), and the step recorded with grad enabled.
             with torch.inference_mode(False):
                 xr = x.clone().requires_grad_(True)
-                t = torch.randint(0, c, (r,), device=dev)
+                ce_targets = torch.randint(0, c, (r,), device=dev)
 
             def cross_entropy():
                 with torch.inference_mode(False), torch.enable_grad():
-                    (g,) = torch.autograd.grad(F.cross_entropy(xr, t), xr)
+                    (g,) = torch.autograd.grad(F.cross_entropy(xr, ce_targets), xr)
                 return g
 
             idx = bl.sample_rows(r, 4, 4, lambda k, hi: torch.randint(0, hi, (k,), generator=gen).tolist())
@@ -85,7 +85,7 @@ def main() -> None:
                                lambda xd, yd: F.layer_norm(xd, (c,), w.double(), b.double(), EPS)),
                 "cross_entropy": (cross_entropy, 3,
                                   lambda xd, yd: (torch.softmax(xd, dim=-1)
-                                                  - F.one_hot(t.index_select(0, it), c).double()) / r),
+                                                  - F.one_hot(ce_targets.index_select(0, it), c).double()) / r),
             }
             names = list(ops) if i == 0 else ["copy", "softmax", "layer_norm", "cross_entropy"]
             copy_gbps = None
@@ -103,7 +103,7 @@ def main() -> None:
                     copy_gbps = gbps
                 rows.append(bl.row(f"{op} {r}x{c}", gbps, "GB/s", True, median_s=t["median_s"], reps=t["reps"],
                                    inner=t["inner"], pct_of_copy=100 * gbps / copy_gbps))
-            del x, y, w, b, dst, xr, t
+            del x, y, w, b, dst, xr, ce_targets
 
     bl.print_rows(rows, ("% of copy", "pct_of_copy"))
     timing = ("CUDA events on the current stream; warm-up, batches of calls, median per call" if cuda
