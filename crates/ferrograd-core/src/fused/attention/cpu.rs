@@ -12,6 +12,7 @@
 use super::{lse_dtype, Dropout, Problem};
 use crate::backend::BackendStorage;
 use crate::cpu::{strided, CpuStorage};
+use crate::fused::acc::Acc;
 use crate::fused::FusedOutputs;
 use crate::{DType, Error, Layout, Result, Shape, WithDType};
 use rayon::prelude::*;
@@ -19,30 +20,6 @@ use rayon::prelude::*;
 /// Query rows per parallel task (forward, dQ); keys per block (forward step, dK / dV task).
 const QB: usize = 32;
 const KB: usize = 64;
-
-/// The accumulation type: f64 for f64 inputs, f32 for the others.
-trait Acc: num_traits::Float + std::ops::AddAssign + bytemuck::Zeroable + Send + Sync + 'static {
-    fn of(x: f64) -> Self;
-    fn f64(self) -> f64;
-}
-
-impl Acc for f32 {
-    fn of(x: f64) -> f32 {
-        x as f32
-    }
-    fn f64(self) -> f64 {
-        self as f64
-    }
-}
-
-impl Acc for f64 {
-    fn of(x: f64) -> f64 {
-        x
-    }
-    fn f64(self) -> f64 {
-        self
-    }
-}
 
 /// A view whose dims are `[B, H, T, D]` (or `[B, H, T]`) as a contiguous vector of `A`.
 fn gather<A: Acc>(s: &CpuStorage, l: &Layout) -> Result<Vec<A>> {

@@ -8,35 +8,12 @@
 use super::{Inputs, Problem, CHUNK};
 use crate::backend::BackendStorage;
 use crate::cpu::{alloc, strided, CpuStorage};
+use crate::fused::acc::Acc;
 use crate::fused::FusedOutputs;
 use crate::{DType, Error, Layout, Result, Shape, WithDType};
 use rayon::prelude::*;
 
 type Operand<'a> = (&'a CpuStorage, &'a Layout);
-
-/// The accumulation type: f64 for f64 inputs, f32 for the others.
-trait Acc: num_traits::Float + std::ops::AddAssign + bytemuck::Zeroable + Send + Sync + 'static {
-    fn of(x: f64) -> Self;
-    fn f64(self) -> f64;
-}
-
-impl Acc for f32 {
-    fn of(x: f64) -> f32 {
-        x as f32
-    }
-    fn f64(self) -> f64 {
-        self as f64
-    }
-}
-
-impl Acc for f64 {
-    fn of(x: f64) -> f64 {
-        x
-    }
-    fn f64(self) -> f64 {
-        self
-    }
-}
 
 /// Every input gathered into a contiguous vector of the accumulation type.
 struct Data<A> {
