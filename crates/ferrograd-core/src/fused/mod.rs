@@ -25,6 +25,7 @@
 //!   gradient per input (`None` for inputs without one, such as class ids). It may call other fused
 //!   ops (its backward kernels) through [`apply_all`], which records nothing.
 
+pub mod add_layer_norm;
 pub mod attention;
 pub mod bench;
 pub mod cross_entropy;
