@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run ferrograd's GPU benchmarks and their PyTorch twins side by side and print the ratios.
 
-    python3 bench/compare.py [--ferrograd PATH] [--only matmul,transfer,alloc,elementwise,launch,optim,attention]
+    python3 bench/compare.py [--ferrograd PATH] [--only matmul,transfer,alloc,elementwise,launch,optim,attention,fused]
                              [--out DIR] [--device cuda:0] [--python PY] [--quick]
 
 For each bench, in one invocation on one GPU: `ferrograd bench NAME --device cuda --json ...`, then
@@ -38,7 +38,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-BENCHES = ["matmul", "transfer", "alloc", "elementwise", "launch", "optim", "attention"]
+BENCHES = ["matmul", "transfer", "alloc", "elementwise", "launch", "optim", "attention", "fused"]
 STEP_TIMEOUT_S = 300
 
 # --quick: the same benches at sizes that finish in seconds (a smoke test, not for BENCHMARKS.md).
@@ -50,6 +50,7 @@ QUICK = {
     "launch": ["--ops", "2000"],
     "optim": ["--tensors", "20"],
     "attention": ["--seqs", "512,1024", "--head-dims", "64"],
+    "fused": ["--shapes", "4096x768"],
 }
 
 

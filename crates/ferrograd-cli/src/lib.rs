@@ -134,6 +134,24 @@ enum BenchCommand {
     /// Fused attention forward and forward+backward TFLOP/s and peak memory (twin:
     /// F.scaled_dot_product_attention).
     Attention(AttentionArgs),
+    /// Fused transformer ops (residual add + layer norm) forward and forward+backward GB/s (twin:
+    /// x + r then F.layer_norm, eager and torch.compile).
+    Fused(FusedArgs),
+}
+
+#[derive(Args, Debug)]
+struct FusedArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Element type: bf16, f16 or f32.
+    #[arg(long, default_value = "bf16", value_parser = parse_matmul_dtype)]
+    dtype: DType,
+    /// Shapes ROWSxCOLS (tokens x model width), comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = bench::parse_shape, default_value = "16384x768")]
+    shapes: Vec<(usize, usize)>,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(Args, Debug)]
@@ -357,6 +375,7 @@ pub enum Job {
     Optim(bench::optim::Config),
     Overlap(bench::overlap::Config),
     Attention(bench::attention::Config),
+    Fused(bench::fused::Config),
     Kernels(kernels::Config),
 }
 
@@ -432,6 +451,14 @@ impl Job {
                 plot: a.common.plot,
                 seed: a.common.seed,
             }),
+            Command::Bench(BenchCommand::Fused(a)) => Job::Fused(fused::Config {
+                device: a.device,
+                dtype: a.dtype,
+                shapes: a.shapes,
+                json: a.common.json,
+                plot: a.common.plot,
+                seed: a.common.seed,
+            }),
             Command::Kernels(a) => {
                 let ordinal = match a.device {
                     Device::Cuda(n) => n,
@@ -460,6 +487,7 @@ impl Job {
             Job::Optim(c) => two(&c.json, &c.plot),
             Job::Overlap(c) => two(&c.json, &None),
             Job::Attention(c) => two(&c.json, &c.plot),
+            Job::Fused(c) => two(&c.json, &c.plot),
             // gpt checks its own output paths (checkpoint directories, logs) before training.
             Job::Info | Job::Demo(_) | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) => vec![],
         }
@@ -480,6 +508,7 @@ impl Job {
             Job::Optim(c) => optim::check(c),
             Job::Overlap(c) => overlap::check(c),
             Job::Attention(c) => attention::check(c),
+            Job::Fused(c) => fused::check(c),
             Job::Info | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) => Ok(()),
         }
     }
@@ -501,6 +530,7 @@ impl Job {
             Job::Optim(c) => optim::run(&c, out),
             Job::Overlap(c) => overlap::run(&c, out),
             Job::Attention(c) => attention::run(&c, out),
+            Job::Fused(c) => fused::run(&c, out),
             Job::Kernels(c) => kernels::run(&c, out),
         }
     }
@@ -529,6 +559,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::Optim(_)) => "try fewer tensors (--tensors)",
         Command::Bench(BenchCommand::Overlap(_)) => "try a smaller batch (--mib) or matmul (--matmul)",
         Command::Bench(BenchCommand::Attention(_)) => "try shorter sequences (--seqs) or fewer heads (--heads)",
+        Command::Bench(BenchCommand::Fused(_)) => "try fewer rows (--shapes 4096x768)",
         _ => "free memory held by other processes (nvidia-smi lists them)",
     }
 }

@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod attention;
 pub mod check;
 pub mod elementwise;
+pub mod fused;
 pub mod launch;
 pub mod matmul;
 pub mod optim;
