@@ -35,6 +35,8 @@ struct AddLayerNorm {
 }
 
 type Arg<'a, S> = (&'a S, &'a Layout);
+/// (x, residual, weight, bias).
+type Split<'a, S> = (Arg<'a, S>, Arg<'a, S>, Option<Arg<'a, S>>, Option<Arg<'a, S>>);
 
 impl AddLayerNorm {
     fn arity(&self) -> usize {
@@ -42,10 +44,7 @@ impl AddLayerNorm {
     }
 
     /// (x, residual, weight, bias) among the inputs.
-    fn split<'a, S>(
-        &self,
-        inputs: &[Arg<'a, S>],
-    ) -> Result<(Arg<'a, S>, Arg<'a, S>, Option<Arg<'a, S>>, Option<Arg<'a, S>>)> {
+    fn split<'a, S>(&self, inputs: &[Arg<'a, S>]) -> Result<Split<'a, S>> {
         check_arity("add_layer_norm", inputs.len(), self.arity())?;
         let w = self.has_w.then(|| inputs[2]);
         let b = self.has_b.then(|| inputs[2 + self.has_w as usize]);
