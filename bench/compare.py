@@ -2,7 +2,7 @@
 """Run ferrograd's GPU benchmarks and their PyTorch twins side by side and print the ratios.
 
     python3 bench/compare.py [--ferrograd PATH]
-                             [--only matmul,transfer,alloc,elementwise,launch,optim,attention,linear]
+                             [--only matmul,transfer,alloc,elementwise,launch,optim,attention,linear,fused]
                              [--out DIR] [--device cuda:0] [--python PY] [--quick]
 
 For each bench, in one invocation on one GPU: `ferrograd bench NAME --device cuda --json ...`, then
@@ -39,7 +39,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-BENCHES = ["matmul", "transfer", "alloc", "elementwise", "launch", "optim", "attention", "linear"]
+BENCHES = ["matmul", "transfer", "alloc", "elementwise", "launch", "optim", "attention", "linear", "fused"]
 STEP_TIMEOUT_S = 300
 
 # --quick: the same benches at sizes that finish in seconds (a smoke test, not for BENCHMARKS.md).
@@ -52,6 +52,7 @@ QUICK = {
     "optim": ["--tensors", "20"],
     "attention": ["--seqs", "512,1024", "--head-dims", "64"],
     "linear": ["--rows", "2048"],
+    "fused": ["--shapes", "4096x768"],
 }
 
 

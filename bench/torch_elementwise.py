@@ -26,6 +26,7 @@ import benchlib as bl
 
 EPS = 1e-5
 TOL = 1e-5
+TOL_BF16 = 4e-3  # one bf16 rounding of the result (add_bf16, mul_bf16: bf16 copies of x and y)
 
 
 def main() -> None:
@@ -51,6 +52,7 @@ def main() -> None:
         for i, (r, c) in enumerate(a.shapes):
             x = torch.randn(r, c, device=dev)
             y = torch.randn(r, c, device=dev)
+            xb, yb = x.bfloat16(), y.bfloat16()
             w = torch.rand(c, device=dev) + 0.5
             b = torch.randn(c, device=dev)
             dst = torch.randn(r, c, device=dev)
@@ -83,6 +85,8 @@ def main() -> None:
                 "softmax": (lambda: torch.softmax(x, dim=-1), 2, lambda xd, yd: torch.softmax(xd, dim=-1)),
                 "layer_norm": (lambda: F.layer_norm(x, (c,), w, b, EPS), 2,
                                lambda xd, yd: F.layer_norm(xd, (c,), w.double(), b.double(), EPS)),
+                "add_bf16": (lambda: torch.add(xb, yb), 3, lambda xd, yd: xd + yd),
+                "mul_bf16": (lambda: torch.mul(xb, yb), 3, lambda xd, yd: xd * yd),
                 "cross_entropy": (cross_entropy, 3,
                                   lambda xd, yd: (torch.softmax(xd, dim=-1)
                                                   - F.one_hot(ce_targets.index_select(0, it), c).double()) / r),
@@ -94,16 +98,19 @@ def main() -> None:
                 out = fn()
                 if not torch.isfinite(out).all():
                     bl.fail(f"{op} {r}x{c}: output has non-finite elements")
-                want = ref(x.index_select(0, it).double(), y.index_select(0, it).double())
-                bl.require(f"{op} {r}x{c}", bl.rel_err(torch, out.index_select(0, it), want), TOL)
+                bf16 = op.endswith("_bf16")
+                xs, ys = (xb, yb) if bf16 else (x, y)
+                want = ref(xs.index_select(0, it).double(), ys.index_select(0, it).double())
+                bl.require(f"{op} {r}x{c}", bl.rel_err(torch, out.index_select(0, it).double(), want),
+                           TOL_BF16 if bf16 else TOL)
                 del out
                 t = bl.time_device(torch, fn, cuda=cuda)
-                gbps = passes * r * c * 4 / t["median_s"] / 1e9
+                gbps = passes * r * c * (2 if bf16 else 4) / t["median_s"] / 1e9
                 if op == "copy":
                     copy_gbps = gbps
                 rows.append(bl.row(f"{op} {r}x{c}", gbps, "GB/s", True, median_s=t["median_s"], reps=t["reps"],
                                    inner=t["inner"], pct_of_copy=100 * gbps / copy_gbps))
-            del x, y, w, b, dst, xr, ce_targets
+            del x, y, xb, yb, w, b, dst, xr, ce_targets
 
     bl.print_rows(rows, ("% of copy", "pct_of_copy"))
     timing = ("CUDA events on the current stream; warm-up, batches of calls, median per call" if cuda

@@ -154,6 +154,24 @@ enum BenchCommand {
     SelectiveScan(SelectiveScanArgs),
     /// NCCL all-reduce bus bandwidth across the ranks of a launch (twin: torch.distributed).
     Allreduce(bench::allreduce::AllreduceArgs),
+    /// Fused transformer ops (residual add + layer norm) forward and forward+backward GB/s (twin:
+    /// x + r then F.layer_norm, eager and torch.compile).
+    Fused(FusedArgs),
+}
+
+#[derive(Args, Debug)]
+struct FusedArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Element type: bf16, f16 or f32.
+    #[arg(long, default_value = "bf16", value_parser = parse_matmul_dtype)]
+    dtype: DType,
+    /// Shapes ROWSxCOLS (tokens x model width), comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = bench::parse_shape, default_value = "16384x768")]
+    shapes: Vec<(usize, usize)>,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(Args, Debug)]
@@ -431,6 +449,7 @@ pub enum Job {
     Attention(bench::attention::Config),
     Linear(bench::linear::Config),
     SelectiveScan(bench::selective_scan::Config),
+    Fused(bench::fused::Config),
     Kernels(kernels::Config),
     /// `ferrograd launch` (the ranks it starts check their own flags).
     LaunchRanks(launch::LaunchArgs),
@@ -524,6 +543,14 @@ impl Job {
                 plot: a.common.plot,
                 seed: a.common.seed,
             }),
+            Command::Bench(BenchCommand::Fused(a)) => Job::Fused(fused::Config {
+                device: a.device,
+                dtype: a.dtype,
+                shapes: a.shapes,
+                json: a.common.json,
+                plot: a.common.plot,
+                seed: a.common.seed,
+            }),
             Command::Bench(BenchCommand::SelectiveScan(a)) => Job::SelectiveScan(selective_scan::Config {
                 device: a.device,
                 dtype: a.dtype,
@@ -563,6 +590,7 @@ impl Job {
             Job::Overlap(c) => two(&c.json, &None),
             Job::Attention(c) => two(&c.json, &c.plot),
             Job::Linear(c) => two(&c.json, &c.plot),
+            Job::Fused(c) => two(&c.json, &c.plot),
             Job::SelectiveScan(c) => two(&c.json, &None),
             Job::Allreduce(c) => two(&c.json, &None),
             Job::Dist(c) => dist::outputs(c),
@@ -588,6 +616,7 @@ impl Job {
             Job::Overlap(c) => overlap::check(c),
             Job::Attention(c) => attention::check(c),
             Job::Linear(c) => linear::check(c),
+            Job::Fused(c) => fused::check(c),
             Job::SelectiveScan(c) => selective_scan::check(c),
             Job::Allreduce(c) => allreduce::check(c),
             Job::LaunchRanks(a) => crate::launch::check(a),
@@ -615,6 +644,7 @@ impl Job {
             Job::Attention(c) => attention::run(&c, out),
             Job::Linear(c) => linear::run(&c, out),
             Job::SelectiveScan(c) => selective_scan::run(&c, out),
+            Job::Fused(c) => fused::run(&c, out),
             Job::Kernels(c) => kernels::run(&c, out),
             Job::LaunchRanks(a) => crate::launch::run(a, out),
             Job::Dist(c) => dist::run(c, out),
@@ -649,6 +679,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::Linear(_)) => "try fewer tokens (--rows 4096)",
         Command::Bench(BenchCommand::SelectiveScan(_)) => "try shorter sequences (--seqs) or fewer channels (--dim)",
         Command::Bench(BenchCommand::Allreduce(_)) => "try smaller buffers (--sizes 1,16,64)",
+        Command::Bench(BenchCommand::Fused(_)) => "try fewer rows (--shapes 4096x768)",
         _ => "free memory held by other processes (nvidia-smi lists them)",
     }
 }

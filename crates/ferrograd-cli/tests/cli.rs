@@ -162,13 +162,25 @@ fn bench_elementwise_cpu_small_shapes() {
     let (out, v) = bench_json(&["bench", "elementwise", "--device", "cpu", "--shapes", "64x128,32x16"], "ew");
     assert!(out.contains("% of copy"), "{out}");
     let names = row_names(&v);
-    for op in ["copy", "mul_scalar", "add", "mul", "relu", "sigmoid", "softmax", "layer_norm", "cross_entropy"] {
+    for op in [
+        "copy",
+        "mul_scalar",
+        "add",
+        "mul",
+        "relu",
+        "sigmoid",
+        "softmax",
+        "layer_norm",
+        "cross_entropy",
+        "add_bf16",
+        "mul_bf16",
+    ] {
         assert!(names.contains(&format!("{op} 64x128")), "{op} missing: {names:?}");
     }
     for op in ["copy", "softmax", "layer_norm", "cross_entropy"] {
         assert!(names.contains(&format!("{op} 32x16")), "{op} missing: {names:?}");
     }
-    assert_eq!(names.len(), 13, "{names:?}");
+    assert_eq!(names.len(), 15, "{names:?}");
     for r in v["rows"].as_array().unwrap() {
         assert_eq!(r["unit"], "GB/s");
         assert!(r["pct_of_copy"].as_f64().unwrap() > 0.0, "{r}");

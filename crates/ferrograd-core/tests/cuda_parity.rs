@@ -197,6 +197,44 @@ fn binary_and_compare_with_broadcast() -> Result<()> {
     Ok(())
 }
 
+/// The 16-byte path of same-shape binary ops (both operands contiguous and aligned) against the
+/// element-by-element path (the same values at an odd offset, so misaligned) and the CPU: bitwise
+/// equal, on lengths with and without a tail (n % V) and shorter than one vector.
+#[test]
+fn binary_vectorized_path_is_bitwise_the_scalar_one() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let mut rng = Rng::new(31);
+    for dtype in [DType::BF16, DType::F16, DType::F32, DType::F64, DType::I32, DType::U8] {
+        for n in [1usize, 7, 8, 9, 33, 4096 + 5] {
+            // b away from 0 so that div stays finite in the float types.
+            let a = randn(&mut rng, &[n + 1], DType::F64).mul_scalar(20.0)?.to_dtype(dtype)?;
+            let b = randn(&mut rng, &[n + 1], DType::F64).abs()?.add_scalar(0.5)?.mul_scalar(3.0)?.to_dtype(dtype)?;
+            let (ga, gb) = (a.to_device(dev)?, b.to_device(dev)?);
+            // Offset 1 into device buffers: contiguous but misaligned, the element-by-element path.
+            let (sa, sb) = (ga.narrow(0, 1, n)?, gb.narrow(0, 1, n)?);
+            // The same values in fresh device buffers (aligned): the 16-byte path.
+            let (ca, cb) = (a.narrow(0, 1, n)?, b.narrow(0, 1, n)?);
+            let (va2, vb2) = (ca.to_device(dev)?, cb.to_device(dev)?);
+            for (name, f) in [
+                ("add", Tensor::add as fn(&Tensor, &Tensor) -> Result<Tensor>),
+                ("sub", Tensor::sub),
+                ("mul", Tensor::mul),
+                ("div", Tensor::div),
+            ] {
+                let what = format!("{name} {dtype} n={n}");
+                let scalar = f(&sa, &sb)?.to_f64_vec()?;
+                let vector = f(&va2, &vb2)?.to_f64_vec()?;
+                let cpu = f(&ca, &cb)?.to_f64_vec()?;
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&vector), bits(&scalar), "{what}: 16-byte path vs element path");
+                assert_eq!(bits(&vector), bits(&cpu), "{what}: 16-byte path vs CPU");
+                assert!(vector.iter().all(|x| x.is_finite()), "{what}: non-finite output");
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn where_and_masked_fill() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };

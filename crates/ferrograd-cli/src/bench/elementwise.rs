@@ -3,7 +3,8 @@
 //!
 //! Bytes counted are the fewest the op must move: every input read once, the output written
 //! once (copy, mul_scalar, relu, sigmoid, softmax, layer_norm: 2 x 4 B per element; add, mul:
-//! 3 x 4 B; cross_entropy, forward and backward: 3 x 4 B). The reference, **copy**, is a plain
+//! 3 x 4 B; cross_entropy, forward and backward: 3 x 4 B; add_bf16, mul_bf16, the same add and mul
+//! on bf16 copies of x and y, the 16-byte vectorized path: 3 x 2 B). The reference, **copy**, is a plain
 //! device-to-device copy into an existing tensor (`dst.set(&x)`: `cuMemcpyDtoDAsync`; PyTorch:
 //! `dst.copy_(x)`); **mul_scalar** (`x * 2`) is the copy-like elementwise kernel. The fused ops'
 //! workloads (what is timed, their bytes and their float64 reference) live beside each op, in
@@ -50,6 +51,8 @@ enum Op {
     Softmax,
     LayerNorm,
     CrossEntropy,
+    AddBf16,
+    MulBf16,
 }
 
 impl Op {
@@ -64,6 +67,8 @@ impl Op {
             Op::Softmax => "softmax",
             Op::LayerNorm => "layer_norm",
             Op::CrossEntropy => "cross_entropy",
+            Op::AddBf16 => "add_bf16",
+            Op::MulBf16 => "mul_bf16",
         }
     }
 
@@ -71,8 +76,25 @@ impl Op {
     /// fused workload (those count their own bytes).
     fn passes(self) -> usize {
         match self {
-            Op::Add | Op::Mul => 3,
+            Op::Add | Op::Mul | Op::AddBf16 | Op::MulBf16 => 3,
             _ => 2,
+        }
+    }
+
+    /// Bytes per element of the tensors it moves.
+    fn elem_bytes(self) -> usize {
+        match self {
+            Op::AddBf16 | Op::MulBf16 => 2,
+            _ => 4,
+        }
+    }
+
+    /// Allowed error against the float64 reference (of the op's own inputs): f32 rounding, or
+    /// one bf16 rounding of the result.
+    fn tol(self) -> f64 {
+        match self {
+            Op::AddBf16 | Op::MulBf16 => 4e-3,
+            _ => TOL,
         }
     }
 }
@@ -81,6 +103,9 @@ impl Op {
 struct Inputs {
     x: Tensor,
     y: Tensor,
+    /// bf16 copies of x and y.
+    xb: Tensor,
+    yb: Tensor,
     dst: Tensor,
     softmax: SoftmaxBench,
     layer_norm: LayerNormBench,
@@ -98,6 +123,8 @@ impl Inputs {
             softmax: SoftmaxBench::new(x.clone()),
             layer_norm: LayerNormBench::new(x.clone(), w, b, EPS),
             cross_entropy: CrossEntropyBench::new(x.clone(), rng)?,
+            xb: x.to_dtype(DType::BF16)?,
+            yb: y.to_dtype(DType::BF16)?,
             x,
             y,
             dst,
@@ -116,14 +143,14 @@ impl Inputs {
 
     /// Bytes one call of `op` must move at the least.
     fn bytes(&self, op: Op) -> usize {
-        self.workload(op).map_or(op.passes() * self.x.elem_count() * 4, |w| w.bytes())
+        self.workload(op).map_or(op.passes() * self.x.elem_count() * op.elem_bytes(), |w| w.bytes())
     }
 
     fn apply(&self, op: Op) -> ferrograd_core::Result<Option<Tensor>> {
         if let Some(w) = self.workload(op) {
             return w.run().map(Some);
         }
-        let Inputs { x, y, dst, .. } = self;
+        let Inputs { x, y, xb, yb, dst, .. } = self;
         Ok(Some(match op {
             Op::Copy => {
                 dst.set(x)?;
@@ -134,6 +161,8 @@ impl Inputs {
             Op::Mul => x.mul(y)?,
             Op::Relu => x.relu()?,
             Op::Sigmoid => x.sigmoid()?,
+            Op::AddBf16 => xb.add(yb)?,
+            Op::MulBf16 => xb.mul(yb)?,
             Op::Softmax | Op::LayerNorm | Op::CrossEntropy => unreachable!("fused ops run their workload"),
         }))
     }
@@ -153,6 +182,8 @@ fn ops_for(first: bool) -> Vec<Op> {
             Op::Softmax,
             Op::LayerNorm,
             Op::CrossEntropy,
+            Op::AddBf16,
+            Op::MulBf16,
         ]
     } else {
         vec![Op::Copy, Op::Softmax, Op::LayerNorm, Op::CrossEntropy]
@@ -167,10 +198,10 @@ pub fn check(cfg: &Config) -> CliResult<()> {
         return Err("--shapes needs at least one ROWSxCOLS".into());
     }
     for &(r, c) in &cfg.shapes {
-        let bytes = r.checked_mul(c).and_then(|n| f32_bytes(n, 6));
+        let bytes = r.checked_mul(c).and_then(|n| f32_bytes(n, 7));
         check_bytes(
             cfg.device,
-            || format!("bench elementwise --shapes {r}x{c} (six f32 tensors of that shape)"),
+            || format!("bench elementwise --shapes {r}x{c} (six f32 tensors of that shape and two bf16 ones)"),
             bytes,
         )?;
     }
@@ -181,7 +212,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     check(cfg)?;
     super::open_device("elementwise", cfg.device)?;
     for &(r, c) in &cfg.shapes {
-        let bytes = r.checked_mul(c).and_then(|n| f32_bytes(n, 6));
+        let bytes = r.checked_mul(c).and_then(|n| f32_bytes(n, 7));
         super::fit_device(cfg.device, || format!("bench elementwise --shapes {r}x{c}"), bytes)?;
     }
     let env = Environment::for_device(cfg.device);
@@ -255,8 +286,9 @@ fn verify(inp: &Inputs, op: Op, rows: &[usize], device: Device) -> CliResult<()>
         return Err(format!("{what}: output has non-finite elements (unwritten output?)").into());
     }
     let got = check::rows_f64(&outt, rows)?;
-    let xs = check::rows_f64(&inp.x, rows)?;
-    let ys = check::rows_f64(&inp.y, rows)?;
+    let bf16 = op.elem_bytes() == 2;
+    let xs = check::rows_f64(if bf16 { &inp.xb } else { &inp.x }, rows)?;
+    let ys = check::rows_f64(if bf16 { &inp.yb } else { &inp.y }, rows)?;
     let (mut g, mut want) = (Vec::new(), Vec::new());
     for (((gr, xr), yr), &r) in got.iter().zip(&xs).zip(&ys).zip(rows) {
         g.extend_from_slice(gr);
@@ -265,7 +297,7 @@ fn verify(inp: &Inputs, op: Op, rows: &[usize], device: Device) -> CliResult<()>
             None => want.extend(reference(op, xr, yr)),
         }
     }
-    require(&what, rel_err(&g, &want), TOL)
+    require(&what, rel_err(&g, &want), op.tol())
 }
 
 /// The op on one row, in f64 (the fused ops' references are their workloads').
@@ -273,8 +305,8 @@ fn reference(op: Op, x: &[f64], y: &[f64]) -> Vec<f64> {
     match op {
         Op::Copy => x.to_vec(),
         Op::MulScalar => x.iter().map(|v| v * 2.0).collect(),
-        Op::Add => x.iter().zip(y).map(|(a, b)| a + b).collect(),
-        Op::Mul => x.iter().zip(y).map(|(a, b)| a * b).collect(),
+        Op::Add | Op::AddBf16 => x.iter().zip(y).map(|(a, b)| a + b).collect(),
+        Op::Mul | Op::MulBf16 => x.iter().zip(y).map(|(a, b)| a * b).collect(),
         Op::Relu => x.iter().map(|v| v.max(0.0)).collect(),
         Op::Sigmoid => x.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
         Op::Softmax | Op::LayerNorm | Op::CrossEntropy => unreachable!("fused ops have their own reference"),

@@ -7,6 +7,7 @@ pub mod allreduce;
 pub mod attention;
 pub mod check;
 pub mod elementwise;
+pub mod fused;
 pub mod launch;
 pub mod linear;
 pub mod matmul;

@@ -26,6 +26,7 @@
 //!   ops (its backward kernels) through [`apply_all`], which records nothing.
 
 mod acc;
+pub mod add_layer_norm;
 pub mod attention;
 pub mod bench;
 pub mod cross_entropy;

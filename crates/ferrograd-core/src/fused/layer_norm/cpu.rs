@@ -18,7 +18,7 @@ fn param(p: Option<(&CpuStorage, &Layout)>, c: usize, what: &'static str) -> Res
     }
 }
 
-pub(super) fn layer_norm(
+pub(crate) fn layer_norm(
     s: &CpuStorage,
     l: &Layout,
     weight: Option<(&CpuStorage, &Layout)>,

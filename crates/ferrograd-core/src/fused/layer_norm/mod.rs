@@ -3,7 +3,7 @@
 //! the input's, the weight's and the bias's gradients together.
 
 pub mod bench;
-mod cpu;
+pub(crate) mod cpu;
 mod cuda;
 
 use super::{apply, apply_all, check_arity, FusedCtx, FusedOp, FusedOutputs};
@@ -140,4 +140,25 @@ impl Tensor {
         inputs.extend(bias);
         apply(Arc::new(LayerNorm { eps, has_w: weight.is_some(), has_b: bias.is_some() }), &inputs)
     }
+}
+
+/// `y` (with its saved `mean` and `rstd`) recorded as the layer norm of `x`, as if `x.layer_norm(..)`
+/// had computed it: for fused ops whose kernel computes a layer norm along with something else
+/// (`add_layer_norm`), so that their backward is layer norm's own.
+pub(crate) fn record(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+    (y, mean, rstd): (Tensor, Tensor, Tensor),
+) -> Tensor {
+    let mut inputs = vec![x.clone()];
+    inputs.extend(weight.cloned());
+    inputs.extend(bias.cloned());
+    if !crate::backprop::track(&inputs.iter().collect::<Vec<_>>()) {
+        return y;
+    }
+    let op = Arc::new(LayerNorm { eps, has_w: weight.is_some(), has_b: bias.is_some() });
+    let rec = super::FusedRecord { op, inputs, saved: vec![mean, rstd] };
+    y.view(y.layout().clone(), Some(crate::op::Op::Fused(rec)))
 }
