@@ -34,8 +34,42 @@ fn graph_replay_trains_exactly_like_eager_steps() -> Result<()> {
         assert!(!eager.2 && graph.2, "the report says which ran");
         println!("batch {batch}: eager loss {} -> {}, graph {} -> {}", eager.0, eager.1, graph.0, graph.1);
         assert_eq!((eager.0, eager.1), (graph.0, graph.1), "batch {batch}: losses");
-        assert!(eager.3 == graph.3, "batch {batch}: trained weights differ");
+        assert!(eager.3 == graph.3, "batch {batch}: trained weights differ: {}", differences(&eager.3, &graph.3));
     }
     std::fs::remove_dir_all(&dir)?;
     Ok(())
+}
+
+/// What differs between two safetensors files: each tensor's largest absolute difference, and the
+/// headers (names, dtypes, shapes, metadata) when they are not equal.
+fn differences(a: &[u8], b: &[u8]) -> String {
+    let (ta, tb) = match (safetensors::SafeTensors::deserialize(a), safetensors::SafeTensors::deserialize(b)) {
+        (Ok(ta), Ok(tb)) => (ta, tb),
+        (ea, eb) => return format!("unreadable: {:?} / {:?}", ea.err(), eb.err()),
+    };
+    let mut out = vec![];
+    let (ha, hb) = (safetensors::SafeTensors::read_metadata(a), safetensors::SafeTensors::read_metadata(b));
+    if let (Ok((_, ma)), Ok((_, mb))) = (ha, hb) {
+        if ma.metadata() != mb.metadata() {
+            out.push(format!("metadata {:?} vs {:?}", ma.metadata(), mb.metadata()));
+        }
+    }
+    let mut names = ta.names();
+    names.sort();
+    for name in names {
+        let (Ok(x), Ok(y)) = (ta.tensor(name), tb.tensor(name)) else {
+            out.push(format!("{name}: only in one file"));
+            continue;
+        };
+        let f = |d: &[u8]| {
+            d.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect::<Vec<_>>()
+        };
+        let (vx, vy) = (f(x.data()), f(y.data()));
+        let diff = vx.iter().zip(&vy).map(|(p, q)| (p - q).abs()).fold(0.0, f64::max);
+        let count = vx.iter().zip(&vy).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+        if count > 0 || x.shape() != y.shape() {
+            out.push(format!("{name}: {count} of {} elements differ, max |diff| {diff:e}", vx.len()));
+        }
+    }
+    out.join("; ")
 }
