@@ -215,9 +215,6 @@ fn data_parallel_on_one_rank_is_the_plain_run() -> Result<()> {
 }
 
 #[test]
-#[ignore = "fails intermittently since the merge of main into dist (house, robust): the two thread ranks end with \
-            different weights although they apply the same all-reduced gradients; under investigation, see the \
-            2026-11-23 closing note"]
 fn two_ranks_train_their_own_copies_in_lockstep() {
     let reports = ferrograd_dist::testing::run_ranks(2, |comm| {
         let dir = std::env::temp_dir().join(format!("mw-dp-{}-{}", std::process::id(), comm.rank()));

@@ -217,7 +217,7 @@ pub fn weights_bytes(model: &Gpt) -> Result<Vec<u8>> {
         CONFIG_KEY.to_string(),
         serde_json::to_string(&model.config).map_err(|e| Error::InvalidArgument(e.to_string()))?,
     );
-    safetensors::serialize(blobs.iter().map(|(n, b)| (n.as_str(), b)), Some(meta))
+    ferrograd_nn::checkpoint::serialize_safetensors(blobs.iter().map(|(n, b)| (n.as_str(), b)), Some(meta))
         .map_err(|e| Error::InvalidArgument(format!("serialising weights: {e}")))
 }
 

@@ -124,3 +124,59 @@ impl safetensors::View for &Blob {
         self.data.len()
     }
 }
+
+/// `safetensors::serialize` with a deterministic header: the crate writes the metadata map in
+/// `HashMap` order, which differs between two maps with the same entries, so two saves of the same
+/// weights gave different bytes (and tests comparing files failed at random). The header is
+/// rewritten with its keys sorted (serde_json's map is ordered) and padded with spaces to a
+/// multiple of 8 bytes as the format asks; the tensors' offsets are relative to the data, which
+/// does not move.
+pub fn serialize<S, V, I>(
+    tensors: I,
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> std::result::Result<Vec<u8>, String>
+where
+    S: AsRef<str> + Ord + std::fmt::Display,
+    V: safetensors::View,
+    I: IntoIterator<Item = (S, V)>,
+{
+    let bytes = safetensors::serialize(tensors, metadata).map_err(|e| e.to_string())?;
+    let n = bytes.get(..8).map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]));
+    let n = n.and_then(|n| usize::try_from(n).ok()).filter(|&n| 8 + n <= bytes.len()).ok_or("header length")?;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).map_err(|e| e.to_string())?;
+    let mut json = serde_json::to_vec(&header).map_err(|e| e.to_string())?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut out = Vec::with_capacity(8 + json.len() + bytes.len() - 8 - n);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&bytes[8 + n..]);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod serialize_tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// Two maps with the same entries iterate in different orders; the files must not differ.
+    #[test]
+    fn same_content_same_bytes_and_readable() {
+        let blob = Blob {
+            dtype: StDtype::F32,
+            shape: vec![3],
+            data: [1f32, 2.0, 3.0].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        let keys: Vec<String> = (0..40).map(|i| format!("key{i}")).collect();
+        let forward: HashMap<String, String> = keys.iter().map(|k| (k.clone(), format!("v{k}"))).collect();
+        let backward: HashMap<String, String> = keys.iter().rev().map(|k| (k.clone(), format!("v{k}"))).collect();
+        let a = serialize([("w", &blob), ("b", &blob)], Some(forward.clone())).unwrap();
+        let b = serialize([("b", &blob), ("w", &blob)], Some(backward)).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(u64::from_le_bytes(a[..8].try_into().unwrap()) % 8, 0, "header padded to 8 bytes");
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&a).unwrap();
+        assert_eq!(meta.metadata().as_ref(), Some(&forward));
+        let t = safetensors::SafeTensors::deserialize(&a).unwrap();
+        assert_eq!(t.tensor("w").unwrap().data(), blob.data.as_slice());
+        assert_eq!(t.tensor("b").unwrap().data(), blob.data.as_slice());
+    }
+}

@@ -10,6 +10,7 @@
 //! the original would have on the same device.
 
 mod codec;
+pub use codec::serialize as serialize_safetensors;
 mod error;
 pub mod reader;
 
@@ -84,7 +85,7 @@ pub fn save_tensors(
     let label = path.display().to_string();
     let blobs = tensors.iter().map(|(n, t)| Ok((*n, codec::Blob::of(t)?))).collect::<CResult<Vec<_>>>()?;
     let meta = (!metadata.is_empty()).then_some(metadata);
-    let bytes = safetensors::serialize(blobs.iter().map(|(n, b)| (*n, b)), meta)
+    let bytes = codec::serialize(blobs.iter().map(|(n, b)| (*n, b)), meta)
         .map_err(|e| CheckpointError::Corrupt { path: label.clone(), msg: format!("serialising: {e}") })?;
     write_atomic(path, &bytes).map_err(|e| io_err(&label, e))
 }
@@ -152,7 +153,7 @@ pub fn to_bytes(
     for (k, v) in &state.extra {
         meta.insert(format!("extra.{k}"), v.clone());
     }
-    safetensors::serialize(tensors.iter().map(|(n, b)| (n.as_str(), b)), Some(meta))
+    codec::serialize(tensors.iter().map(|(n, b)| (n.as_str(), b)), Some(meta))
         .map_err(|e| CheckpointError::Corrupt { path: label.to_string(), msg: format!("serialising: {e}") })
 }
 
