@@ -169,13 +169,17 @@ impl Plan {
         pref.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, ab as u32)?;
         pref.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ad as u32)?;
         pref.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ad as u32)?;
-        // Split-K partial sums may be reduced in f32 (COMPUTE_TYPE) or in place, never in the
-        // output type: a bf16 reduction rounds every partial to 8 bits and broke our promise of
-        // f32 accumulation (bf16 dx of a strided ReLU layer 9 ulps off the CPU on an H200).
-        let schemes = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32
-            | sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_INPLACE as u32
-            | sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
-        pref.set(P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, schemes)?;
+        if matches!(g.dtype, DType::F16 | DType::BF16) {
+            // Split-K partial sums of a half-precision product are reduced in f32 (COMPUTE_TYPE)
+            // or in place, never in the output type, which would round every partial to the
+            // output's 8 or 11 bits (PyTorch's allow_bf16_reduced_precision_reduction = False).
+            // f32/f64 outputs are their own compute type: every scheme stays allowed there (the
+            // skinny weight gradients of small MLPs need split-K to fill the chip).
+            let schemes = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32
+                | sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_INPLACE as u32
+                | sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+            pref.set(P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, schemes)?;
+        }
         super::count(|c| c.heuristic_calls += 1);
         let mut results = [sys::cublasLtMatmulHeuristicResult_t {
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
