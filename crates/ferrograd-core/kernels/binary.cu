@@ -42,13 +42,22 @@ struct FgBinary {
   }
 };
 
-// Both operands and the output contiguous and 16-byte aligned: V = 16 / sizeof(T) elements per
-// access (8 for f16 / bf16, 4 for f32), LDG.E.128 / STG.E.128, four vectors in flight per thread;
-// the n % V tail element by element. Each element is computed exactly as in the scalar path, so the
-// results are bitwise the same.
-template <typename T>
-static __device__ __forceinline__ void fg_binary_vec(const T* __restrict__ a, const T* __restrict__ b,
-                                                     T* __restrict__ y, fg_u64 n, int op) {
+// Both operands and the output contiguous and 16-byte aligned, a floating dtype and a common op:
+// V = 16 / sizeof(T) elements per access (8 for f16 / bf16, 4 for f32, 2 for f64), LDG.E.128 /
+// STG.E.128, four vectors in flight per thread; the n % V tail element by element. Each element
+// is computed exactly as in the scalar path, so the results are bitwise the same. The op is a
+// template argument here (one loop per op): switching per element inside the unrolled vector loop
+// made NVRTC inline the whole switch V x 4 times per dtype (binary took 18 s to compile, 4x the
+// CUBIN); Rem and the integer dtypes keep the scalar loop (rare, or their own cost dominates).
+template <typename T> struct FgVecBinary { static constexpr bool ok = false; };
+template <> struct FgVecBinary<float> { static constexpr bool ok = true; };
+template <> struct FgVecBinary<double> { static constexpr bool ok = true; };
+template <> struct FgVecBinary<__half> { static constexpr bool ok = true; };
+template <> struct FgVecBinary<__nv_bfloat16> { static constexpr bool ok = true; };
+
+template <typename T, int OP>
+static __device__ __forceinline__ void fg_binary_vec_op(const T* __restrict__ a, const T* __restrict__ b,
+                                                        T* __restrict__ y, fg_u64 n) {
   constexpr int V = 16 / (int)sizeof(T);
   typedef FgPack<T, V> P;
   const P* av = reinterpret_cast<const P*>(a);
@@ -59,12 +68,32 @@ static __device__ __forceinline__ void fg_binary_vec(const T* __restrict__ a, co
               [&](fg_u64 i, const FgPack<P, 2>& v) {
                 P o;
 #pragma unroll
-                for (int e = 0; e < V; ++e) o.v[e] = FgBinary<T>::apply(op, v.v[0].v[e], v.v[1].v[e]);
+                for (int e = 0; e < V; ++e) o.v[e] = FgBinary<T>::apply(OP, v.v[0].v[e], v.v[1].v[e]);
                 yv[i] = o;
               });
   FG_GRID_STRIDE(k, n - nv * V) {
     const fg_u64 i = nv * V + k;
-    y[i] = FgBinary<T>::apply(op, a[i], b[i]);
+    y[i] = FgBinary<T>::apply(OP, a[i], b[i]);
+  }
+}
+
+// Whether the vector path took the op (false: the caller runs the scalar loop).
+template <typename T>
+static __device__ __forceinline__ bool fg_binary_vec(const T* __restrict__ a, const T* __restrict__ b,
+                                                     T* __restrict__ y, fg_u64 n, int op) {
+  if constexpr (!FgVecBinary<T>::ok) {
+    return false;
+  } else {
+    switch (op) {
+      case FG_ADD: fg_binary_vec_op<T, FG_ADD>(a, b, y, n); return true;
+      case FG_SUB: fg_binary_vec_op<T, FG_SUB>(a, b, y, n); return true;
+      case FG_MUL: fg_binary_vec_op<T, FG_MUL>(a, b, y, n); return true;
+      case FG_DIV: fg_binary_vec_op<T, FG_DIV>(a, b, y, n); return true;
+      case FG_MAXIMUM: fg_binary_vec_op<T, FG_MAXIMUM>(a, b, y, n); return true;
+      case FG_MINIMUM: fg_binary_vec_op<T, FG_MINIMUM>(a, b, y, n); return true;
+      case FG_MASK_POSITIVE: fg_binary_vec_op<T, FG_MASK_POSITIVE>(a, b, y, n); return true;
+      default: return false;
+    }
   }
 }
 
@@ -75,10 +104,7 @@ static __device__ __forceinline__ void fg_binary(const Layout& al, const T* __re
   if (am == FG_CONTIG && bm == FG_CONTIG) {
     const T* ap = a + al.offset;
     const T* bp = b + bl.offset;
-    if (fg_aligned(ap, 16) && fg_aligned(bp, 16) && fg_aligned(y, 16)) {
-      fg_binary_vec<T>(ap, bp, y, n, op);
-      return;
-    }
+    if (fg_aligned(ap, 16) && fg_aligned(bp, 16) && fg_aligned(y, 16) && fg_binary_vec<T>(ap, bp, y, n, op)) return;
     fg_unrolled(n, [&](fg_u64 i) { return FgPack<T, 2>{{ap[i], bp[i]}}; },
                 [&](fg_u64 i, const FgPack<T, 2>& v) { y[i] = FgBinary<T>::apply(op, v.v[0], v.v[1]); });
     return;
