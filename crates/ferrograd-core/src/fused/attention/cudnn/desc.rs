@@ -54,6 +54,10 @@ impl Desc {
         self.set_raw(name, T::CUDNN_TYPE_BOOLEAN, 1, &v as *const bool as *const c_void)
     }
 
+    pub(super) fn f64(&self, name: A, v: f64) -> Result<()> {
+        self.set_raw(name, T::CUDNN_TYPE_DOUBLE, 1, &v as *const f64 as *const c_void)
+    }
+
     pub(super) fn f32(&self, name: A, v: f32) -> Result<()> {
         self.set_raw(name, T::CUDNN_TYPE_FLOAT, 1, &v as *const f32 as *const c_void)
     }

@@ -35,6 +35,23 @@ pub(super) mod uid {
     pub const SOFTMAX_SUM: i64 = 13;
     /// dQ accumulated in f32 `[B, H, Tq, D]`: scratch the caller provides.
     pub const DQ_ACCUM: i64 = 14;
+    /// The backward's padding-mask workaround: int32 `[B, 1, 1, 1]` sequence lengths (all Tq, all
+    /// Tk) in device memory, and its own -inf.
+    pub const SEQ_LEN_Q: i64 = 15;
+    pub const SEQ_LEN_KV: i64 = 16;
+    pub const NEG_INF_PAD: i64 = 17;
+}
+
+fn as_refs(o: &[Option<Arc<Desc>>; 3]) -> [Option<&Desc>; 3] {
+    [o[0].as_deref(), o[1].as_deref(), o[2].as_deref()]
+}
+
+/// Whether the backward needs cudnn-frontend's padding-mask workaround: cuDNN up to 9.15 has a
+/// backward bug for sequence lengths that are not multiples of 128 without a padding mask, so the
+/// frontend adds one with every length full (`CompositeSDPABackwardNode::pre_validate_node`, v1.15
+/// for Tq, later versions for Tk; both are covered here). Functionally it masks nothing.
+pub(super) fn backward_needs_padding(version: usize, tq: i64, tk: i64) -> bool {
+    version <= 91500 && (tq % 128 != 0 || tk % 128 != 0)
 }
 
 /// Element strides of a `[B, H, T, D]` operand, in that order.
@@ -199,14 +216,31 @@ impl Builder {
     }
 
     fn matmul(&mut self, a: &Desc, b: &Desc, c: &Desc) -> Result<()> {
+        self.matmul_over(a, b, c, [None, None, None])
+    }
+
+    /// A matmul whose m, n, k may be overridden per batch by int32 tensors (the padding mask's
+    /// sequence lengths).
+    fn matmul_over(&mut self, a: &Desc, b: &Desc, c: &Desc, mnk: [Option<&Desc>; 3]) -> Result<()> {
         let lib = self.lib;
         let m = Desc::new(lib, D::CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul")?;
         m.dtype(A::CUDNN_ATTR_MATMUL_COMP_TYPE, Dt::CUDNN_DATA_FLOAT)?;
+        m.f64(A::CUDNN_ATTR_MATMUL_PADDING_VALUE, 0.0)?;
         let m = keep(&mut self.keep, m.finalize()?);
         let op = Desc::new(lib, D::CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation")?;
         op.desc(A::CUDNN_ATTR_OPERATION_MATMUL_ADESC, a)?;
         op.desc(A::CUDNN_ATTR_OPERATION_MATMUL_BDESC, b)?;
         op.desc(A::CUDNN_ATTR_OPERATION_MATMUL_CDESC, c)?;
+        let names = [
+            A::CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC,
+            A::CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC,
+            A::CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC,
+        ];
+        for (name, t) in names.into_iter().zip(mnk) {
+            if let Some(t) = t {
+                op.desc(name, t)?;
+            }
+        }
         op.desc(A::CUDNN_ATTR_OPERATION_MATMUL_DESC, &m)?;
         let op = op.finalize()?;
         self.push(op);
@@ -240,6 +274,41 @@ impl Builder {
             s,
             Some(&neg_inf),
             Some(&keep_mask),
+            &out,
+        )?;
+        Ok(out)
+    }
+
+    /// The padding mask (`attn::score_modifiers::padding_mask`): rows `>= seq_q` and columns
+    /// `>= seq_kv` get -inf. Returns the masked scores.
+    fn padding_mask(
+        &mut self,
+        s: &Desc,
+        seq_q: &Desc,
+        seq_kv: &Desc,
+        dims: [i64; 4],
+        strides: Strides,
+    ) -> Result<Arc<Desc>> {
+        let (i32_, bool_) = (Dt::CUDNN_DATA_INT32, Dt::CUDNN_DATA_BOOLEAN);
+        let row = self.virt(i32_, dims, strides)?;
+        self.pointwise(Pw::CUDNN_POINTWISE_GEN_INDEX, i32_, Some(2), s, None, None, &row)?;
+        let col = self.virt(i32_, dims, strides)?;
+        self.pointwise(Pw::CUDNN_POINTWISE_GEN_INDEX, i32_, Some(3), s, None, None, &col)?;
+        let rmask = self.virt(bool_, dims, strides)?;
+        self.pointwise(Pw::CUDNN_POINTWISE_CMP_LT, bool_, None, &row, Some(seq_q), None, &rmask)?;
+        let cmask = self.virt(bool_, dims, strides)?;
+        self.pointwise(Pw::CUDNN_POINTWISE_CMP_LT, bool_, None, &col, Some(seq_kv), None, &cmask)?;
+        let mask = self.virt(bool_, dims, strides)?;
+        self.pointwise(Pw::CUDNN_POINTWISE_LOGICAL_AND, bool_, None, &rmask, Some(&cmask), None, &mask)?;
+        let neg_inf = self.scalar(uid::NEG_INF_PAD)?;
+        let out = self.virt(Dt::CUDNN_DATA_FLOAT, dims, strides)?;
+        self.pointwise(
+            Pw::CUDNN_POINTWISE_BINARY_SELECT,
+            Dt::CUDNN_DATA_FLOAT,
+            None,
+            s,
+            Some(&neg_inf),
+            Some(&mask),
             &out,
         )?;
         Ok(out)
@@ -287,10 +356,12 @@ impl Builder {
 
     /// The backward: dQ, dK, dV from Q, K, V, O, dO and the forward's Stats. `softmax_sum` and
     /// `dq_accum` are f32 scratch in memory (as cudnn-frontend places them in its workspace).
+    /// `padded`: with the padding-mask workaround ([`backward_needs_padding`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn sdpa_backward(
         &mut self,
         sh: &Shape,
+        padded: bool,
         q: Strides,
         k: Strides,
         v: Strides,
@@ -315,6 +386,31 @@ impl Builder {
         let s_str = [h * tq * tk, tq * tk, tk, 1];
         let st_dims = [b, h, tk, tq];
         let st_str = [h * tq * tk, tq * tk, 1, tk];
+        let seq = if padded {
+            let one4 = [1, 1, 1, 1];
+            let q = self.io(uid::SEQ_LEN_Q, Dt::CUDNN_DATA_INT32, [b, 1, 1, 1], one4)?;
+            let kv = self.io(uid::SEQ_LEN_KV, Dt::CUDNN_DATA_INT32, [b, 1, 1, 1], one4)?;
+            Some((q, kv))
+        } else {
+            None
+        };
+        // m, n, k overrides of each matmul: (rows, cols, inner) as sequence lengths.
+        let over = |m: Option<bool>, n: Option<bool>, k: Option<bool>| -> [Option<Arc<Desc>>; 3] {
+            let pick = |x: Option<bool>| match (&seq, x) {
+                (Some((q, _)), Some(true)) => Some(q.clone()),
+                (Some((_, kv)), Some(false)) => Some(kv.clone()),
+                _ => None,
+            };
+            [pick(m), pick(n), pick(k)]
+        };
+        // (true = Tq, false = Tk)
+        let (qkt, ptdo, dovt, dstq, dsk) = (
+            over(Some(true), Some(false), None),
+            over(Some(false), None, Some(true)),
+            over(Some(true), Some(false), None),
+            over(Some(false), None, Some(true)),
+            over(Some(true), None, Some(false)),
+        );
 
         // softmax_sum = rowsum(dO * O) (times the dropout's 1 - p: here 1).
         let one = self.scalar(uid::ONE)?;
@@ -327,10 +423,14 @@ impl Builder {
 
         // P = exp(scale Q K^T [masked] - Stats); dV = P^T dO.
         let s = self.virt(f32_, s_dims, s_str)?;
-        self.matmul(&qd, &kt, &s)?;
+        self.matmul_over(&qd, &kt, &s, as_refs(&qkt))?;
         let scale = self.scalar(uid::SCALE)?;
         let s1 = self.virt(f32_, s_dims, s_str)?;
         self.binary(Pw::CUDNN_POINTWISE_MUL, &s, &scale, &s1)?;
+        let s1 = match &seq {
+            Some((q, kv)) => self.padding_mask(&s1, q, kv, s_dims, s_str)?,
+            None => s1,
+        };
         let s2 = self.virt(f32_, s_dims, s_str)?;
         self.binary(Pw::CUDNN_POINTWISE_SUB, &s1, &stats, &s2)?;
         let s3 = if causal { self.causal_mask(&s2, s_dims, s_str)? } else { s2 };
@@ -339,11 +439,11 @@ impl Builder {
         let pt = self.virt(io, st_dims, st_str)?;
         self.reshape(&p, &pt)?;
         let dvd = self.io(uid::DV, io, [b, h, tk, d], dv)?;
-        self.matmul(&pt, &dod, &dvd)?;
+        self.matmul_over(&pt, &dod, &dvd, as_refs(&ptdo))?;
 
         // dS = scale * P (dO V^T - softmax_sum); dK = dS^T Q.
         let dp = self.virt(f32_, s_dims, s_str)?;
-        self.matmul(&dod, &vt, &dp)?;
+        self.matmul_over(&dod, &vt, &dp, as_refs(&dovt))?;
         let t3 = self.virt(f32_, s_dims, s_str)?;
         self.binary(Pw::CUDNN_POINTWISE_SUB, &dp, &softmax_sum, &t3)?;
         let t4 = self.virt(f32_, s_dims, s_str)?;
@@ -353,13 +453,13 @@ impl Builder {
         let dst = self.virt(io, st_dims, st_str)?;
         self.reshape(&ds, &dst)?;
         let dkd = self.io(uid::DK, io, [b, h, tk, d], dk)?;
-        self.matmul(&dst, &qd, &dkd)?;
+        self.matmul_over(&dst, &qd, &dkd, as_refs(&dstq))?;
 
         // dQ = dS K, accumulated in f32, then converted.
         let kr = self.virt(f32_, [b, h, tk, d], k)?;
         self.reshape(&kt, &kr)?;
         let acc = self.io(uid::DQ_ACCUM, f32_, [b, h, tq, d], [h * tq * d, tq * d, d, 1])?;
-        self.matmul(&ds, &kr, &acc)?;
+        self.matmul_over(&ds, &kr, &acc, as_refs(&dsk))?;
         let dqd = self.io(uid::DQ, io, [b, h, tq, d], dq)?;
         self.unary(Pw::CUDNN_POINTWISE_IDENTITY, &acc, &dqd)
     }

@@ -253,6 +253,27 @@ fn execute(
 
 type Operand<'a> = (&'a CudaStorage, &'a Layout);
 
+/// Device int32 buffers of `b` copies of `tq` and of `tk` (the backward's padding-mask
+/// workaround), uploaded on first use per (device, b, tq, tk) and kept for the process: a step
+/// captured in a CUDA graph reads them without a copy.
+fn seq_lens(dev: &Arc<CudaDevice>, b: usize, tq: usize, tk: usize) -> Result<(u64, u64)> {
+    type Lens = HashMap<(usize, usize, usize, usize), (CudaStorage, CudaStorage)>;
+    static LENS: OnceLock<Mutex<Lens>> = OnceLock::new();
+    let mut m = lock(LENS.get_or_init(Default::default));
+    let key = (dev.ordinal, b, tq, tk);
+    if let Some((q, k)) = m.get(&key) {
+        return Ok((q.buf.ptr(), k.buf.ptr()));
+    }
+    if crate::cuda::is_capturing() {
+        return Err(Error::GraphCapture { call: "cuDNN attention: first upload of sequence lengths" });
+    }
+    let up = |t: usize| CudaStorage::from_cpu(dev, &crate::cpu::CpuStorage::I32(vec![t as i32; b]));
+    let (q, k) = (up(tq)?, up(tk)?);
+    let ptrs = (q.buf.ptr(), k.buf.ptr());
+    m.insert(key, (q, k));
+    Ok(ptrs)
+}
+
 /// The forward on cuDNN: `Ok(None)` when it has no plan for the problem (the caller runs ours).
 /// Outputs as our kernels': O `[B, Tq, H, D]`, the log-sum-exp `[B, H, Tq]` f32.
 pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Result<Option<FusedOutputs<CudaStorage>>> {
@@ -331,12 +352,15 @@ pub(super) fn backward(
         strides: [strides(qs), strides(ks), strides(vs), strides(os), strides(gs), dqs, dks, dks],
         scale: (pb.scale as f32).to_bits(),
     };
+    let padded = graph::backward_needs_padding(st.lib.version, sh.tq, sh.tk);
     let Some(plan) = plan_for(&dev, &st, key, |g| {
-        g.sdpa_backward(&sh, strides(qs), strides(ks), strides(vs), strides(os), strides(gs), dqs, dks, dks)
+        g.sdpa_backward(&sh, padded, strides(qs), strides(ks), strides(vs), strides(os), strides(gs), dqs, dks, dks)
     })?
     else {
         return Ok(None);
     };
+    // The workaround's sequence lengths (all full), uploaded once per problem and kept.
+    let seq_lens = if padded { Some(seq_lens(&dev, b, tq, tk)?) } else { None };
     let dq = CudaStorage::uninit(&dev, b * tq * h * d, dtype)?;
     let dk = CudaStorage::uninit(&dev, b * tk * h * d, dtype)?;
     let dv = CudaStorage::uninit(&dev, b * tk * h * d, dtype)?;
@@ -359,8 +383,10 @@ pub(super) fn backward(
             (uid::DV, dv.buf.ptr()),
             (uid::SOFTMAX_SUM, softmax_sum.buf.ptr()),
             (uid::DQ_ACCUM, dq_accum.buf.ptr()),
+            (uid::SEQ_LEN_Q, seq_lens.as_ref().map_or(0, |s| s.0)),
+            (uid::SEQ_LEN_KV, seq_lens.as_ref().map_or(0, |s| s.1)),
         ],
-        &[(uid::SCALE, &scale), (uid::NEG_INF, &neg_inf), (uid::ONE, &one)],
+        &[(uid::SCALE, &scale), (uid::NEG_INF, &neg_inf), (uid::NEG_INF_PAD, &neg_inf), (uid::ONE, &one)],
     )?;
     Ok(Some(vec![
         (dq, TShape::from(vec![b, tq, h, d])),

@@ -38,8 +38,10 @@ fn sdpa_graphs_finalize() {
         let mut g = Builder::new(lib);
         g.sdpa_forward(&sh, q, k, v, o).expect("forward graph");
         g.operation_graph(None).unwrap_or_else(|e| panic!("forward {sh:?}: {e}"));
-        let mut g = Builder::new(lib);
-        g.sdpa_backward(&sh, q, k, v, o, o, o, o, o).expect("backward graph");
-        g.operation_graph(None).unwrap_or_else(|e| panic!("backward {sh:?}: {e}"));
+        for padded in [false, true] {
+            let mut g = Builder::new(lib);
+            g.sdpa_backward(&sh, padded, q, k, v, o, o, o, o, o).expect("backward graph");
+            g.operation_graph(None).unwrap_or_else(|e| panic!("backward {sh:?} padded={padded}: {e}"));
+        }
     }
 }
