@@ -10,6 +10,10 @@
 //! CPU op. Timing: CUDA events, warm-up, batches, median per call (`timing::measure_device`).
 //! Peak memory: the allocator's peak of allocated bytes over one forward + backward, inputs
 //! included (PyTorch: `torch.cuda.max_memory_allocated`).
+//!
+//! `--backend auto|flash|cudnn|math` picks the implementation (`fused::attention::select`); each
+//! row reports which one ran (the op's counters over the timed calls), so a cuDNN plan that fell
+//! back to our kernels shows as `flash`.
 
 use super::check::{poisoned, require};
 use super::{cuda_device, finish_json, plot_title, Environment, Report, Row};

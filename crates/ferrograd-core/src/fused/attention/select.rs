@@ -8,6 +8,7 @@
 //!   causal bias, softmax, matmul; autograd through them): it materialises the `Tq x Tk` scores,
 //!   like PyTorch's "math" backend. A reference for debugging, not for speed; no dropout.
 //! - unset (or `auto`): cuDNN where it can run the case, our kernels otherwise.
+//! - anything else: every CUDA attention call fails with `Error::InvalidArgument` naming the value.
 //!
 //! The forward and the backward choose independently: both backends save the same statistics (the
 //! natural-log log-sum-exp of each query row, f32 `[B, H, Tq]`) and each backward reads the saved
