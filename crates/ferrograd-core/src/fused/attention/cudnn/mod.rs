@@ -118,7 +118,7 @@ fn state(dev: &CudaDevice) -> Result<Arc<DeviceState>> {
 pub(super) fn supports(pb: &Problem, dtype: DType) -> bool {
     matches!(dtype, DType::BF16 | DType::F16)
         && pb.dropout.is_none()
-        && pb.d % 8 == 0
+        && pb.d.is_multiple_of(8)
         && pb.d <= 128
         && pb.b * pb.h * pb.tq * pb.tk > 0
         && available()
