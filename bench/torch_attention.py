@@ -10,8 +10,8 @@ allocator state is checked on sampled rows against float64; peak memory is
 `torch.cuda.max_memory_allocated` over one forward + backward (inputs included). Same timing:
 CUDA events, warm-up, batches, median per call (benchlib.time_device). PyTorch picks its SDPA
 backend itself (the kernels it ran are recorded in the notes); extra rows, marked
-`[torch flash backend]`, force its FlashAttention-2 backend for reference (--no-flash-rows skips
-them).
+`[torch flash backend]` and `[torch cudnn backend]`, force its FlashAttention-2 and its cuDNN
+backends for reference (--no-flash-rows skips them).
 
     python3 bench/torch_attention.py [--dtype bf16] [--seqs 512,1024] [--head-dims 64,128]
                                      [--causal full,causal] [--json FILE]
@@ -39,7 +39,7 @@ def main() -> None:
     p.add_argument("--head-dims", type=bl.csv_ints, default=[64, 128])
     p.add_argument("--causal", default="full,causal", help="comma-separated: full, causal")
     p.add_argument("--no-flash-rows", dest="flash_rows", action="store_false",
-                   help="skip the extra rows that force PyTorch's FlashAttention-2 backend")
+                   help="skip the extra rows that force PyTorch's FlashAttention-2 and cuDNN backends")
     a = p.parse_args()
     causals = []
     for c in a.causal.split(","):
@@ -113,15 +113,17 @@ def main() -> None:
 
                 tf = bl.time_device(torch, fwd, cuda=True)
                 tb = bl.time_device(torch, fwd_bwd, cuda=True)
-                flash = None
+                forced = []
                 if a.flash_rows:
-                    # PyTorch's FlashAttention-2 backend forced, for reference (rows PyTorch only).
+                    # PyTorch's FlashAttention-2 and cuDNN backends forced, for reference (rows PyTorch only).
                     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
-                    try:
-                        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                            flash = (bl.time_device(torch, fwd, cuda=True), bl.time_device(torch, fwd_bwd, cuda=True))
-                    except RuntimeError as e:
-                        bl.log(f"flash backend unavailable: {e}")
+                    for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                        try:
+                            with sdpa_kernel(be):
+                                forced.append((name, bl.time_device(torch, fwd, cuda=True),
+                                               bl.time_device(torch, fwd_bwd, cuda=True)))
+                        except RuntimeError as e:
+                            bl.log(f"{name} backend unavailable: {e}")
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats(dev)
                 grads = fwd_bwd()
@@ -137,14 +139,14 @@ def main() -> None:
                 rows.append(bl.row(row_name("fwd+bwd", a.dtype, d, causal, t), fb, "TFLOP/s", True,
                                    median_s=tb["median_s"], reps=tb["reps"]))
                 rows.append(bl.row(row_name("peak fwd+bwd", a.dtype, d, causal, t), peak, "MiB", False))
-                if flash:
-                    for mode, tt, f in (("fwd", flash[0], flops), ("fwd+bwd", flash[1], 3.5 * flops)):
-                        rows.append(bl.row(row_name(mode, a.dtype, d, causal, t) + " [torch flash backend]",
+                for name, t_f, t_b in forced:
+                    for mode, tt, f in (("fwd", t_f, flops), ("fwd+bwd", t_b, 3.5 * flops)):
+                        rows.append(bl.row(row_name(mode, a.dtype, d, causal, t) + f" [torch {name} backend]",
                                            f / tt["median_s"] / 1e12, "TFLOP/s", True, median_s=tt["median_s"],
                                            reps=tt["reps"]))
-                    bl.log(f"{'  [flash backend]':32} | {flash[0]['median_s'] * 1e3:>10.4f} | "
-                           f"{flops / flash[0]['median_s'] / 1e12:>8.1f} | {flash[1]['median_s'] * 1e3:>10.4f} | "
-                           f"{3.5 * flops / flash[1]['median_s'] / 1e12:>8.1f} |")
+                    bl.log(f"{'  [' + name + ' backend]':32} | {t_f['median_s'] * 1e3:>10.4f} | "
+                           f"{flops / t_f['median_s'] / 1e12:>8.1f} | {t_b['median_s'] * 1e3:>10.4f} | "
+                           f"{3.5 * flops / t_b['median_s'] / 1e12:>8.1f} |")
                 del qkv, q, k, v, qg, kg, vg, dout
 
     attn = sorted(k for k in kernels if any(s in k.lower() for s in ("flash", "fmha", "cudnn", "attention", "sdpa", "profiler")))

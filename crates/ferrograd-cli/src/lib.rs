@@ -249,8 +249,17 @@ struct AttentionArgs {
     /// Causal settings, comma-separated: full, causal.
     #[arg(long, value_delimiter = ',', default_value = "full,causal", value_parser = parse_causal)]
     causal: Vec<bool>,
+    /// Implementation: auto (cuDNN where it can run the case, ours otherwise), flash (our
+    /// kernels), cudnn, or math (the composed definition); overrides FERROGRAD_ATTENTION. Each
+    /// row says which ran.
+    #[arg(long, default_value = "auto", value_parser = parse_attention_backend)]
+    backend: ferrograd_core::fused::attention::select::Backend,
     #[command(flatten)]
     common: Common,
+}
+
+fn parse_attention_backend(s: &str) -> Result<ferrograd_core::fused::attention::select::Backend, String> {
+    ferrograd_core::fused::attention::select::Backend::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_causal(s: &str) -> Result<bool, String> {
@@ -528,6 +537,7 @@ impl Job {
                 seqs: a.seqs,
                 head_dims: a.head_dims,
                 causal: a.causal,
+                backend: a.backend,
                 json: a.common.json,
                 plot: a.common.plot,
                 seed: a.common.seed,

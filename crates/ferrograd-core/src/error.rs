@@ -77,6 +77,14 @@ pub enum Error {
     )]
     GraphCapture { call: &'static str },
 
+    /// A cuDNN call failed: the call, cuDNN's status code and its message.
+    #[error("cuDNN {call} failed (status {status}): {msg}")]
+    Cudnn { call: String, status: i32, msg: String },
+
+    /// libcudnn (9.x) cannot be loaded here.
+    #[error("cuDNN is not available: {reason}")]
+    CudnnUnavailable { reason: String },
+
     #[error("kernel {name}: {msg}")]
     Kernel { name: String, msg: String },
 

@@ -10,6 +10,10 @@
 //! CPU op. Timing: CUDA events, warm-up, batches, median per call (`timing::measure_device`).
 //! Peak memory: the allocator's peak of allocated bytes over one forward + backward, inputs
 //! included (PyTorch: `torch.cuda.max_memory_allocated`).
+//!
+//! `--backend auto|flash|cudnn|math` picks the implementation (`fused::attention::select`); each
+//! row reports which one ran (the op's counters over the timed calls), so a cuDNN plan that fell
+//! back to our kernels shows as `flash`.
 
 use super::check::{poisoned, require};
 use super::{cuda_device, finish_json, plot_title, Environment, Report, Row};
@@ -17,6 +21,7 @@ use crate::plot::{line_chart, Series};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
 use ferrograd_core::fused::attention::bench::{tolerance, Workload};
+use ferrograd_core::fused::attention::select::{self, counters_on_this_thread, Backend, Counters};
 use ferrograd_core::{DType, Device, Rng};
 use std::io::Write;
 use std::path::PathBuf;
@@ -31,6 +36,8 @@ pub struct Config {
     pub head_dims: Vec<usize>,
     /// Causal settings to run, in order.
     pub causal: Vec<bool>,
+    /// The implementation asked for (each row reports which ran).
+    pub backend: Backend,
     pub json: Option<PathBuf>,
     pub plot: Option<PathBuf>,
     pub seed: u64,
@@ -65,8 +72,36 @@ pub fn check(cfg: &Config) -> CliResult<()> {
     Ok(())
 }
 
+/// Which implementation ran the calls counted between `before` and now: `cudnn`, `flash`, `math`,
+/// or both names when the forward and the backward differed (or a plan fell back).
+fn ran_since(before: Counters) -> String {
+    let a = counters_on_this_thread();
+    let mut names = vec![];
+    if a.cudnn_fwd + a.cudnn_bwd > before.cudnn_fwd + before.cudnn_bwd {
+        names.push("cudnn");
+    }
+    if a.flash_fwd + a.flash_bwd > before.flash_fwd + before.flash_bwd {
+        names.push("flash");
+    }
+    if a.math > before.math {
+        names.push("math");
+    }
+    if names.is_empty() {
+        "?".into()
+    } else {
+        names.join("+")
+    }
+}
+
 pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     check(cfg)?;
+    select::set_backend(Some(cfg.backend));
+    let r = run_with(cfg, out);
+    select::set_backend(None);
+    r
+}
+
+fn run_with(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let dev = cuda_device("attention", cfg.device)?;
     let env = Environment::for_device(cfg.device);
     let clock = Clock::new(cfg.device)?;
@@ -82,10 +117,15 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         "q, k, v: views of one [B, T, 3, H, D] buffer; FLOPs 4 B H T^2 D (halved when causal), fwd+bwd 3.5x; \
          CUDA events, median over batches"
     )?;
+    let cudnn = match ferrograd_core::fused::attention::cudnn::library() {
+        Ok(l) => format!("cuDNN {} ({})", l.version_string(), l.path),
+        Err(e) => format!("no cuDNN: {e}"),
+    };
+    writeln!(out, "backend asked: {}; {cudnn}", cfg.backend.as_str())?;
     writeln!(out)?;
     let head = format!(
-        "{:32} | {:>10} | {:>8} | {:>10} | {:>8} | {:>9} | {:>9}",
-        "what", "fwd ms", "TFLOP/s", "f+b ms", "TFLOP/s", "peak MiB", "rel err"
+        "{:32} | {:>10} | {:>8} | {:>10} | {:>8} | {:>9} | {:>9} | {:>11}",
+        "what", "fwd ms", "TFLOP/s", "f+b ms", "TFLOP/s", "peak MiB", "rel err", "ran"
     );
     writeln!(out, "{head}")?;
     writeln!(out, "{}", "-".repeat(head.chars().count()))?;
@@ -117,8 +157,12 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
                 drop(o);
                 let what = row_name("fwd", dtype, d, causal, t);
                 require(&what, err, tolerance(dtype))?;
+                let c0 = counters_on_this_thread();
                 let tf = measure_device(&clock, DevicePlan::GPU, || w.forward())?;
+                let ran_f = ran_since(c0);
+                let c0 = counters_on_this_thread();
                 let tb = measure_device(&clock, DevicePlan::GPU, || w.forward_backward())?;
+                let ran_b = ran_since(c0);
                 clock.synchronize()?;
                 dev.reset_peak_stats();
                 drop(w.forward_backward()?);
@@ -127,27 +171,30 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
                 let (ff, fb) = (w.flops(false) / tf.median_s() / 1e12, w.flops(true) / tb.median_s() / 1e12);
                 writeln!(
                     out,
-                    "{:32} | {:>10.4} | {:>8.1} | {:>10.4} | {:>8.1} | {:>9.1} | {:>9.2e}",
+                    "{:32} | {:>10.4} | {:>8.1} | {:>10.4} | {:>8.1} | {:>9.1} | {:>9.2e} | {:>11}",
                     format!("{} d={d} {} T={t}", dtype.as_str(), if causal { "causal" } else { "full" }),
                     tf.median_s() * 1e3,
                     ff,
                     tb.median_s() * 1e3,
                     fb,
                     peak,
-                    err
+                    err,
+                    if ran_f == ran_b { ran_f.clone() } else { format!("{ran_f}/{ran_b}") }
                 )?;
                 out.flush()?;
                 report.rows.push(
                     Row::new(what, ff, "TFLOP/s", true)
                         .with("median_s", tf.median_s())
                         .with("reps", tf.reps())
-                        .with("rel_err", err),
+                        .with("rel_err", err)
+                        .with("backend", ran_f.as_str()),
                 );
                 report.rows.push(
                     Row::new(row_name("fwd+bwd", dtype, d, causal, t), fb, "TFLOP/s", true)
                         .with("median_s", tb.median_s())
                         .with("reps", tb.reps())
-                        .with("backward_rel_err_t256", bwd_err),
+                        .with("backward_rel_err_t256", bwd_err)
+                        .with("backend", ran_b.as_str()),
                 );
                 report.rows.push(Row::new(row_name("peak fwd+bwd", dtype, d, causal, t), peak, "MiB", false));
                 fwd_pts.push((t as f64, ff));
@@ -163,7 +210,12 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
          dO N(0,1) [B, H, T, D]; fwd+bwd = recorded forward + the op's backward with dO",
         cfg.seed
     ));
-    report.notes.push("tensor cores (mma.sync m16n8k16) for bf16/f16, f32 accumulation; f32 runs SIMT kernels".into());
+    report.notes.push(format!(
+        "backend asked: {} ({cudnn}); each row's `backend` says which ran: cudnn = cuDNN's fused SDPA \
+         (backend graph API), flash = our kernels (tensor cores, mma.sync m16n8k16, for bf16/f16 with f32 \
+         accumulation; SIMT for f32)",
+        cfg.backend.as_str()
+    ));
     if let Some(p) = &cfg.plot {
         line_chart(p, &plot_title(&report), "T (log scale)", "TFLOP/s (log scale)", &series)?;
         writeln!(out, "\nwrote {}", p.display())?;
@@ -184,6 +236,7 @@ mod tests {
             seqs: vec![512, 1024, 2048, 4096, 8192],
             head_dims: vec![64, 128],
             causal: vec![false, true],
+            backend: Backend::Auto,
             json: None,
             plot: None,
             seed: 1,

@@ -6,7 +6,7 @@
 mod abi;
 pub mod alloc;
 pub mod blaslt;
-mod buffer;
+pub(crate) mod buffer;
 mod cooperative;
 pub mod device;
 mod driver;

@@ -17,11 +17,11 @@ use std::sync::Arc;
 /// Element strides of a `[B, H, T, D]` operand (`FgStride4`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-struct Stride4 {
-    b: i64,
-    h: i64,
-    t: i64,
-    d: i64,
+pub(super) struct Stride4 {
+    pub b: i64,
+    pub h: i64,
+    pub t: i64,
+    pub d: i64,
 }
 
 /// `FgAttnParams` of attention_common.cuh, field for field.
@@ -154,7 +154,12 @@ pub(super) fn check(dtype: DType, b: usize, h: usize, tq: usize, tk: usize, d: u
 /// are `[B, T, H, D]`. For the tensor-core kernels (`rows16`) a view whose head dim is not
 /// contiguous or whose rows are not 16-byte aligned is copied first; the copy is returned so that
 /// it lives until the launch has been enqueued.
-fn operand(s: &CudaStorage, l: &Layout, bthd: bool, rows16: bool) -> Result<(u64, Stride4, Option<CudaStorage>)> {
+pub(super) fn operand(
+    s: &CudaStorage,
+    l: &Layout,
+    bthd: bool,
+    rows16: bool,
+) -> Result<(u64, Stride4, Option<CudaStorage>)> {
     let strides = |l: &Layout| {
         let st: Vec<i64> = l.strides().iter().map(|&x| x as i64).collect();
         if bthd {

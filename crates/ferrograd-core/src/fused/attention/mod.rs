@@ -6,6 +6,11 @@
 //! - `cuda.rs`: the launches; the kernels are `attention_common.cuh` (ABI, shared helpers),
 //!   `attention_tc.cu` (FlashAttention-2 style, tensor cores, bf16 / f16), `attention_simt.cu`
 //!   (exact f32) and `attention.cu` (backward helpers, entry points), one NVRTC module per head dim.
+//! - `cudnn/`: cuDNN's fused SDPA forward and backward through its backend graph API, where a
+//!   libcudnn 9.x loads at run time.
+//! - `select.rs`: which of them runs on CUDA (`FERROGRAD_ATTENTION=flash|cudnn|math`, default
+//!   cuDNN where it can run the case, our kernels otherwise), and counters of what ran.
+//! - `math.rs`: the composed definition (`FERROGRAD_ATTENTION=math`).
 //! - `bench.rs`: the workload of `ferrograd bench attention` (twin: `bench/torch_attention.py`).
 //!
 //! The forward keeps only the output and the per-row log-sum-exp (`[B, H, Tq]`, f32, f64 for f64
@@ -17,6 +22,9 @@
 pub mod bench;
 mod cpu;
 mod cuda;
+pub mod cudnn;
+mod math;
+pub mod select;
 
 use super::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
 use crate::cpu::CpuStorage;
@@ -25,6 +33,7 @@ use crate::cuda::modules::{Define, Header, Module};
 use crate::cuda::CudaStorage;
 use crate::rng::Rng;
 use crate::{shape_err, DType, Error, Layout, Result, Tensor};
+use select::{count, Backend};
 use std::sync::Arc;
 
 /// Options of [`Tensor::scaled_dot_product_attention`], PyTorch's keyword arguments.
@@ -236,6 +245,11 @@ fn sdpa(
     draw: impl FnOnce(usize) -> (u64, u64),
 ) -> Result<Tensor> {
     let mut pb = resolve(q, k, v, opts)?;
+    if q.device().is_cuda() && select::backend()? == Backend::Math {
+        select::announce(Backend::Math);
+        count(|c| c.math += 1);
+        return math::composed(q, k, v, &pb, opts.dropout_p);
+    }
     if opts.dropout_p > 0.0 {
         let (seed, offset) = draw(pb.mask_blocks() * 4);
         pb.dropout = Some(Dropout::new(opts.dropout_p, seed, offset));
@@ -271,6 +285,14 @@ impl FusedOp for Sdpa {
 
     fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
         let x = three(inputs, 3, OP)?;
+        if wants_cudnn(&self.0, x[0].0.dtype())? {
+            if let Some(out) = cudnn::forward(&self.0, x[0], x[1], x[2])? {
+                count(|c| c.cudnn_fwd += 1);
+                return Ok(out);
+            }
+            count(|c| c.cudnn_fallbacks += 1);
+        }
+        count(|c| c.flash_fwd += 1);
         cuda::forward(&self.0, x[0], x[1], x[2])
     }
 
@@ -297,7 +319,44 @@ impl FusedOp for SdpaBackward {
 
     fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
         let x = three(inputs, 6, self.name())?;
+        if wants_cudnn(&self.0, x[0].0.dtype())? {
+            if let Some(out) = cudnn::backward(&self.0, x[0], x[1], x[2], x[3], x[4], x[5])? {
+                count(|c| c.cudnn_bwd += 1);
+                return Ok(out);
+            }
+            count(|c| c.cudnn_fallbacks += 1);
+        }
+        count(|c| c.flash_bwd += 1);
         cuda::backward(&self.0, x[0], x[1], x[2], x[3], x[4], x[5])
+    }
+}
+
+/// Whether this CUDA forward or backward should try cuDNN (the backend in force and the case).
+/// Either direction may run on either implementation: both save and read the same statistics.
+fn wants_cudnn(pb: &Problem, dtype: DType) -> Result<bool> {
+    let backend = select::backend()?;
+    select::announce(backend);
+    match backend {
+        Backend::Auto => Ok(cudnn::supports(pb, dtype)),
+        Backend::Cudnn => {
+            let ok = cudnn::supports(pb, dtype);
+            if !ok {
+                select::log_once("cudnn-unsupported", || {
+                    let why = match cudnn::library() {
+                        Err(e) => e.to_string(),
+                        Ok(_) => format!(
+                            "it takes bf16/f16 without dropout and head dims that are multiples of 8 up to 128, \
+                             not {dtype} D={} dropout={}",
+                            pb.d,
+                            pb.dropout.is_some()
+                        ),
+                    };
+                    format!("cuDNN was asked for but cannot run this call ({why}); our kernels run it")
+                });
+            }
+            Ok(ok)
+        }
+        Backend::Flash | Backend::Math => Ok(false),
     }
 }
 

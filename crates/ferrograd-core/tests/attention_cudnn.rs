@@ -1,0 +1,288 @@
+//! The CUDA backends of attention against each other and against the float64 CPU op: cuDNN's
+//! fused SDPA (`src/fused/attention/cudnn/`), our kernels, and the composed `math` path, forward
+//! and all three gradients, bf16 and f16, head dims 64 and 128, causal and full, odd lengths, q / k
+//! / v as strided views of one `[B, T, 3, H, D]` buffer. Each case asserts which implementation
+//! actually ran (the op's counters), so a cuDNN plan that silently fell back fails the test. Outputs
+//! are poisoned (NaN) before the kernels. Without a GPU, or (for the cuDNN cases) without libcudnn
+//! 9, the tests print why and pass.
+
+use ferrograd_core::cuda::{set_poison_allocations, CudaDevice};
+use ferrograd_core::fused::attention::select::{counters_on_this_thread, set_backend, Backend, Counters};
+use ferrograd_core::fused::attention::{cudnn, AttentionOpts};
+use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
+
+const CPU: Device = Device::Cpu;
+
+fn gpu() -> Option<Device> {
+    match CudaDevice::get(0) {
+        Ok(_) => {
+            set_poison_allocations(true);
+            Some(Device::Cuda(0))
+        }
+        Err(e) => {
+            println!("skipping CUDA test: {e}");
+            None
+        }
+    }
+}
+
+fn gpu_with_cudnn() -> Option<Device> {
+    let dev = gpu()?;
+    match cudnn::library() {
+        Ok(l) => {
+            println!("using {l:?}");
+            Some(dev)
+        }
+        Err(e) => {
+            println!("skipping cuDNN test: {e}");
+            None
+        }
+    }
+}
+
+/// Per-dtype tolerances of tests/attention.rs (forward, gradients), norm-wise against float64.
+fn tol(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F32 => (4e-6, 8e-6),
+        DType::F16 => (1.5e-3, 2.5e-3),
+        _ => (1e-2, 1.5e-2),
+    }
+}
+
+fn randn(rng: &mut Rng, dims: &[usize], dtype: DType) -> Tensor {
+    Tensor::randn_with(rng, 0.0, 1.0, dims.to_vec(), DType::F64, CPU).and_then(|t| t.to_dtype(dtype)).expect("randn")
+}
+
+fn rel_err(x: &Tensor, y: &Tensor) -> f64 {
+    assert_eq!(x.dims(), y.dims(), "shapes");
+    let (a, b) = (x.to_f64_vec().expect("values"), y.to_f64_vec().expect("values"));
+    if a.iter().chain(&b).any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = a.iter().zip(&b).map(|(p, q)| (p - q) * (p - q)).sum();
+    let den: f64 = b.iter().map(|q| q * q).sum();
+    if num == 0.0 {
+        0.0
+    } else {
+        (num / den.max(1e-300)).sqrt()
+    }
+}
+
+/// The `[B, H, T, D]` views of a `[B, T, 3, H, D]` buffer.
+fn qkv_views(qkv: &Tensor) -> Vec<Tensor> {
+    (0..3).map(|i| qkv.narrow(2, i, 1).unwrap().squeeze(2).unwrap().permute(&[0, 2, 1, 3]).unwrap()).collect()
+}
+
+/// Output and the gradients of `sum(out * w)`, the forward run by `fwd`, the backward by `bwd`.
+fn run(fwd: Backend, bwd: Backend, x: &[Tensor], w: &Tensor, causal: bool) -> Result<(Tensor, Vec<Tensor>)> {
+    let (q, k, v) = (x[0].requires_grad(), x[1].requires_grad(), x[2].requires_grad());
+    set_backend(Some(fwd));
+    let o = Tensor::scaled_dot_product_attention(&q, &k, &v, AttentionOpts { causal, ..Default::default() });
+    set_backend(Some(bwd));
+    let g = o.and_then(|o| {
+        let g = o.mul(w)?.sum_all()?.backward()?;
+        Ok((o, g))
+    });
+    set_backend(None);
+    let (o, g) = g?;
+    let grads = [&q, &k, &v].iter().map(|t| g.get(t).expect("gradient").clone()).collect();
+    Ok((o, grads))
+}
+
+fn delta(before: Counters) -> Counters {
+    let a = counters_on_this_thread();
+    Counters {
+        flash_fwd: a.flash_fwd - before.flash_fwd,
+        flash_bwd: a.flash_bwd - before.flash_bwd,
+        cudnn_fwd: a.cudnn_fwd - before.cudnn_fwd,
+        cudnn_bwd: a.cudnn_bwd - before.cudnn_bwd,
+        math: a.math - before.math,
+        cudnn_fallbacks: a.cudnn_fallbacks - before.cudnn_fallbacks,
+    }
+}
+
+/// One problem: cuDNN forward + backward, our kernels' forward + backward, and the two crossed
+/// (one's forward with the other's backward: the saved statistics are shared), each against the
+/// float64 CPU op; cuDNN against our kernels directly. `Err` with every number on failure.
+fn case(
+    dev: Device,
+    rng: &mut Rng,
+    dtype: DType,
+    dims: (usize, usize, usize, usize, usize),
+    fused_qkv: bool,
+    causal: bool,
+) -> Result<String> {
+    let (b, h, tq, tk, d) = dims;
+    let what = format!("{dtype} B={b} H={h} Tq={tq} Tk={tk} D={d} causal={causal} fused_qkv={fused_qkv}");
+    let x: Vec<Tensor> = if fused_qkv {
+        assert_eq!(tq, tk);
+        qkv_views(&randn(rng, &[b, tq, 3, h, d], dtype))
+    } else {
+        vec![randn(rng, &[b, h, tq, d], dtype), randn(rng, &[b, h, tk, d], dtype), randn(rng, &[b, h, tk, d], dtype)]
+    };
+    let w = randn(rng, &[b, h, tq, d], dtype);
+    let r: Vec<Tensor> = x.iter().map(|t| t.to_dtype(DType::F64).unwrap()).collect();
+    let (ro, rg) = run(Backend::Flash, Backend::Flash, &r, &w.to_dtype(DType::F64)?, causal)?;
+    let gx: Vec<Tensor> = if fused_qkv {
+        // Move the buffer and take the views on the device, so the kernels read strides.
+        let qkv = Tensor::stack(&[x[0].transpose(1, 2)?, x[1].transpose(1, 2)?, x[2].transpose(1, 2)?], 2)?;
+        qkv_views(&qkv.to_device(dev)?)
+    } else {
+        x.iter().map(|t| t.to_device(dev).unwrap()).collect()
+    };
+    let gw = w.to_device(dev)?;
+    let (tf, tb) = tol(dtype);
+    let mut lines = vec![];
+    let mut ok = true;
+    let mut results = vec![];
+    for (fwd, bwd) in [
+        (Backend::Cudnn, Backend::Cudnn),
+        (Backend::Flash, Backend::Flash),
+        (Backend::Cudnn, Backend::Flash),
+        (Backend::Flash, Backend::Cudnn),
+    ] {
+        let before = counters_on_this_thread();
+        let (o, g) = run(fwd, bwd, &gx, &gw, causal)?;
+        let ran = delta(before);
+        let want =
+            |b: Backend, n_cudnn: u64, n_flash: u64| if b == Backend::Cudnn { n_cudnn == 1 } else { n_flash == 1 };
+        if !(want(fwd, ran.cudnn_fwd, ran.flash_fwd) && want(bwd, ran.cudnn_bwd, ran.flash_bwd)) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: asked for {fwd:?} forward / {bwd:?} backward, ran {ran:?}; cuDNN said: {}",
+                cudnn::last_plan_error().unwrap_or_else(|| "nothing".into())
+            )));
+        }
+        let e: Vec<f64> = std::iter::once(rel_err(&o.to_dtype(DType::F64)?, &ro))
+            .chain(g.iter().zip(&rg).map(|(a, r)| rel_err(&a.to_dtype(DType::F64).unwrap(), r)))
+            .collect();
+        ok &= e[0] < tf && e[1..].iter().all(|x| *x < tb);
+        lines.push(format!("{fwd:?}/{bwd:?}: o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", e[0], e[1], e[2], e[3]));
+        results.push((o, g));
+    }
+    // cuDNN against our kernels, directly.
+    let (c, f) = (&results[0], &results[1]);
+    let mut e = vec![rel_err(&c.0.to_dtype(DType::F64)?, &f.0.to_dtype(DType::F64)?)];
+    for (a, b) in c.1.iter().zip(&f.1) {
+        e.push(rel_err(&a.to_dtype(DType::F64)?, &b.to_dtype(DType::F64)?));
+    }
+    ok &= e[0] < 2.0 * tf && e[1..].iter().all(|x| *x < 2.0 * tb);
+    lines.push(format!("cudnn vs flash: o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", e[0], e[1], e[2], e[3]));
+    let line = format!("{what}: {}", lines.join("; "));
+    println!("{line}");
+    if ok {
+        Ok(line)
+    } else {
+        Err(Error::InvalidArgument(format!("{line} (tolerances {tf:.0e} / {tb:.0e} against f64)")))
+    }
+}
+
+#[test]
+fn cuda_cudnn_and_flash_agree_forward_and_backward() -> Result<()> {
+    let Some(dev) = gpu_with_cudnn() else { return Ok(()) };
+    let mut rng = Rng::new(21);
+    let mut failures = vec![];
+    let mut n = 0;
+    for dtype in [DType::BF16, DType::F16] {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                for (i, &(tq, tk)) in [(129, 129), (300, 300), (77, 45), (45, 77)].iter().enumerate() {
+                    let fused = tq == tk && i % 2 == 0;
+                    n += 1;
+                    if let Err(e) = case(dev, &mut rng, dtype, (2, 3, tq, tk, d), fused, causal) {
+                        failures.push(e.to_string());
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {n} cases failed:\n{}", failures.len(), failures.join("\n"));
+    Ok(())
+}
+
+/// The default (no variable, no override) picks cuDNN for bf16 / f16 without dropout, our kernels
+/// for f32 and dropout.
+#[test]
+fn cuda_auto_picks_cudnn_where_it_can() -> Result<()> {
+    let Some(dev) = gpu_with_cudnn() else { return Ok(()) };
+    let mut rng = Rng::new(22);
+    let x: Vec<Tensor> =
+        (0..3).map(|_| randn(&mut rng, &[1, 2, 64, 64], DType::BF16).to_device(dev).unwrap()).collect();
+    for (dtype, p, expect_cudnn) in [(DType::BF16, 0.0, true), (DType::F32, 0.0, false), (DType::BF16, 0.1, false)] {
+        let x: Vec<Tensor> = x.iter().map(|t| t.to_dtype(dtype).unwrap()).collect();
+        let before = counters_on_this_thread();
+        set_backend(Some(Backend::Auto));
+        let o = Tensor::scaled_dot_product_attention(
+            &x[0],
+            &x[1],
+            &x[2],
+            AttentionOpts { dropout_p: p, ..Default::default() },
+        );
+        set_backend(None);
+        o?.to_f64_vec()?;
+        let ran = delta(before);
+        assert_eq!((ran.cudnn_fwd == 1, ran.flash_fwd == 1), (expect_cudnn, !expect_cudnn), "{dtype} p={p}: {ran:?}");
+    }
+    Ok(())
+}
+
+/// `math`: the composed definition, forward and backward, against the float64 CPU op (bf16 rounds
+/// the materialised scores and probabilities: three times the fused tolerance).
+#[test]
+fn cuda_math_backend_matches_the_reference() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let mut rng = Rng::new(23);
+    for (dtype, causal) in [(DType::F32, true), (DType::BF16, false), (DType::F16, true)] {
+        let x: Vec<Tensor> = (0..3).map(|_| randn(&mut rng, &[2, 3, 77, 64], dtype)).collect();
+        let w = randn(&mut rng, &[2, 3, 77, 64], dtype);
+        let r: Vec<Tensor> = x.iter().map(|t| t.to_dtype(DType::F64).unwrap()).collect();
+        let (ro, rg) = run(Backend::Flash, Backend::Flash, &r, &w.to_dtype(DType::F64)?, causal)?;
+        let gx: Vec<Tensor> = x.iter().map(|t| t.to_device(dev).unwrap()).collect();
+        let before = counters_on_this_thread();
+        let (o, g) = run(Backend::Math, Backend::Math, &gx, &w.to_device(dev)?, causal)?;
+        let ran = delta(before);
+        assert_eq!((ran.math, ran.flash_fwd, ran.cudnn_fwd), (1, 0, 0), "{ran:?}");
+        let (tf, tb) = tol(dtype);
+        let (tf, tb) = if dtype == DType::F32 { (tf, tb) } else { (3.0 * tf, 3.0 * tb) };
+        let eo = rel_err(&o.to_dtype(DType::F64)?, &ro);
+        assert!(eo < tf, "{dtype} math forward {eo:.2e}");
+        for (a, r) in g.iter().zip(&rg) {
+            let e = rel_err(&a.to_dtype(DType::F64)?, r);
+            assert!(e < tb, "{dtype} math gradient {e:.2e}");
+        }
+    }
+    // No dropout on the math path: a typed error, not a silent other backend.
+    let x: Vec<Tensor> = (0..3).map(|_| randn(&mut rng, &[1, 1, 8, 64], DType::F32).to_device(dev).unwrap()).collect();
+    set_backend(Some(Backend::Math));
+    let e = Tensor::scaled_dot_product_attention(
+        &x[0],
+        &x[1],
+        &x[2],
+        AttentionOpts { dropout_p: 0.1, ..Default::default() },
+    );
+    set_backend(None);
+    assert!(matches!(e, Err(Error::InvalidArgument(_))), "{e:?}");
+    Ok(())
+}
+
+/// A small cuDNN case, forward and backward, for compute-sanitizer memcheck.
+#[test]
+fn cuda_cudnn_sanitizer_smoke() -> Result<()> {
+    let Some(dev) = gpu_with_cudnn() else { return Ok(()) };
+    let mut rng = Rng::new(24);
+    case(dev, &mut rng, DType::BF16, (1, 2, 129, 129, 64), true, true)?;
+    Ok(())
+}
+
+#[test]
+fn backend_names_parse() {
+    assert_eq!(Backend::parse("flash").unwrap(), Backend::Flash);
+    assert_eq!(Backend::parse(" CUDNN ").unwrap(), Backend::Cudnn);
+    assert_eq!(Backend::parse("math").unwrap(), Backend::Math);
+    assert_eq!(Backend::parse("").unwrap(), Backend::Auto);
+    let e = Backend::parse("fast").unwrap_err().to_string();
+    assert!(e.contains("FERROGRAD_ATTENTION") && e.contains("fast"), "{e}");
+    // Without cuDNN, asking for it is not an error: the reason is kept.
+    if let Err(e) = cudnn::library() {
+        assert!(matches!(e, Error::CudnnUnavailable { .. }), "{e}");
+    }
+}
