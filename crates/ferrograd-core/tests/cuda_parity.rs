@@ -4,23 +4,9 @@
 
 mod common;
 
-use common::{gpu, on, randn, tol};
+use common::{assert_close, gpu, on, randn};
 use ferrograd_core::cuda::CudaDevice;
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
-
-/// Compare a CUDA result with the CPU reference elementwise (NaN must match NaN).
-fn assert_close(what: &str, cpu: &Tensor, gpu: &Tensor, scale: f64) {
-    assert_eq!(cpu.dims(), gpu.dims(), "{what}: shapes");
-    assert_eq!(cpu.dtype(), gpu.dtype(), "{what}: dtypes");
-    let (rtol, atol) = tol(cpu.dtype());
-    let (rtol, atol) = (rtol * scale, atol * scale);
-    let a = cpu.to_f64_vec().expect("cpu values");
-    let b = gpu.to_f64_vec().expect("gpu values");
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= atol + rtol * x.abs().max(y.abs());
-        assert!(ok, "{what} [{}] element {i}: cpu {x} vs cuda {y}", cpu.dtype());
-    }
-}
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 

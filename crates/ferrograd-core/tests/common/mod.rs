@@ -167,6 +167,21 @@ pub fn tol(d: DType) -> (f64, f64) {
     }
 }
 
+/// Compare a CUDA result with the CPU reference elementwise to [`tol`] times `scale` (NaN must
+/// match NaN).
+pub fn assert_close(what: &str, cpu: &Tensor, gpu: &Tensor, scale: f64) {
+    assert_eq!(cpu.dims(), gpu.dims(), "{what}: shapes");
+    assert_eq!(cpu.dtype(), gpu.dtype(), "{what}: dtypes");
+    let (rtol, atol) = tol(cpu.dtype());
+    let (rtol, atol) = (rtol * scale, atol * scale);
+    let a = cpu.to_f64_vec().expect("cpu values");
+    let b = gpu.to_f64_vec().expect("gpu values");
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= atol + rtol * x.abs().max(y.abs());
+        assert!(ok, "{what} [{}] element {i}: cpu {x} vs cuda {y}", cpu.dtype());
+    }
+}
+
 // ---- gradcheck --------------------------------------------------------------------------------------
 
 /// Step and tolerances of [`gradcheck_tol`]: analytic `a` and numeric `n` agree when
