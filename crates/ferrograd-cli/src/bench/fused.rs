@@ -15,7 +15,7 @@
 //! 64-row problem against the float64 CPU op. Timing: CUDA events, warm-up, batches, median per call.
 
 use super::check::{self, poisoned, rel_err, require};
-use super::{cuda_device, finish_json, finish_plot, print_rows, Environment, Report, Row};
+use super::{cuda_device, finish_json, finish_plot, print_rows, Environment, Report, Row, EVENT_TIMING};
 use crate::timing::DeviceTiming;
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
@@ -215,8 +215,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         OpRows { op: "bias_gelu", fwd_err, bwd_err, fwd, fwd_bwd }.push(&mut rows, dtype, r, c);
     }
     print_rows(out, &rows, None)?;
-    let mut report =
-        Report::new("fused", cfg.device, env, "CUDA events on the compute stream; warm-up, batches, median per call");
+    let mut report = Report::new("fused", cfg.device, env, EVENT_TIMING);
     report.rows = rows;
     report.notes.push(format!(
         "seed {}; x, r, dh, dy ~ N(0,1); weight ~ U[0.5,1.5), bias ~ N(0,1), eps 1e-5; fwd+bwd = forward with \

@@ -17,6 +17,20 @@ pub trait Workload {
     fn reference(&self, r: usize) -> Result<Vec<f64>>;
 }
 
+/// ‖x − y‖ / ‖y‖ in f64; infinite when the lengths differ or a value is not finite.
+pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
+    if x.len() != y.len() || x.iter().chain(y).any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = x.iter().zip(y).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = y.iter().map(|b| b * b).sum();
+    if num == 0.0 {
+        0.0
+    } else {
+        (num / den).sqrt()
+    }
+}
+
 /// Row `r` of a 2-d tensor as f64.
 pub(crate) fn row_f64(t: &Tensor, r: usize) -> Result<Vec<f64>> {
     t.narrow(0, r, 1)?.to_f64_vec()

@@ -8,6 +8,7 @@
 //! `torch.autograd.grad(out, inputs, dout)`).
 
 use super::{selective_scan, ScanArgs};
+use crate::fused::bench::rel_err;
 use crate::fused::FusedCtx;
 use crate::op::Op;
 use crate::{DType, Device, Error, Result, Rng, Tensor};
@@ -119,19 +120,5 @@ pub fn tolerance(dtype: DType) -> f64 {
     match dtype {
         DType::F32 | DType::F64 => 1e-4,
         _ => 2e-2,
-    }
-}
-
-/// ‖x − y‖ / ‖y‖ in f64; infinite when the lengths differ or a value is not finite.
-pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
-    if x.len() != y.len() || x.iter().chain(y).any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let num: f64 = x.iter().zip(y).map(|(a, b)| (a - b) * (a - b)).sum();
-    let den: f64 = y.iter().map(|b| b * b).sum();
-    if num == 0.0 {
-        0.0
-    } else {
-        (num / den).sqrt()
     }
 }
