@@ -39,9 +39,11 @@ pub mod headers {
     header!(VEC_LOAD, "vec_load.cuh");
     // How a kernel reports a bad index through the device's error flag.
     header!(ERROR_FLAG, "error_flag.cuh");
+    // The second stage of a deterministic column sum (bias gradients).
+    header!(COL_SUMS, "col_sums.cuh");
 
     /// Every shared header, for the tests that read them all.
-    pub const ALL: &[Header] = &[COMMON, ACC_MATH, ONLINE_SOFTMAX, ROW_REDUCE, VEC_LOAD, ERROR_FLAG];
+    pub const ALL: &[Header] = &[COMMON, ACC_MATH, ONLINE_SOFTMAX, ROW_REDUCE, VEC_LOAD, ERROR_FLAG, COL_SUMS];
 }
 
 use headers::{ACC_MATH, COMMON, ERROR_FLAG};

@@ -1,7 +1,9 @@
 //! What a fused op's `bench.rs` provides: the workload `ferrograd bench elementwise` times and
 //! checks, next to the op it measures (the PyTorch twin is `bench/torch_elementwise.py`).
 
-use crate::{Result, Tensor};
+use crate::fused::FusedCtx;
+use crate::op::Op;
+use crate::{Error, Result, Tensor};
 
 /// One fused op on fixed inputs: the call that is timed, the bytes it must move at the least
 /// (every input read once, every output written once), and a float64 reference of one output row
@@ -29,6 +31,22 @@ pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
     } else {
         (num / den).sqrt()
     }
+}
+
+/// The op's own backward on the record of `out` (made by a fused op from tracked inputs), given the
+/// gradient of its output, without the graph walk: what a bench times as "the backward". Every
+/// input must get a gradient; `what` names the bench in errors.
+pub(crate) fn fused_backward(out: &Tensor, grad: &Tensor, what: &str) -> Result<Vec<Tensor>> {
+    let Some(Op::Fused(rec)) = out.op() else {
+        return Err(Error::Backward(format!("{what} bench: the output was not recorded as a fused op")));
+    };
+    let _g = crate::no_grad();
+    let ctx = FusedCtx { inputs: &rec.inputs, output: out, saved: &rec.saved };
+    rec.op
+        .backward(&ctx, grad)?
+        .into_iter()
+        .map(|g| g.ok_or_else(|| Error::Backward(format!("{what} bench: an input got no gradient"))))
+        .collect()
 }
 
 /// Row `r` of a 2-d tensor as f64.

@@ -2,7 +2,7 @@
 //! in bench/torch_fused.py): the forward reads x and writes y (b, one row, is not counted); the
 //! backward reads dy and x and writes dx (db, one row, is not counted).
 
-use crate::fused::bench::{row_f64, Workload};
+use crate::fused::bench::{fused_backward, row_f64, Workload};
 use crate::op::UnaryOp;
 use crate::{Result, Tensor};
 
@@ -22,16 +22,12 @@ impl BiasGeluBench {
         (&self.x, &self.b)
     }
 
-    /// Forward with tracked inputs and the backward given `dy`, as
-    /// `torch.autograd.grad(y, (x, b), dy)`: returns `(y, [dx, db])`.
+    /// Forward with tracked inputs and the op's backward given `dy`, without the graph walk (as
+    /// `torch.autograd.grad(y, (x, b), dy)`): returns `(y, [dx, db])`.
     pub fn forward_backward(&self, dy: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
-        let (x, b) = (self.x.requires_grad(), self.b.requires_grad());
-        let y = x.bias_gelu(&b)?;
-        let grads = y.backward_with(dy)?;
-        let get = |t: &Tensor| {
-            grads.get(t).cloned().ok_or_else(|| crate::Error::Backward("bias_gelu bench: a missing gradient".into()))
-        };
-        Ok((y.detach(), vec![get(&x)?, get(&b)?]))
+        let y = self.x.requires_grad().bias_gelu(&self.b.requires_grad())?;
+        let grads = fused_backward(&y, dy, "bias_gelu")?;
+        Ok((y.detach(), grads))
     }
 }
 

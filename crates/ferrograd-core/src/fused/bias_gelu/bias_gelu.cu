@@ -15,6 +15,7 @@
 //   db[c] = the sum of the `splits` partial rows of column c, rounded once to T.
 
 #include "acc_math.cuh"
+#include "col_sums.cuh"
 
 // z = x + b rounded to T (PyTorch's x + b), in ACC.
 template <typename T>
@@ -54,17 +55,6 @@ static __device__ __forceinline__ void bg_bwd(const T* __restrict__ dy, const T*
   part[(fg_u64)blockIdx.y * cols + c] = acc;
 }
 
-template <typename T>
-static __device__ __forceinline__ void bg_colsum(const typename FgAcc<T>::type* __restrict__ part, T* __restrict__ db,
-                                                 fg_u64 splits, fg_u64 cols) {
-  typedef typename FgAcc<T>::type A;
-  FG_GRID_STRIDE(c, cols) {
-    A acc = (A)0;
-    for (fg_u64 s = 0; s < splits; ++s) acc += part[s * cols + c];
-    db[c] = fg_from_acc<T>(acc);
-  }
-}
-
 #define FG_BIAS_GELU(SUF, T)                                                                                  \
   FG_KERNEL bias_gelu_fwd_##SUF(const T* x, const T* b, T* y, fg_u64 rows, fg_u64 cols) {                     \
     bg_fwd<T>(x, b, y, rows, cols);                                                                           \
@@ -74,6 +64,6 @@ static __device__ __forceinline__ void bg_colsum(const typename FgAcc<T>::type* 
     bg_bwd<T>(dy, x, b, dx, part, rows, cols, rps);                                                           \
   }                                                                                                           \
   FG_KERNEL bias_gelu_colsum_##SUF(const FgAcc<T>::type* part, T* db, fg_u64 splits, fg_u64 cols) {          \
-    bg_colsum<T>(part, db, splits, cols);                                                                     \
+    fg_col_sums<T>(part, db, splits, cols);                                                                     \
   }
 FG_FOR_FLOAT(FG_BIAS_GELU)

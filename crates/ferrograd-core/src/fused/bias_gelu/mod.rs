@@ -11,14 +11,15 @@ mod cuda;
 
 use super::{apply, apply_all, check_arity, FusedCtx, FusedOp, FusedOutputs};
 use crate::cpu::CpuStorage;
-use crate::cuda::modules::headers::{ACC_MATH, COMMON};
+use crate::cuda::modules::headers::{ACC_MATH, COL_SUMS, COMMON};
 use crate::cuda::modules::Module;
 use crate::cuda::CudaStorage;
 use crate::{shape_err, Error, Layout, Result, Tensor};
 use std::sync::Arc;
 
 /// The kernels: `bias_gelu_fwd_{dt}`, `bias_gelu_bwd_{dt}`, `bias_gelu_colsum_{dt}`.
-pub const MODULE: Module = Module::new("bias_gelu", include_str!("bias_gelu.cu")).with_headers(&[COMMON, ACC_MATH]);
+pub const MODULE: Module =
+    Module::new("bias_gelu", include_str!("bias_gelu.cu")).with_headers(&[COMMON, ACC_MATH, COL_SUMS]);
 
 /// The forward: inputs `x [.., C]`, `b [C]`; output `y`, the shape of `x`.
 struct BiasGelu;

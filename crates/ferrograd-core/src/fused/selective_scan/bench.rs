@@ -8,10 +8,8 @@
 //! `torch.autograd.grad(out, inputs, dout)`).
 
 use super::{selective_scan, ScanArgs};
-use crate::fused::bench::rel_err;
-use crate::fused::FusedCtx;
-use crate::op::Op;
-use crate::{DType, Device, Error, Result, Rng, Tensor};
+use crate::fused::bench::{fused_backward, rel_err};
+use crate::{DType, Device, Result, Rng, Tensor};
 
 #[derive(Debug, Clone)]
 pub struct Workload {
@@ -70,16 +68,7 @@ impl Workload {
     pub fn forward_backward(&self) -> Result<(Tensor, Vec<Tensor>)> {
         let vars: Vec<Tensor> = self.inputs.iter().map(|t| t.requires_grad()).collect();
         let out = Self::run(&vars)?;
-        let Some(Op::Fused(rec)) = out.op() else {
-            return Err(Error::Backward("selective-scan bench: the output was not recorded as a fused op".into()));
-        };
-        let _g = crate::no_grad();
-        let ctx = FusedCtx { inputs: &rec.inputs, output: &out, saved: &rec.saved };
-        let grads = rec.op.backward(&ctx, &self.dout)?;
-        let grads = grads
-            .into_iter()
-            .map(|g| g.ok_or_else(|| Error::Backward("selective-scan bench: an input got no gradient".into())))
-            .collect::<Result<Vec<_>>>()?;
+        let grads = fused_backward(&out, &self.dout, "selective-scan")?;
         Ok((out, grads))
     }
 
