@@ -154,8 +154,8 @@ enum BenchCommand {
     SelectiveScan(SelectiveScanArgs),
     /// NCCL all-reduce bus bandwidth across the ranks of a launch (twin: torch.distributed).
     Allreduce(bench::allreduce::AllreduceArgs),
-    /// Fused transformer ops (residual add + layer norm) forward and forward+backward GB/s (twin:
-    /// x + r then F.layer_norm, eager and torch.compile).
+    /// Fused transformer ops (residual add + layer norm, bias + GELU) forward and forward+backward
+    /// GB/s (twin: x + r then F.layer_norm, F.gelu(x + b), eager and torch.compile).
     Fused(FusedArgs),
 }
 

@@ -1,28 +1,14 @@
 //! Runs the `ferrograd` binary as a user would: exit status, what it prints, the JSON it writes.
 
+mod common;
+
+use common::{bin, text};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The binary under test: cargo's build path, or (when the test binary was carried to a GPU
-/// machine by ../shared/gpu/bundle) the bundled copy in .gpu/bin, or $FERROGRAD_BIN.
-fn bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("FERROGRAD_BIN") {
-        return p.into();
-    }
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_ferrograd"));
-    if built.exists() {
-        return built;
-    }
-    PathBuf::from(".gpu/bin/ferrograd")
-}
-
 fn ferrograd(args: &[&str]) -> Output {
     Command::new(bin()).args(args).output().expect("failed to start the ferrograd binary")
-}
-
-fn text(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
 #[test]

@@ -9,21 +9,13 @@
 //! - a rank that is killed stops the group with a message naming it, with no hang;
 //! - a rendezvous that times out names the missing rank.
 
+mod common;
+
+use common::bin;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("FERROGRAD_BIN") {
-        return p.into();
-    }
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_ferrograd"));
-    if built.exists() {
-        return built;
-    }
-    PathBuf::from(".gpu/bin/ferrograd")
-}
 
 /// Whether the machine can run these tests; prints the one-line reason when not.
 fn two_gpus(test: &str) -> bool {

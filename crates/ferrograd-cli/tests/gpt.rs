@@ -1,26 +1,14 @@
 //! `ferrograd gpt` as a user runs it, on the CPU: prepare (and its errors), a tiny training run and
 //! its files, resuming it, sampling and logits from what it wrote.
 
+mod common;
+
+use common::{bin, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("FERROGRAD_BIN") {
-        return p.into();
-    }
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_ferrograd"));
-    if built.exists() {
-        return built;
-    }
-    PathBuf::from(".gpu/bin/ferrograd")
-}
-
 fn ferrograd(args: &[&str]) -> Output {
     Command::new(bin()).args(args).env_remove("FERROGRAD_DEVICE").output().expect("failed to start ferrograd")
-}
-
-fn text(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
 fn ok(o: &Output) -> String {

@@ -2,32 +2,17 @@
 //! prefixes on both streams, a rank that fails or is killed stopping the group with a clear
 //! message (no hang), and signals forwarded to every rank.
 
+mod common;
+
+use common::{bin, text};
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// The binary under test: cargo's build path, or (carried to a GPU machine by the bundle) the
-/// bundled copy, or $FERROGRAD_BIN.
-fn bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("FERROGRAD_BIN") {
-        return p.into();
-    }
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_ferrograd"));
-    if built.exists() {
-        return built;
-    }
-    PathBuf::from(".gpu/bin/ferrograd")
-}
 
 fn launch(args: &[&str]) -> (Output, Duration) {
     let t = Instant::now();
     let o = Command::new(bin()).arg("launch").args(args).output().expect("failed to start ferrograd");
     (o, t.elapsed())
-}
-
-fn text(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
 #[test]

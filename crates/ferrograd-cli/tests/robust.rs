@@ -2,19 +2,11 @@
 //! clap's line and exit 2 for a malformed flag), or runs correctly. None may panic (exit 101),
 //! abort (134), be killed (137) or hang; files are written whole or not at all.
 
+mod common;
+
+use common::bin;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("FERROGRAD_BIN") {
-        return p.into();
-    }
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_ferrograd"));
-    if built.exists() {
-        return built;
-    }
-    PathBuf::from(".gpu/bin/ferrograd")
-}
 
 fn run_env(args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut c = Command::new(bin());

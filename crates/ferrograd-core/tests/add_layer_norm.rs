@@ -4,25 +4,12 @@
 //! CUDA outputs are poisoned (NaN) before the kernels; without a GPU the CUDA tests print one line
 //! and pass.
 
-use ferrograd_core::cuda::{set_poison_allocations, CudaDevice};
+mod common;
+
+use common::{gpu, gradcheck, max_err as err, randn};
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
 
 const CPU: Device = Device::Cpu;
-
-fn randn(rng: &mut Rng, dims: &[usize], dtype: DType) -> Tensor {
-    Tensor::randn_with(rng, 0.0, 1.0, dims.to_vec(), DType::F64, CPU).and_then(|t| t.to_dtype(dtype)).expect("randn")
-}
-
-/// max |x - y| / (1 + max |y|); infinite when anything is not finite.
-fn err(x: &Tensor, y: &Tensor) -> f64 {
-    assert_eq!(x.dims(), y.dims(), "shapes");
-    let (a, b) = (x.to_f64_vec().expect("values"), y.to_f64_vec().expect("values"));
-    if a.iter().chain(&b).any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let scale = 1.0 + b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    a.iter().zip(&b).fold(0.0f64, |m, (p, q)| m.max((p - q).abs())) / scale
-}
 
 /// A scalar that depends on both outputs with weights that vary per element.
 fn loss(h: &Tensor, y: &Tensor, gh: &Tensor, gy: &Tensor) -> Result<Tensor> {
@@ -65,24 +52,9 @@ fn gradcheck_f64() -> Result<()> {
         let (h, y) = v[0].add_layer_norm(&v[1], Some(&v[2]), Some(&v[3]), 1e-5)?;
         loss(&h, &y, &gh, &gy)
     };
+    gradcheck("add_layer_norm", f, &xs);
     let vars: Vec<Tensor> = xs.iter().map(|t| t.requires_grad()).collect();
     let grads = f(&vars)?.backward()?;
-    let eps = 1e-6;
-    for (i, x) in xs.iter().enumerate() {
-        let g = grads.get(&vars[i]).expect("gradient").to_f64_vec()?;
-        let base = x.to_f64_vec()?;
-        for k in 0..base.len() {
-            let at = |d: f64| -> Result<f64> {
-                let mut v = base.clone();
-                v[k] += d;
-                let mut ins = xs.clone();
-                ins[i] = Tensor::from_vec(v, x.dims().to_vec(), CPU)?;
-                f(&ins)?.item_f64()
-            };
-            let num = (at(eps)? - at(-eps)?) / (2.0 * eps);
-            assert!((num - g[k]).abs() <= 1e-6 * (1.0 + num.abs()), "input {i} elem {k}: {} vs {num}", g[k]);
-        }
-    }
     // dx == dr: the residual's gradient is the input's.
     assert_eq!(grads.get(&vars[0]).unwrap().to_f64_vec()?, grads.get(&vars[1]).unwrap().to_f64_vec()?);
     Ok(())
@@ -114,19 +86,6 @@ fn bad_inputs_are_typed_errors() -> Result<()> {
 }
 
 // ---- CUDA parity -----------------------------------------------------------------------------------
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => {
-            set_poison_allocations(true);
-            Some(Device::Cuda(0))
-        }
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 /// Allowed `err` against the f64 CPU op on the same (rounded) inputs: (outputs, gradients).
 fn tol(dtype: DType) -> (f64, f64) {

@@ -5,7 +5,9 @@
 //! without dropout. CUDA outputs are poisoned (NaN) before the kernels; without a GPU the CUDA
 //! tests print one line and pass.
 
-use ferrograd_core::cuda::{set_poison_allocations, CudaDevice};
+mod common;
+
+use common::{gpu, gradcheck, randn, rel_err};
 use ferrograd_core::fused::attention::{AttentionOpts, CUDA_HEAD_DIMS};
 use ferrograd_core::rng::philox4x32_10;
 use ferrograd_core::{with_no_grad, DType, Device, Error, Result, Rng, Tensor};
@@ -14,26 +16,6 @@ const CPU: Device = Device::Cpu;
 
 fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, opts: AttentionOpts, seed: u64) -> Result<Tensor> {
     Tensor::scaled_dot_product_attention_with(&mut Rng::new(seed), q, k, v, opts)
-}
-
-fn randn(rng: &mut Rng, dims: &[usize], dtype: DType) -> Tensor {
-    Tensor::randn_with(rng, 0.0, 1.0, dims.to_vec(), DType::F64, CPU).and_then(|t| t.to_dtype(dtype)).expect("randn")
-}
-
-/// ‖x − y‖ / ‖y‖; infinite when anything is not finite.
-fn rel_err(x: &Tensor, y: &Tensor) -> f64 {
-    assert_eq!(x.dims(), y.dims(), "shapes");
-    let (a, b) = (x.to_f64_vec().expect("values"), y.to_f64_vec().expect("values"));
-    if a.iter().chain(&b).any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let num: f64 = a.iter().zip(&b).map(|(p, q)| (p - q) * (p - q)).sum();
-    let den: f64 = b.iter().map(|q| q * q).sum();
-    if num == 0.0 {
-        0.0
-    } else {
-        (num / den).sqrt()
-    }
 }
 
 fn norm(x: &Tensor) -> f64 {
@@ -224,37 +206,6 @@ fn no_grad_records_nothing_and_empty_queries_work() -> Result<()> {
 
 // ---- gradcheck (f64, central differences) --------------------------------------------------------
 
-fn gradcheck(name: &str, f: &dyn Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor]) {
-    let (h, rtol, atol) = (1e-6, 1e-5, 1e-7);
-    let vars: Vec<Tensor> = inputs.iter().map(|t| t.requires_grad()).collect();
-    let out = f(&vars).unwrap();
-    let w = Tensor::randn_with(&mut Rng::new(77), 0.0, 1.0, out.dims().to_vec(), DType::F64, CPU).unwrap();
-    let contract = |o: &Tensor| o.mul(&w).unwrap().sum_all().unwrap();
-    let grads = contract(&out).backward().unwrap();
-    let mut bad = vec![];
-    for (i, (x, v)) in inputs.iter().zip(&vars).enumerate() {
-        let analytic =
-            grads.get(v).unwrap_or_else(|| panic!("{name}: no gradient for input {i}")).to_f64_vec().unwrap();
-        let base = x.to_f64_vec().unwrap();
-        for j in 0..base.len() {
-            let eval = |delta: f64| {
-                let mut vals = base.clone();
-                vals[j] += delta;
-                let xi = Tensor::from_vec(vals, x.dims().to_vec(), CPU).unwrap();
-                let xs: Vec<Tensor> =
-                    inputs.iter().enumerate().map(|(k, t)| if k == i { xi.clone() } else { t.clone() }).collect();
-                with_no_grad(|| contract(&f(&xs).unwrap()).item_f64().unwrap())
-            };
-            let numeric = (eval(h) - eval(-h)) / (2.0 * h);
-            let a = analytic[j];
-            if (a - numeric).abs() > atol + rtol * a.abs().max(numeric.abs()) {
-                bad.push(format!("input {i} elem {j}: analytic {a:.9e} numeric {numeric:.9e}"));
-            }
-        }
-    }
-    assert!(bad.is_empty(), "{name}: {} mismatches:\n  {}", bad.len(), bad[..bad.len().min(8)].join("\n  "));
-}
-
 #[test]
 fn gradcheck_attention_f64() {
     let mut rng = Rng::new(6);
@@ -268,7 +219,7 @@ fn gradcheck_attention_f64() {
                 let opts = AttentionOpts { causal, scale: None, dropout_p: p };
                 gradcheck(
                     &format!("attention tq={tq} tk={tk} d={d} causal={causal} p={p}"),
-                    &|x| sdpa(&x[0], &x[1], &x[2], opts, 21),
+                    |x: &[Tensor]| sdpa(&x[0], &x[1], &x[2], opts, 21),
                     &inputs,
                 );
             }
@@ -279,7 +230,7 @@ fn gradcheck_attention_f64() {
     let opts = AttentionOpts { causal: true, scale: Some(0.7), dropout_p: 0.0 };
     gradcheck(
         "attention of qkv views",
-        &|x| {
+        |x: &[Tensor]| {
             let v = qkv_views(&x[0]);
             sdpa(&v[0], &v[1], &v[2], opts, 0)
         },
@@ -330,19 +281,6 @@ fn bad_inputs_are_typed_errors() -> Result<()> {
 }
 
 // ---- CUDA parity -----------------------------------------------------------------------------------
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => {
-            set_poison_allocations(true);
-            Some(Device::Cuda(0))
-        }
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 /// Norm-wise relative error allowed against the float64 reference: (forward, gradients). Measured
 /// on an H200 at T = 300 (every head dim): bf16 <= 2.7e-3, f16 <= 3.3e-4, f32 <= 5.6e-7.

@@ -3,23 +3,12 @@
 //! cleanly. Without a usable GPU the CUDA tests print one line and pass; the CPU test of
 //! `adam_step_counted` runs everywhere.
 
-use ferrograd_core::cuda::{is_capturing, set_poison_allocations, Capture, CudaDevice, Graph, SyncCounter};
+mod common;
+
+use common::cuda_device as gpu;
+use ferrograd_core::cuda::{is_capturing, Capture, Graph, SyncCounter};
 use ferrograd_core::optim::{adam_step, adam_step_counted, AdamConfig};
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
-use std::sync::Arc;
-
-fn gpu() -> Option<Arc<CudaDevice>> {
-    match CudaDevice::get(0) {
-        Ok(d) => {
-            set_poison_allocations(true);
-            Some(d)
-        }
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 const IN: usize = 24;
 const HIDDEN: usize = 40;

@@ -2,55 +2,11 @@
 //! Device outputs are poisoned (NaN bytes) before every kernel, so an unwritten element fails.
 //! Without a usable GPU every test prints one line and passes.
 
-use ferrograd_core::cuda::{set_poison_allocations, CudaDevice};
+mod common;
+
+use common::{assert_close, gpu, on, randn};
+use ferrograd_core::cuda::CudaDevice;
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => {
-            set_poison_allocations(true);
-            Some(Device::Cuda(0))
-        }
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
-
-fn tol(d: DType) -> (f64, f64) {
-    match d {
-        DType::F64 => (1e-10, 1e-12),
-        DType::F32 => (2e-5, 2e-6),
-        DType::F16 => (4e-3, 4e-3),
-        DType::BF16 => (3e-2, 3e-2),
-        _ => (0.0, 0.0),
-    }
-}
-
-/// Compare a CUDA result with the CPU reference elementwise (NaN must match NaN).
-fn assert_close(what: &str, cpu: &Tensor, gpu: &Tensor, scale: f64) {
-    assert_eq!(cpu.dims(), gpu.dims(), "{what}: shapes");
-    assert_eq!(cpu.dtype(), gpu.dtype(), "{what}: dtypes");
-    let (rtol, atol) = tol(cpu.dtype());
-    let (rtol, atol) = (rtol * scale, atol * scale);
-    let a = cpu.to_f64_vec().expect("cpu values");
-    let b = gpu.to_f64_vec().expect("gpu values");
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= atol + rtol * x.abs().max(y.abs());
-        assert!(ok, "{what} [{}] element {i}: cpu {x} vs cuda {y}", cpu.dtype());
-    }
-}
-
-fn randn(rng: &mut Rng, shape: &[usize], dtype: DType) -> Tensor {
-    Tensor::randn_with(rng, 0.0, 1.0, shape.to_vec(), DType::F64, Device::Cpu)
-        .and_then(|t| t.to_dtype(dtype))
-        .expect("randn")
-}
-
-fn on(t: &Tensor, d: Device) -> Tensor {
-    t.to_device(d).expect("transfer")
-}
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 

@@ -2,11 +2,12 @@
 //! cuBLAS on a user stream, the per-device TF32 policy and the counted host waits. Without a usable
 //! GPU every test prints one line and passes.
 
-use ferrograd_core::cuda::{
-    matmul_precision, set_matmul_precision, set_poison_allocations, CudaDevice, MatmulPrecision, SyncCounter,
-};
+mod common;
+
+use common::cuda_device as gpu;
+use ferrograd_core::cuda::{matmul_precision, set_matmul_precision, CudaDevice, MatmulPrecision, SyncCounter};
 use ferrograd_core::{DType, Device, Result, Rng, Tensor};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 /// Held by the tests whose f32 matmuls must run under one precision: the TF32 test changes the
 /// policy, and the test threads of this binary share the device.
@@ -14,19 +15,6 @@ static PRECISION: Mutex<()> = Mutex::new(());
 
 fn precision_lock() -> MutexGuard<'static, ()> {
     PRECISION.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn gpu() -> Option<Arc<CudaDevice>> {
-    match CudaDevice::get(0) {
-        Ok(d) => {
-            set_poison_allocations(true);
-            Some(d)
-        }
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
 }
 
 /// Several milliseconds of work on the current stream, so that what follows on another stream

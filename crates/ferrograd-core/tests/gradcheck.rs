@@ -7,97 +7,65 @@
 //! weights into a scalar (a plain sum would give every element the same upstream gradient and hide
 //! permutation bugs). Each input element is then nudged by ±h and the contracted output re-evaluated
 //! under `no_grad`; the analytic and numeric derivatives must agree to `atol + rtol * max(|a|, |n|)`.
+//!
+//! The op checks are one backend suite (`backend_tests!` at the end): each runs as `on_cpu::NAME`
+//! and, on a GPU machine, as `on_cuda::NAME` with every input made on that device (strided views
+//! included) and the finite differences evaluated there, in f64. The checks of the checker and of
+//! autograd's own machinery (deep graphs, threads) run on the CPU only.
 
-use ferrograd_core::{no_grad, with_no_grad, AllDims, DType, Device, Error, GradStore, Result, Rng, Tensor};
+mod common;
 
-const CPU: Device = Device::Cpu;
+use common::{dev, gradcheck, gradcheck_tol, Tol};
+use ferrograd_core::{no_grad, with_no_grad, AllDims, DType, Error, GradStore, Result, Rng, Tensor};
 
-#[derive(Clone, Copy)]
-struct Tol {
-    h: f64,
-    rtol: f64,
-    atol: f64,
-}
-
-const TOL: Tol = Tol { h: 1e-6, rtol: 1e-5, atol: 1e-7 };
-
-/// `out` as a scalar: itself when it has one element, else `sum(out * w)` with weights that depend
-/// only on the output's shape, so every evaluation uses the same ones.
-fn contract(out: &Tensor) -> Result<Tensor> {
-    if out.elem_count() == 1 {
-        return out.reshape(());
-    }
-    let seed = 0xC0FFEE ^ out.dims().iter().fold(17u64, |a, &d| a * 31 + d as u64);
-    let w = Tensor::randn_with(&mut Rng::new(seed), 0.0, 1.0, out.shape().clone(), out.dtype(), out.device())?;
-    out.mul(&w)?.sum_all()
-}
-
-fn gradcheck<F: Fn(&[Tensor]) -> Result<Tensor>>(name: &str, f: F, inputs: &[Tensor]) {
-    gradcheck_tol(name, f, inputs, TOL)
-}
-
-fn gradcheck_tol<F: Fn(&[Tensor]) -> Result<Tensor>>(name: &str, f: F, inputs: &[Tensor], tol: Tol) {
-    if let Err(e) = try_gradcheck(name, &f, inputs, tol) {
-        panic!("{name}: {e}");
-    }
-}
-
-fn try_gradcheck(name: &str, f: &dyn Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor], tol: Tol) -> Result<()> {
-    let vars: Vec<Tensor> = inputs.iter().map(|t| t.requires_grad()).collect();
-    let loss = contract(&f(&vars)?)?;
-    let grads = loss.backward()?;
-    // Recording must not change values: the tracked forward equals the untracked one.
-    let plain = with_no_grad(|| contract(&f(inputs)?)?.item_f64())?;
-    let tracked = loss.item_f64()?;
-    assert!(
-        (plain - tracked).abs() <= 1e-12 * (1.0 + plain.abs()),
-        "{name}: forward with grad {tracked} != without {plain}"
-    );
-    let mut bad = vec![];
-    for (i, (x, v)) in inputs.iter().zip(&vars).enumerate() {
-        let g = grads.get(v).unwrap_or_else(|| panic!("{name}: no gradient for input {i} {:?}", x.dims()));
-        assert_eq!(g.dims(), x.dims(), "{name}: gradient shape of input {i}");
-        assert_eq!(g.dtype(), x.dtype(), "{name}: gradient dtype of input {i}");
-        let analytic = g.to_f64_vec()?;
-        let base = x.to_f64_vec()?;
-        for j in 0..base.len() {
-            let eval = |delta: f64| -> Result<f64> {
-                let mut vals = base.clone();
-                vals[j] += delta;
-                let xi = Tensor::from_vec(vals, x.shape().clone(), CPU)?.to_dtype(x.dtype())?;
-                let xs: Vec<Tensor> =
-                    inputs.iter().enumerate().map(|(k, t)| if k == i { xi.clone() } else { t.clone() }).collect();
-                with_no_grad(|| contract(&f(&xs)?)?.item_f64())
-            };
-            let numeric = (eval(tol.h)? - eval(-tol.h)?) / (2.0 * tol.h);
-            let a = analytic[j];
-            // Written so that a NaN on either side counts as a mismatch.
-            let ok = (a - numeric).abs() <= tol.atol + tol.rtol * a.abs().max(numeric.abs());
-            if !ok {
-                bad.push(format!("input {i} {:?} elem {j}: analytic {a:.9e} numeric {numeric:.9e}", x.dims()));
-            }
-        }
-    }
-    assert!(bad.is_empty(), "{name}: {} mismatches:\n  {}", bad.len(), bad[..bad.len().min(8)].join("\n  "));
-    Ok(())
-}
+backend_tests!(
+    unary_ops,
+    unary_values_match_f64_reference,
+    binary_ops_with_broadcasting,
+    binary_same_tensor_both_sides,
+    where_cond_and_masked_fill,
+    reductions,
+    reduction_of_broadcast_view_and_1d,
+    max_min_ties_share_the_gradient,
+    matmul_shapes_and_batch_broadcast,
+    matmul_transposed_and_strided_operands,
+    views,
+    to_dtype_round_trips,
+    to_dtype_gradient_has_the_input_dtype,
+    cat_stack_chunk,
+    index_select_embedding_gather,
+    softmax_and_log_softmax,
+    layer_norm,
+    losses,
+    fused_cross_entropy_equals_the_composed_definition,
+    cross_entropy_edge_rows,
+    cross_entropy_matches_definition,
+    dropout_with_a_fixed_seed,
+    dropout_mask_and_scale,
+    dag_with_shared_subexpressions,
+    tensor_used_twice_sums_gradients,
+    gradients_accumulate_over_backward_calls,
+    no_grad_scope_records_nothing,
+    detach_stops_gradients,
+    leaf_gradient_of_a_strided_leaf_has_its_shape,
+);
 
 #[test]
 #[should_panic(expected = "mismatches")]
 fn gradcheck_catches_a_wrong_gradient() {
     // Value x^2 but gradient 1 (the x^2 term is detached): the checker must reject it.
-    let x = Tensor::from_vec(vec![0.5f64, -1.0, 2.0], 3, CPU).unwrap();
+    let x = Tensor::from_vec(vec![0.5f64, -1.0, 2.0], 3, dev()).unwrap();
     gradcheck("wrong", |v| v[0].detach().sqr()?.add(&v[0])?.sub(&v[0].detach()), &[x]);
 }
 
 // ---- inputs -------------------------------------------------------------------------------------
 
 fn randn<S: Into<ferrograd_core::Shape>>(rng: &mut Rng, shape: S) -> Tensor {
-    Tensor::randn_with(rng, 0.0, 1.0, shape, DType::F64, CPU).unwrap()
+    Tensor::randn_with(rng, 0.0, 1.0, shape, DType::F64, dev()).unwrap()
 }
 
 fn uniform<S: Into<ferrograd_core::Shape>>(rng: &mut Rng, lo: f64, hi: f64, shape: S) -> Tensor {
-    Tensor::rand_with(rng, lo, hi, shape, DType::F64, CPU).unwrap()
+    Tensor::rand_with(rng, lo, hi, shape, DType::F64, dev()).unwrap()
 }
 
 /// Values of either sign with `lo <= |x| < hi`: away from the kinks of abs, relu, sign at 0.
@@ -105,7 +73,7 @@ fn signed_away<S: Into<ferrograd_core::Shape>>(rng: &mut Rng, lo: f64, hi: f64, 
     let mag = uniform(rng, lo, hi, shape);
     let sign = uniform(rng, -1.0, 1.0, mag.shape().clone()).to_f64_vec().unwrap();
     let v: Vec<f64> = mag.to_f64_vec().unwrap().iter().zip(sign).map(|(m, s)| if s < 0.0 { -m } else { *m }).collect();
-    Tensor::from_vec(v, mag.shape().clone(), CPU).unwrap()
+    Tensor::from_vec(v, mag.shape().clone(), dev()).unwrap()
 }
 
 /// The three layouts every elementwise check runs on, all of logical shape [3, 4]: contiguous,
@@ -119,14 +87,13 @@ fn layouts(make: &mut dyn FnMut(&[usize]) -> Tensor) -> Vec<(&'static str, Tenso
 }
 
 fn ids<S: Into<ferrograd_core::Shape>>(v: Vec<u32>, shape: S) -> Tensor {
-    Tensor::from_vec(v, shape, CPU).unwrap()
+    Tensor::from_vec(v, shape, dev()).unwrap()
 }
 
 // ---- unary --------------------------------------------------------------------------------------
 
 type UnaryFn = fn(&Tensor) -> Result<Tensor>;
 
-#[test]
 fn unary_ops() {
     // (name, op, domain): "any" = N(0, 1); "away" = |x| in [0.2, 2); "pos" = [0.5, 2).
     let ops: Vec<(&str, UnaryFn, &str)> = vec![
@@ -172,10 +139,9 @@ fn unary_ops() {
     }
 }
 
-#[test]
 fn unary_values_match_f64_reference() -> Result<()> {
     // The gradcheck only proves consistency; pin a few forward values too.
-    let x = Tensor::from_vec(vec![-1.5f64, -0.3, 0.7, 2.0], 4, CPU)?;
+    let x = Tensor::from_vec(vec![-1.5f64, -0.3, 0.7, 2.0], 4, dev())?;
     let erf_gelu = |v: f64| 0.5 * v * (1.0 + libm_erf(v / std::f64::consts::SQRT_2));
     let got = x.gelu()?.to_vec::<f64>()?;
     for (g, v) in got.iter().zip([-1.5f64, -0.3, 0.7, 2.0]) {
@@ -203,7 +169,6 @@ fn libm_erf(x: f64) -> f64 {
 
 type BinaryFn = fn(&Tensor, &Tensor) -> Result<Tensor>;
 
-#[test]
 fn binary_ops_with_broadcasting() {
     let ops: Vec<(&str, BinaryFn)> = vec![
         ("add", |a, b| a.add(b)),
@@ -248,7 +213,6 @@ fn binary_ops_with_broadcasting() {
     }
 }
 
-#[test]
 fn binary_same_tensor_both_sides() {
     let mut rng = Rng::new(3);
     let x = signed_away(&mut rng, 0.5, 2.0, (3, 4));
@@ -258,7 +222,6 @@ fn binary_same_tensor_both_sides() {
     gradcheck("x - x.t() broadcast", |v| v[0].narrow(1, 0, 3)?.sub(&v[0].narrow(1, 1, 3)?.t()?), &[x]);
 }
 
-#[test]
 fn where_cond_and_masked_fill() {
     let mut rng = Rng::new(4);
     let mask = ids(vec![1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 0, 1], (3, 4)).to_dtype(DType::U8).unwrap();
@@ -269,7 +232,7 @@ fn where_cond_and_masked_fill() {
     let row = randn(&mut rng, 4);
     let col = randn(&mut rng, (3, 1));
     gradcheck("where_cond broadcast branches", |v| mask.where_cond(&v[0], &v[1]), &[row, col]);
-    let cond = Tensor::from_vec(vec![0.0f64, 2.0, -1.0, 0.0], 4, CPU).unwrap();
+    let cond = Tensor::from_vec(vec![0.0f64, 2.0, -1.0, 0.0], 4, dev()).unwrap();
     let tt = randn(&mut rng, (4, 3)).t().unwrap();
     gradcheck("where_cond broadcast cond", |v| cond.where_cond(&v[0], &v[1]), &[tt, f.clone()]);
     let m = ids(vec![0, 1, 1, 0], (1, 4));
@@ -279,7 +242,6 @@ fn where_cond_and_masked_fill() {
 
 // ---- reductions ---------------------------------------------------------------------------------
 
-#[test]
 fn reductions() {
     let mut rng = Rng::new(5);
     let x = randn(&mut rng, (2, 3, 4));
@@ -311,7 +273,6 @@ fn reductions() {
     }
 }
 
-#[test]
 fn reduction_of_broadcast_view_and_1d() {
     let mut rng = Rng::new(6);
     let row = randn(&mut rng, 4);
@@ -321,10 +282,9 @@ fn reduction_of_broadcast_view_and_1d() {
     gradcheck("sum_all", |v| v[0].sum_all(), &[row]);
 }
 
-#[test]
 fn max_min_ties_share_the_gradient() -> Result<()> {
     // PyTorch's amax rule: tied maxima split the gradient equally.
-    let x = Tensor::from_vec(vec![1.0f64, 3.0, 3.0, 0.0], 4, CPU)?.requires_grad();
+    let x = Tensor::from_vec(vec![1.0f64, 3.0, 3.0, 0.0], 4, dev())?.requires_grad();
     let g = x.max(0usize, false)?.backward()?;
     assert_eq!(g.get(&x).unwrap().to_vec::<f64>()?, vec![0.0, 0.5, 0.5, 0.0]);
     let g = x.min(0usize, false)?.backward()?;
@@ -334,7 +294,6 @@ fn max_min_ties_share_the_gradient() -> Result<()> {
 
 // ---- matmul -------------------------------------------------------------------------------------
 
-#[test]
 fn matmul_shapes_and_batch_broadcast() {
     let cases: Vec<(Vec<usize>, Vec<usize>)> = vec![
         (vec![4], vec![4]),
@@ -357,7 +316,6 @@ fn matmul_shapes_and_batch_broadcast() {
     }
 }
 
-#[test]
 fn matmul_transposed_and_strided_operands() {
     let mut rng = Rng::new(8);
     // Leaves that are themselves transposed views.
@@ -383,7 +341,6 @@ fn matmul_transposed_and_strided_operands() {
 
 // ---- views --------------------------------------------------------------------------------------
 
-#[test]
 fn views() {
     let mut rng = Rng::new(9);
     let x = randn(&mut rng, (2, 3, 4));
@@ -412,7 +369,6 @@ fn views() {
     gradcheck("reshape of an expanded view (copies)", |v| v[0].narrow(0, 0, 1)?.expand((3, 3, 4))?.reshape((9, 4)), xs);
 }
 
-#[test]
 fn to_dtype_round_trips() {
     let mut rng = Rng::new(10);
     let x = randn(&mut rng, (3, 4));
@@ -441,9 +397,8 @@ fn to_dtype_round_trips() {
     gradcheck("to f64 (no-op)", |v| v[0].to_dtype(DType::F64)?.sqr(), &[x]);
 }
 
-#[test]
 fn to_dtype_gradient_has_the_input_dtype() -> Result<()> {
-    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], 3, CPU)?.requires_grad();
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], 3, dev())?.requires_grad();
     let y = x.to_dtype(DType::F64)?.sqr()?.sum_all()?;
     let g = y.backward()?;
     let gx = g.get(&x).unwrap();
@@ -457,7 +412,6 @@ fn to_dtype_gradient_has_the_input_dtype() -> Result<()> {
 
 // ---- structure: cat, stack, chunk ---------------------------------------------------------------
 
-#[test]
 fn cat_stack_chunk() {
     let mut rng = Rng::new(11);
     let a = randn(&mut rng, (2, 3));
@@ -506,21 +460,20 @@ fn cat_stack_chunk() {
 
 // ---- indexing -----------------------------------------------------------------------------------
 
-#[test]
 fn index_select_embedding_gather() {
     let mut rng = Rng::new(12);
     let x = randn(&mut rng, (4, 3));
     // Repeated indices: their gradients must add up.
     let i0 = ids(vec![2, 0, 2, 3, 2], 5);
     gradcheck("index_select dim 0", |v| v[0].index_select(&i0, 0usize), std::slice::from_ref(&x));
-    let i1 = Tensor::from_vec(vec![1i32, 1, 0], 3, CPU).unwrap();
+    let i1 = Tensor::from_vec(vec![1i32, 1, 0], 3, dev()).unwrap();
     gradcheck("index_select dim 1 (i32)", |v| v[0].index_select(&i1, 1usize), std::slice::from_ref(&x));
     gradcheck(
         "index_select of transposed",
         |v| v[0].t()?.index_select(&i0.narrow(0, 0, 2)?, 1usize),
         std::slice::from_ref(&x),
     );
-    let tok = Tensor::from_vec(vec![3u8, 1, 1, 0, 3, 3], (2, 3), CPU).unwrap();
+    let tok = Tensor::from_vec(vec![3u8, 1, 1, 0, 3, 3], (2, 3), dev()).unwrap();
     gradcheck("embedding 2-d ids", |v| v[0].embedding(&tok), std::slice::from_ref(&x));
     let tok1 = ids(vec![0, 0, 2], 3);
     gradcheck("embedding of narrowed table", |v| v[0].narrow(1, 1, 2)?.embedding(&tok1), std::slice::from_ref(&x));
@@ -538,7 +491,6 @@ fn index_select_embedding_gather() {
 
 // ---- nn ops -------------------------------------------------------------------------------------
 
-#[test]
 fn softmax_and_log_softmax() {
     let mut rng = Rng::new(13);
     let x = randn(&mut rng, (3, 4));
@@ -560,7 +512,6 @@ fn softmax_and_log_softmax() {
     gradcheck("softmax over a size-1 dim", |v| v[0].softmax(-1), &[s]);
 }
 
-#[test]
 fn layer_norm() {
     let mut rng = Rng::new(14);
     let x = randn(&mut rng, (3, 5));
@@ -581,7 +532,6 @@ fn layer_norm() {
     gradcheck("layer_norm shared weight", |v| v[0].layer_norm(Some(&v[1]), None, 1e-5)?.mul(&v[1])?.tanh(), &[x, w2]);
 }
 
-#[test]
 fn losses() {
     let mut rng = Rng::new(15);
     let p = randn(&mut rng, (4, 3));
@@ -591,9 +541,9 @@ fn losses() {
     let logits = randn(&mut rng, (5, 4)).mul_scalar(2.0).unwrap();
     let t = ids(vec![0, 3, 1, 1, 2], 5);
     gradcheck("cross_entropy", |v| v[0].cross_entropy(&t, None), std::slice::from_ref(&logits));
-    let ti = Tensor::from_vec(vec![0i32, -100, 1, -100, 3], 5, CPU).unwrap();
+    let ti = Tensor::from_vec(vec![0i32, -100, 1, -100, 3], 5, dev()).unwrap();
     gradcheck("cross_entropy ignore_index", |v| v[0].cross_entropy(&ti, Some(-100)), std::slice::from_ref(&logits));
-    let tu = Tensor::from_vec(vec![2u8, 2, 1, 0, 2], 5, CPU).unwrap();
+    let tu = Tensor::from_vec(vec![2u8, 2, 1, 0, 2], 5, dev()).unwrap();
     gradcheck("cross_entropy ignore a real class", |v| v[0].cross_entropy(&tu, Some(2)), std::slice::from_ref(&logits));
     let lt = randn(&mut rng, (4, 5)).t().unwrap();
     gradcheck("cross_entropy of transposed logits", |v| v[0].cross_entropy(&t, None), std::slice::from_ref(&lt));
@@ -621,7 +571,6 @@ fn composed_cross_entropy(x: &Tensor, t: &Tensor, ignore_index: Option<i64>) -> 
     picked.mul(&keep)?.sum_all()?.neg()?.div(&keep.sum_all()?)
 }
 
-#[test]
 fn fused_cross_entropy_equals_the_composed_definition() -> Result<()> {
     let mut rng = Rng::new(21);
     let close = |what: &str, a: &[f64], b: &[f64]| {
@@ -632,12 +581,12 @@ fn fused_cross_entropy_equals_the_composed_definition() -> Result<()> {
     };
     let raw: Vec<i64> = vec![0, 6, -100, 3, 3, 1, -100, 5, 2, 0, 4];
     let cases: Vec<(&str, Tensor, Option<i64>)> = vec![
-        ("i32", Tensor::from_vec(raw.iter().map(|&v| v as i32).collect::<Vec<_>>(), 11, CPU)?, Some(-100)),
-        ("i8", Tensor::from_vec(raw.iter().map(|&v| v as i8).collect::<Vec<_>>(), 11, CPU)?, Some(-100)),
+        ("i32", Tensor::from_vec(raw.iter().map(|&v| v as i32).collect::<Vec<_>>(), 11, dev())?, Some(-100)),
+        ("i8", Tensor::from_vec(raw.iter().map(|&v| v as i8).collect::<Vec<_>>(), 11, dev())?, Some(-100)),
         ("u32", ids(raw.iter().map(|&v| v.rem_euclid(7) as u32).collect(), 11), None),
         (
             "u8 ignore 3",
-            Tensor::from_vec(raw.iter().map(|&v| v.rem_euclid(7) as u8).collect::<Vec<_>>(), 11, CPU)?,
+            Tensor::from_vec(raw.iter().map(|&v| v.rem_euclid(7) as u8).collect::<Vec<_>>(), 11, dev())?,
             Some(3),
         ),
     ];
@@ -662,12 +611,11 @@ fn fused_cross_entropy_equals_the_composed_definition() -> Result<()> {
     Ok(())
 }
 
-#[test]
 fn cross_entropy_edge_rows() -> Result<()> {
     // An ignored row of all -inf adds nothing and no NaN, to the loss or the gradient.
     let ninf = f64::NEG_INFINITY;
-    let x = Tensor::from_vec(vec![1.0, 2.0, 0.5, ninf, ninf, ninf], (2, 3), CPU)?.requires_grad();
-    let t = Tensor::from_vec(vec![1i32, -100], 2, CPU)?;
+    let x = Tensor::from_vec(vec![1.0, 2.0, 0.5, ninf, ninf, ninf], (2, 3), dev())?.requires_grad();
+    let t = Tensor::from_vec(vec![1i32, -100], 2, dev())?;
     let l = x.cross_entropy(&t, Some(-100))?;
     let lse = [1.0f64, 2.0, 0.5].iter().map(|v| v.exp()).sum::<f64>().ln();
     assert!((l.item::<f64>()? - (lse - 2.0)).abs() < 1e-12);
@@ -675,15 +623,15 @@ fn cross_entropy_edge_rows() -> Result<()> {
     assert!(g.iter().all(|v| v.is_finite()), "{g:?}");
     assert_eq!(&g[3..], &[0.0, 0.0, 0.0]);
     // Every row ignored: 0 / 0, NaN as in PyTorch; the gradient is zero.
-    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], (2, 2), CPU)?.requires_grad();
-    let t = Tensor::from_vec(vec![-1i32, -1], 2, CPU)?;
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], (2, 2), dev())?.requires_grad();
+    let t = Tensor::from_vec(vec![-1i32, -1], 2, dev())?;
     let l = x.cross_entropy(&t, Some(-1))?;
     assert_eq!(l.dtype(), DType::F32);
     assert!(l.item::<f32>()?.is_nan());
     let g = l.backward()?.get(&x).cloned().expect("grad").to_f64_vec()?;
     assert_eq!(g, vec![0.0; 4]);
     // Half-precision logits give a loss of their dtype, computed in f32.
-    let x = Tensor::from_vec(vec![1.0f64, 2.0, 0.5, -1.0, 0.0, 3.0], (2, 3), CPU)?;
+    let x = Tensor::from_vec(vec![1.0f64, 2.0, 0.5, -1.0, 0.0, 3.0], (2, 3), dev())?;
     let t = ids(vec![1, 2], 2);
     let want = x.cross_entropy(&t, None)?.item::<f64>()?;
     for d in [DType::F16, DType::BF16] {
@@ -694,21 +642,19 @@ fn cross_entropy_edge_rows() -> Result<()> {
     Ok(())
 }
 
-#[test]
 fn cross_entropy_matches_definition() -> Result<()> {
-    let logits = Tensor::from_vec(vec![1.0f64, 2.0, 0.5, -1.0, 0.0, 3.0], (2, 3), CPU)?;
+    let logits = Tensor::from_vec(vec![1.0f64, 2.0, 0.5, -1.0, 0.0, 3.0], (2, 3), dev())?;
     let t = ids(vec![1, 2], 2);
     let l = logits.cross_entropy(&t, None)?.item::<f64>()?;
     let lse = |r: &[f64]| r.iter().map(|v| v.exp()).sum::<f64>().ln();
     let want = ((lse(&[1.0, 2.0, 0.5]) - 2.0) + (lse(&[-1.0, 0.0, 3.0]) - 3.0)) / 2.0;
     assert!((l - want).abs() < 1e-12, "{l} vs {want}");
-    let t = Tensor::from_vec(vec![1i32, -1], 2, CPU)?;
+    let t = Tensor::from_vec(vec![1i32, -1], 2, dev())?;
     let l = logits.cross_entropy(&t, Some(-1))?.item::<f64>()?;
     assert!((l - (lse(&[1.0, 2.0, 0.5]) - 2.0)).abs() < 1e-12);
     Ok(())
 }
 
-#[test]
 fn dropout_with_a_fixed_seed() {
     let mut rng = Rng::new(16);
     let x = randn(&mut rng, (4, 5));
@@ -717,9 +663,8 @@ fn dropout_with_a_fixed_seed() {
     gradcheck("dropout of transposed", |v| v[0].t()?.dropout_with(&mut Rng::new(5), 0.5, true), &[x]);
 }
 
-#[test]
 fn dropout_mask_and_scale() -> Result<()> {
-    let x = Tensor::ones((100, 100), DType::F64, CPU)?;
+    let x = Tensor::ones((100, 100), DType::F64, dev())?;
     let y = x.dropout_with(&mut Rng::new(7), 0.25, true)?.to_vec::<f64>()?;
     let kept = y.iter().filter(|&&v| v != 0.0).count();
     assert!(y.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-12));
@@ -731,7 +676,6 @@ fn dropout_mask_and_scale() -> Result<()> {
 
 // ---- autograd machinery -------------------------------------------------------------------------
 
-#[test]
 fn dag_with_shared_subexpressions() {
     let mut rng = Rng::new(17);
     let x = randn(&mut rng, (3, 4));
@@ -749,9 +693,8 @@ fn dag_with_shared_subexpressions() {
     );
 }
 
-#[test]
 fn tensor_used_twice_sums_gradients() -> Result<()> {
-    let x = Tensor::from_vec(vec![1.0f64, -2.0, 3.0], 3, CPU)?.requires_grad();
+    let x = Tensor::from_vec(vec![1.0f64, -2.0, 3.0], 3, dev())?.requires_grad();
     // y = x * 3 + x^2: dy/dx = 3 + 2x
     let y = x.mul_scalar(3.0)?.add(&x.sqr()?)?.sum_all()?;
     let g = y.backward()?;
@@ -770,7 +713,6 @@ fn tensor_used_twice_sums_gradients() -> Result<()> {
     Ok(())
 }
 
-#[test]
 fn gradients_accumulate_over_backward_calls() -> Result<()> {
     let mut rng = Rng::new(18);
     let x = randn(&mut rng, (2, 3)).requires_grad();
@@ -793,9 +735,8 @@ fn gradients_accumulate_over_backward_calls() -> Result<()> {
     Ok(())
 }
 
-#[test]
 fn no_grad_scope_records_nothing() -> Result<()> {
-    let x = Tensor::from_vec(vec![1.0f64, 2.0], 2, CPU)?.requires_grad();
+    let x = Tensor::from_vec(vec![1.0f64, 2.0], 2, dev())?.requires_grad();
     {
         let _g = no_grad();
         assert!(!ferrograd_core::is_grad_enabled());
@@ -819,9 +760,8 @@ fn no_grad_scope_records_nothing() -> Result<()> {
     Ok(())
 }
 
-#[test]
 fn detach_stops_gradients() -> Result<()> {
-    let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], 3, CPU)?.requires_grad();
+    let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], 3, dev())?.requires_grad();
     let d = x.detach();
     assert!(!d.tracks_grad() && !d.is_variable());
     assert_eq!(d.to_vec::<f64>()?, x.to_vec::<f64>()?);
@@ -831,7 +771,7 @@ fn detach_stops_gradients() -> Result<()> {
     // A loss that depends only on detached values cannot be differentiated.
     assert!(matches!(d.sqr()?.sum_all()?.backward(), Err(Error::Backward(_))));
     // Detaching an intermediate cuts everything below it.
-    let w = Tensor::from_vec(vec![0.5f64, 0.5, 0.5], 3, CPU)?.requires_grad();
+    let w = Tensor::from_vec(vec![0.5f64, 0.5, 0.5], 3, dev())?.requires_grad();
     let h = x.mul(&w)?.detach();
     let g = h.mul(&w)?.sum_all()?.backward()?;
     assert!(g.get(&x).is_none());
@@ -839,12 +779,11 @@ fn detach_stops_gradients() -> Result<()> {
     Ok(())
 }
 
-#[test]
 fn leaf_gradient_of_a_strided_leaf_has_its_shape() -> Result<()> {
-    let base = Tensor::arange(0.0, 6.0, 1.0, DType::F64, CPU)?.reshape((2, 3))?;
+    let base = Tensor::arange(0.0, 6.0, 1.0, DType::F64, dev())?.reshape((2, 3))?;
     let x = base.t()?.requires_grad(); // [3, 2], non-contiguous leaf
     assert!(x.is_variable() && !x.is_contiguous());
-    let w = Tensor::from_vec(vec![1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0], (3, 2), CPU)?;
+    let w = Tensor::from_vec(vec![1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0], (3, 2), dev())?;
     let g = x.mul(&w)?.sum_all()?.backward()?;
     assert_eq!(g.get(&x).unwrap().to_vec2::<f64>()?, vec![vec![1.0, 2.0], vec![3.0, 4.0], vec![5.0, 6.0]]);
     Ok(())
@@ -854,7 +793,7 @@ fn leaf_gradient_of_a_strided_leaf_has_its_shape() -> Result<()> {
 fn deep_graphs_backward_and_drop_without_recursion() -> Result<()> {
     // 100k ops in a chain: backward walks it iteratively, and dropping it must not recurse once
     // per op (that overflowed the 2 MiB test-thread stack before `Drop for Inner` unlinked it).
-    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], 3, CPU)?.requires_grad();
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], 3, dev())?.requires_grad();
     let mut y = x.clone();
     for _ in 0..100_000 {
         y = y.add_scalar(1e-3)?;
@@ -879,7 +818,7 @@ fn tensors_cross_threads_and_no_grad_is_per_thread() -> Result<()> {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<Tensor>();
     send_sync::<GradStore>();
-    let x = Tensor::from_vec(vec![1.0f64, 2.0], 2, CPU)?.requires_grad();
+    let x = Tensor::from_vec(vec![1.0f64, 2.0], 2, dev())?.requires_grad();
     let _g = no_grad();
     let y = x.sqr()?;
     assert!(y.op().is_none());

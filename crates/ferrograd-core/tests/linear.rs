@@ -6,30 +6,16 @@
 //! are poisoned (NaN bytes) before every kernel. Without a usable GPU the CUDA tests print one line
 //! and pass.
 
+mod common;
+
+use common::{gpu, gradcheck, randn};
 use ferrograd_core::cuda::blaslt::counters_on_this_thread;
-use ferrograd_core::cuda::{set_poison_allocations, CudaDevice};
+use ferrograd_core::cuda::CudaDevice;
 use ferrograd_core::fused::linear::{linear, mlp, Activation};
-use ferrograd_core::{with_no_grad, DType, Device, Error, Result, Rng, Tensor};
+use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
 
 const CPU: Device = Device::Cpu;
 const ACTS: [Activation; 3] = [Activation::None, Activation::GeluTanh, Activation::Relu];
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => {
-            set_poison_allocations(true);
-            Some(Device::Cuda(0))
-        }
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
-
-fn randn(rng: &mut Rng, shape: &[usize], dtype: DType) -> Tensor {
-    Tensor::randn_with(rng, 0.0, 1.0, shape.to_vec(), DType::F64, CPU).and_then(|t| t.to_dtype(dtype)).expect("randn")
-}
 
 /// The same layer from primitive ops.
 fn composed(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Activation) -> Result<Tensor> {
@@ -41,43 +27,6 @@ fn composed(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Activation) -> Resu
         Activation::None => Ok(z),
         Activation::GeluTanh => z.gelu_tanh(),
         Activation::Relu => z.relu(),
-    }
-}
-
-/// A fixed random contraction of the output, so every output element gets its own upstream
-/// gradient (a plain sum would hide permutation bugs).
-fn contract(y: &Tensor) -> Result<Tensor> {
-    let seed = y.dims().iter().fold(17u64, |a, &d| a * 31 + d as u64);
-    let w = Tensor::randn_with(&mut Rng::new(seed), 0.0, 1.0, y.shape().clone(), y.dtype(), y.device())?;
-    y.mul(&w)?.sum_all()
-}
-
-/// Central differences against the analytic gradient of every input, f64 on the CPU.
-fn gradcheck(name: &str, inputs: &[Tensor], f: &dyn Fn(&[Tensor]) -> Result<Tensor>) {
-    let vars: Vec<Tensor> = inputs.iter().map(|t| t.requires_grad()).collect();
-    let grads = contract(&f(&vars).unwrap()).unwrap().backward().unwrap();
-    let h = 1e-6;
-    for (i, (x, v)) in inputs.iter().zip(&vars).enumerate() {
-        let g = grads.get(v).unwrap_or_else(|| panic!("{name}: no gradient for input {i}"));
-        assert_eq!(g.dims(), x.dims(), "{name}: gradient shape of input {i}");
-        let analytic = g.to_f64_vec().unwrap();
-        let base = x.to_f64_vec().unwrap();
-        for j in 0..base.len() {
-            let eval = |d: f64| {
-                let mut vals = base.clone();
-                vals[j] += d;
-                let xi = Tensor::from_vec(vals, x.shape().clone(), CPU).unwrap();
-                let xs: Vec<Tensor> =
-                    inputs.iter().enumerate().map(|(k, t)| if k == i { xi.clone() } else { t.clone() }).collect();
-                with_no_grad(|| contract(&f(&xs)?)?.item_f64()).unwrap()
-            };
-            let numeric = (eval(h) - eval(-h)) / (2.0 * h);
-            let a = analytic[j];
-            assert!(
-                (a - numeric).abs() <= 1e-7 + 1e-5 * a.abs().max(numeric.abs()),
-                "{name}: input {i} element {j}: analytic {a:e} numeric {numeric:e}"
-            );
-        }
     }
 }
 
@@ -93,8 +42,8 @@ fn gradcheck_each_activation_with_and_without_bias() {
                 randn(&mut rng, &[n], DType::F64),
             );
             let name = format!("linear {act:?} x{xs:?} -> {n}");
-            gradcheck(&format!("{name} bias"), &[x.clone(), w.clone(), b], &|t| linear(&t[0], &t[1], Some(&t[2]), act));
-            gradcheck(&format!("{name} no bias"), &[x, w], &|t| linear(&t[0], &t[1], None, act));
+            gradcheck(&format!("{name} bias"), |t| linear(&t[0], &t[1], Some(&t[2]), act), &[x.clone(), w.clone(), b]);
+            gradcheck(&format!("{name} no bias"), |t| linear(&t[0], &t[1], None, act), &[x, w]);
         }
         // Strided operands: x a transposed buffer, w a transposed view ([in, out] stored).
         let (xt, wt, b) = (
@@ -102,9 +51,11 @@ fn gradcheck_each_activation_with_and_without_bias() {
             randn(&mut rng, &[5, 3], DType::F64),
             randn(&mut rng, &[3], DType::F64),
         );
-        gradcheck(&format!("linear {act:?} strided"), &[xt, wt, b], &|t| {
-            linear(&t[0].t()?, &t[1].t()?, Some(&t[2]), act)
-        });
+        gradcheck(
+            &format!("linear {act:?} strided"),
+            |t| linear(&t[0].t()?, &t[1].t()?, Some(&t[2]), act),
+            &[xt, wt, b],
+        );
     }
 }
 
@@ -433,12 +384,16 @@ fn mlp_gradcheck_and_two_linears() -> Result<()> {
         let (x, w1, b1, w2, b2) =
             (t(&mut rng, &xs), t(&mut rng, &[h, k]), t(&mut rng, &[h]), t(&mut rng, &[n, h]), t(&mut rng, &[n]));
         let what = format!("mlp x{xs:?} {k}->{h}->{n}");
-        gradcheck(&what, &[x.clone(), w1.clone(), b1.clone(), w2.clone(), b2.clone()], &|t| {
-            mlp(&t[0], &t[1], Some(&t[2]), &t[3], Some(&t[4]))
-        });
-        gradcheck(&format!("{what} no biases"), &[x.clone(), w1.clone(), w2.clone()], &|t| {
-            mlp(&t[0], &t[1], None, &t[2], None)
-        });
+        gradcheck(
+            &what,
+            |t| mlp(&t[0], &t[1], Some(&t[2]), &t[3], Some(&t[4])),
+            &[x.clone(), w1.clone(), b1.clone(), w2.clone(), b2.clone()],
+        );
+        gradcheck(
+            &format!("{what} no biases"),
+            |t| mlp(&t[0], &t[1], None, &t[2], None),
+            &[x.clone(), w1.clone(), w2.clone()],
+        );
         let got = mlp(&x, &w1, Some(&b1), &w2, Some(&b2))?.to_f64_vec()?;
         let want = two_linears(&x, &w1, Some(&b1), &w2, Some(&b2))?.to_f64_vec()?;
         assert!(max_rel(&got, &want) < 1e-12, "{what}: value");

@@ -9,7 +9,9 @@
 //! NaN and infinities, every float dtype, contiguous and strided, outputs poisoned first. Without
 //! a usable GPU the CUDA tests print one line and pass.
 
-use ferrograd_core::cuda::{set_poison_allocations, CudaDevice};
+mod common;
+
+use common::gpu;
 use ferrograd_core::{DType, Device, Result, Tensor};
 
 const NAN: f64 = f64::NAN;
@@ -81,19 +83,6 @@ fn a_nan_weight_reaches_the_loss() -> Result<()> {
 }
 
 // ---- CUDA against the CPU ------------------------------------------------------------------
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => {
-            set_poison_allocations(true);
-            Some(Device::Cuda(0))
-        }
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 /// Values with NaN, both infinities, signed zeros and ordinary numbers, in a fixed pattern.
 fn specials(n: usize) -> Vec<f64> {

@@ -1,11 +1,32 @@
 //! Property tests for shapes, broadcasting, views and the loops that read them: every result is
 //! compared with a naive reference (`Nd`, a row-major array indexed one element at a time).
 //! Values are small integers stored as f64, so sums and products are exact and compared with `==`.
+//!
+//! One backend suite (`backend_tests!`): each property runs as `on_cpu::NAME` and, on a GPU
+//! machine, as `on_cuda::NAME` with its tensors (and the views of them) made on the device.
 
-use ferrograd_core::{AllDims, DType, Device, Error, Shape, Tensor};
+use ferrograd_core::{AllDims, DType, Error, Shape, Tensor};
 use proptest::prelude::*;
 
-const CPU: Device = Device::Cpu;
+mod common;
+
+use common::dev;
+
+backend_tests!(
+    broadcast_shape_matches_reference,
+    broadcast_binary_ops_equal_explicit_loops,
+    permute_round_trips,
+    reshape_round_trips,
+    narrow_pieces_cat_back,
+    any_view_reads_like_the_reference,
+    sum_over_dims_matches_reference,
+    matmul_matches_triple_loop,
+    matmul_vector_promotion,
+    large_strided_tensors_match_the_reference,
+    large_matmul_matches_triple_loop,
+    empty_tensors,
+    set_overwrites_in_place_even_from_a_view_of_itself,
+);
 
 // ---- the reference ------------------------------------------------------------------------------
 
@@ -51,7 +72,7 @@ impl Nd {
         self.data[flat]
     }
     fn tensor(&self) -> Tensor {
-        Tensor::from_vec(self.data.clone(), self.dims.clone(), CPU).unwrap()
+        Tensor::from_vec(self.data.clone(), self.dims.clone(), dev()).unwrap()
     }
     fn permute(&self, p: &[usize]) -> Nd {
         let dims: Vec<usize> = p.iter().map(|&q| self.dims[q]).collect();
@@ -166,8 +187,7 @@ fn cfg(cases: u32) -> ProptestConfig {
 proptest! {
     #![proptest_config(cfg(128))]
 
-    #[test]
-    fn broadcast_shape_matches_reference((a, b) in broadcast_pair(4, 4)) {
+        fn broadcast_shape_matches_reference((a, b) in broadcast_pair(4, 4)) {
         let got = Shape::from(a.clone()).broadcast_with(&Shape::from(b.clone()), "add");
         match ref_broadcast(&a, &b) {
             Some(want) => prop_assert_eq!(got.unwrap().to_vec(), want),
@@ -178,8 +198,7 @@ proptest! {
         }
     }
 
-    #[test]
-    fn broadcast_binary_ops_equal_explicit_loops((a, b) in broadcast_pair(4, 4)) {
+        fn broadcast_binary_ops_equal_explicit_loops((a, b) in broadcast_pair(4, 4)) {
         let (na, nb) = (Nd::iota(&a), Nd::iota(&b));
         let (ta, tb) = (na.tensor(), nb.tensor().affine(1.0, 0.5).unwrap()); // no zero divisors
         let Some(out) = ref_broadcast(&a, &b) else {
@@ -205,8 +224,7 @@ proptest! {
         prop_assert_eq!(lt, want);
     }
 
-    #[test]
-    fn permute_round_trips(dims in shape(4, 4), seed in any::<u64>()) {
+        fn permute_round_trips(dims in shape(4, 4), seed in any::<u64>()) {
         let nd = Nd::iota(&dims);
         let x = nd.tensor();
         let p = perm_from(dims.len(), seed);
@@ -224,8 +242,7 @@ proptest! {
         }
     }
 
-    #[test]
-    fn reshape_round_trips(dims in shape(4, 4), seed in any::<u64>(), split in 0usize..4) {
+        fn reshape_round_trips(dims in shape(4, 4), seed in any::<u64>(), split in 0usize..4) {
         let nd = Nd::iota(&dims);
         let n = nd.data.len();
         // A random shape with the same element count: n split into two factors, maybe with 1s.
@@ -251,8 +268,7 @@ proptest! {
         prop_assert_eq!(xp.flatten_all().unwrap().to_vec::<f64>().unwrap(), nd.permute(&p).data);
     }
 
-    #[test]
-    fn narrow_pieces_cat_back(dims in shape(4, 5).prop_filter("rank >= 1", |d| !d.is_empty()), seed in any::<u64>()) {
+        fn narrow_pieces_cat_back(dims in shape(4, 5).prop_filter("rank >= 1", |d| !d.is_empty()), seed in any::<u64>()) {
         let nd = Nd::iota(&dims);
         let x = nd.tensor();
         let d = (seed as usize) % dims.len();
@@ -272,8 +288,7 @@ proptest! {
 
     /// A random chain of views; reading it (to_vec), copying it (contiguous), and feeding it to a
     /// strided kernel (affine, sum) all agree with the reference.
-    #[test]
-    fn any_view_reads_like_the_reference(
+        fn any_view_reads_like_the_reference(
         dims in shape(3, 4).prop_filter("rank >= 1", |d| !d.is_empty()),
         ops in prop::collection::vec((0u8..6, any::<u64>()), 0..6),
     ) {
@@ -338,8 +353,7 @@ proptest! {
         prop_assert_eq!(x.sum_all().unwrap().to_vec::<f64>().unwrap(), vec![nd.data.iter().sum::<f64>()]);
     }
 
-    #[test]
-    fn sum_over_dims_matches_reference(
+        fn sum_over_dims_matches_reference(
         dims in shape(4, 4).prop_filter("rank >= 1", |d| !d.is_empty()),
         mask in any::<u8>(),
         keepdim in any::<bool>(),
@@ -377,8 +391,7 @@ proptest! {
 proptest! {
     #![proptest_config(cfg(96))]
 
-    #[test]
-    fn matmul_matches_triple_loop(
+        fn matmul_matches_triple_loop(
         m in 1usize..6, k in 1usize..6, n in 1usize..6,
         (ba, bb) in broadcast_pair(2, 3).prop_filter("batch dims broadcast", |(a, b)| ref_broadcast(a, b).is_some()),
         ta in any::<bool>(), tb in any::<bool>(),
@@ -417,8 +430,7 @@ proptest! {
         prop_assert_eq!(got.to_f64_vec().unwrap(), want.data);
     }
 
-    #[test]
-    fn matmul_vector_promotion(k in 1usize..6, n in 1usize..6, batch in 0usize..3) {
+        fn matmul_vector_promotion(k in 1usize..6, n in 1usize..6, batch in 0usize..3) {
         // [k] @ [.., k, n] -> [.., n] and [.., n, k] @ [k] -> [.., n]
         let v = Nd::iota(&[k]);
         let bd: Vec<usize> = [vec![2; batch], vec![k, n]].concat();
@@ -449,7 +461,6 @@ proptest! {
 
 /// Tensors past `PAR_MIN` (32768 elements) take the rayon paths of the strided loops, the
 /// reductions and matmul; the properties above only see small ones.
-#[test]
 fn large_strided_tensors_match_the_reference() {
     let (r, c) = (300, 200);
     let nd = Nd::iota(&[r, c]);
@@ -489,7 +500,6 @@ fn large_strided_tensors_match_the_reference() {
     assert_eq!(xt.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(), f);
 }
 
-#[test]
 fn large_matmul_matches_triple_loop() {
     // Past the small-matrix threshold (96^3), with transposed operands and a broadcast batch.
     let (m, k, n) = (120, 130, 110);
@@ -514,10 +524,9 @@ fn large_matmul_matches_triple_loop() {
     assert_eq!(g32, got);
 }
 
-#[test]
 fn empty_tensors() {
-    let a = Tensor::zeros((2, 0), DType::F32, CPU).unwrap();
-    let b = Tensor::zeros((0, 3), DType::F32, CPU).unwrap();
+    let a = Tensor::zeros((2, 0), DType::F32, dev()).unwrap();
+    let b = Tensor::zeros((0, 3), DType::F32, dev()).unwrap();
     // An inner dim of 0 gives a product of zeros, not garbage.
     assert_eq!(a.matmul(&b).unwrap().to_vec2::<f32>().unwrap(), vec![vec![0.0; 3]; 2]);
     let s = b.sum(0usize, false).unwrap().to_vec::<f32>().unwrap();
@@ -526,17 +535,16 @@ fn empty_tensors() {
     assert_eq!(b.softmax(0usize).unwrap().dims(), &[0, 3]);
     assert_eq!(a.softmax(-1).unwrap().dims(), &[2, 0]);
     assert_eq!(b.layer_norm(None, None, 1e-5).unwrap().dims(), &[0, 3]);
-    let one = Tensor::ones((1, 3), DType::F32, CPU).unwrap();
+    let one = Tensor::ones((1, 3), DType::F32, dev()).unwrap();
     assert_eq!(Tensor::cat(&[b.clone(), one], 0).unwrap().to_vec2::<f32>().unwrap(), vec![vec![1.0; 3]]);
     assert_eq!(a.t().unwrap().narrow(0, 0, 0).unwrap().contiguous().unwrap().dims(), &[0, 2]);
     assert!(matches!(b.max(0usize, false), Err(Error::Shape { .. })), "max over an empty dim has no value");
     // Gradients through an empty slice are zeros of the input's shape.
-    let x = Tensor::ones((2, 3), DType::F32, CPU).unwrap().requires_grad();
+    let x = Tensor::ones((2, 3), DType::F32, dev()).unwrap().requires_grad();
     let g = x.narrow(1, 1, 0).unwrap().sum_all().unwrap().backward().unwrap();
     assert_eq!(g.get(&x).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 6]);
 }
 
-#[test]
 fn set_overwrites_in_place_even_from_a_view_of_itself() {
     let nd = Nd::iota(&[3, 3]);
     let w = nd.tensor();
@@ -548,7 +556,7 @@ fn set_overwrites_in_place_even_from_a_view_of_itself() {
     assert_eq!(alias.to_vec::<f64>().unwrap(), nd.permute(&[1, 0]).data, "views see the new values");
     // A contiguous narrowed destination writes only its own window.
     let v = Nd::iota(&[4, 3]).tensor();
-    let row = Tensor::from_vec(vec![100.0f64, 200.0, 300.0], (1, 3), CPU).unwrap();
+    let row = Tensor::from_vec(vec![100.0f64, 200.0, 300.0], (1, 3), dev()).unwrap();
     v.narrow(0, 2, 1).unwrap().set(&row).unwrap();
     let got = v.to_vec2::<f64>().unwrap();
     assert_eq!(got[2], vec![100.0, 200.0, 300.0]);

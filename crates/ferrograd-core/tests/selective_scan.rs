@@ -5,7 +5,9 @@
 //! and several, with and without D / z / delta_bias, one and two groups). CUDA outputs are
 //! poisoned (NaN) before the kernels; without a GPU the CUDA tests print one line and pass.
 
-use ferrograd_core::cuda::{set_poison_allocations, CudaDevice};
+mod common;
+
+use common::{gpu, gradcheck, rel_err_of as rel_err};
 use ferrograd_core::fused::selective_scan::{selective_scan, ScanArgs, CHUNK};
 use ferrograd_core::{with_no_grad, DType, Device, Error, Result, Rng, Tensor};
 
@@ -118,21 +120,6 @@ fn naive(cs: Case, x: &[Tensor]) -> Vec<f64> {
     out
 }
 
-/// ‖x − y‖ / ‖y‖; infinite when anything is not finite.
-fn rel_err(x: &[f64], y: &[f64]) -> f64 {
-    assert_eq!(x.len(), y.len(), "lengths");
-    if x.iter().chain(y).any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let num: f64 = x.iter().zip(y).map(|(p, q)| (p - q) * (p - q)).sum();
-    let den: f64 = y.iter().map(|q| q * q).sum();
-    if num == 0.0 {
-        0.0
-    } else {
-        (num / den).sqrt()
-    }
-}
-
 // ---- the CPU op against its definition -----------------------------------------------------------
 
 #[test]
@@ -233,37 +220,6 @@ fn no_grad_records_nothing_and_empty_sequences_work() -> Result<()> {
 
 // ---- gradients ------------------------------------------------------------------------------------
 
-fn gradcheck(name: &str, f: &dyn Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor]) {
-    let (h, rtol, atol) = (1e-6, 1e-5, 1e-7);
-    let vars: Vec<Tensor> = inputs.iter().map(|t| t.requires_grad()).collect();
-    let out = f(&vars).unwrap();
-    let w = Tensor::randn_with(&mut Rng::new(77), 0.0, 1.0, out.dims().to_vec(), DType::F64, CPU).unwrap();
-    let contract = |o: &Tensor| o.mul(&w).unwrap().sum_all().unwrap();
-    let grads = contract(&out).backward().unwrap();
-    let mut bad = vec![];
-    for (i, (x, v)) in inputs.iter().zip(&vars).enumerate() {
-        let analytic =
-            grads.get(v).unwrap_or_else(|| panic!("{name}: no gradient for input {i}")).to_f64_vec().unwrap();
-        let base = x.to_f64_vec().unwrap();
-        for j in 0..base.len() {
-            let eval = |delta: f64| {
-                let mut vals = base.clone();
-                vals[j] += delta;
-                let xi = Tensor::from_vec(vals, x.dims().to_vec(), CPU).unwrap();
-                let xs: Vec<Tensor> =
-                    inputs.iter().enumerate().map(|(k, t)| if k == i { xi.clone() } else { t.clone() }).collect();
-                with_no_grad(|| contract(&f(&xs).unwrap()).item_f64().unwrap())
-            };
-            let numeric = (eval(h) - eval(-h)) / (2.0 * h);
-            let a = analytic[j];
-            if (a - numeric).abs() > atol + rtol * a.abs().max(numeric.abs()) {
-                bad.push(format!("input {i} elem {j}: analytic {a:.9e} numeric {numeric:.9e}"));
-            }
-        }
-    }
-    assert!(bad.is_empty(), "{name}: {} mismatches:\n  {}", bad.len(), bad[..bad.len().min(8)].join("\n  "));
-}
-
 #[test]
 fn gradcheck_every_input_f64() {
     let mut rng = Rng::new(4);
@@ -276,7 +232,7 @@ fn gradcheck_every_input_f64() {
     ];
     for cs in cases {
         let x = inputs(&mut rng, cs, DType::F64);
-        gradcheck(&format!("{cs:?}"), &|x| scan(cs, x), &x);
+        gradcheck(&format!("{cs:?}"), |x: &[Tensor]| scan(cs, x), &x);
     }
     // Strided inputs: u and z as transposed views, B and C as narrowed views.
     let cs = Case::new(1, 3, 4, 2, 1);
@@ -288,7 +244,7 @@ fn gradcheck_every_input_f64() {
     xs[3] = wide;
     gradcheck(
         "strided views",
-        &|v| {
+        |v: &[Tensor]| {
             let mut w = v.to_vec();
             w[0] = v[0].transpose(1, 2)?;
             w[3] = v[3].narrow(3, 2, 4)?;
@@ -380,19 +336,6 @@ fn sscan_bad_inputs_are_typed_errors() -> Result<()> {
 }
 
 // ---- CUDA parity -----------------------------------------------------------------------------------
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => {
-            set_poison_allocations(true);
-            Some(Device::Cuda(0))
-        }
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 /// Norm-wise relative error allowed against the float64 reference: (forward, gradients). bf16
 /// outputs and gradients are rounded to 8 bits of mantissa (2^-9 relative each).

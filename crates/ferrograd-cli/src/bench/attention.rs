@@ -16,7 +16,7 @@
 //! back to our kernels shows as `flash`.
 
 use super::check::{poisoned, require};
-use super::{cuda_device, finish_json, plot_title, Environment, Report, Row};
+use super::{cuda_device, finish_json, plot_title, write_head, Environment, Report, Row, EVENT_TIMING};
 use crate::plot::{line_chart, Series};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
@@ -127,16 +127,10 @@ fn run_with(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         "{:32} | {:>10} | {:>8} | {:>10} | {:>8} | {:>9} | {:>9} | {:>11}",
         "what", "fwd ms", "TFLOP/s", "f+b ms", "TFLOP/s", "peak MiB", "rel err", "ran"
     );
-    writeln!(out, "{head}")?;
-    writeln!(out, "{}", "-".repeat(head.chars().count()))?;
+    write_head(out, &head)?;
 
     let mut rng = Rng::new(cfg.seed);
-    let mut report = Report::new(
-        "attention",
-        cfg.device,
-        env,
-        "CUDA events on the compute stream; warm-up, batches, median per call",
-    );
+    let mut report = Report::new("attention", cfg.device, env, EVENT_TIMING);
     let mut series: Vec<Series> = Vec::new();
     for &d in &cfg.head_dims {
         for &causal in &cfg.causal {

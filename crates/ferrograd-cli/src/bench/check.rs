@@ -7,27 +7,9 @@
 use crate::CliResult;
 use ferrograd_core::{Rng, Tensor};
 
-/// ‖x − y‖₂ / ‖y‖₂ in f64; infinite when lengths differ or anything is not finite.
-pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
-    if x.len() != y.len() {
-        return f64::INFINITY;
-    }
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (&a, &b) in x.iter().zip(y) {
-        if !a.is_finite() || !b.is_finite() {
-            return f64::INFINITY;
-        }
-        num += (a - b) * (a - b);
-        den += b * b;
-    }
-    if num == 0.0 {
-        0.0
-    } else if den == 0.0 {
-        f64::INFINITY
-    } else {
-        (num / den).sqrt()
-    }
-}
+/// ‖x − y‖₂ / ‖y‖₂ in f64; infinite when lengths differ or anything is not finite (the core's, which
+/// the workloads beside each fused op use too).
+pub use ferrograd_core::fused::bench::rel_err;
 
 /// The rows to check: all of them up to `all_up_to`, else the first, the last and `extra` drawn
 /// from the seeded generator (sorted, distinct).

@@ -16,7 +16,7 @@
 //! Inputs are normal samples from a seeded Philox stream, never zeros.
 
 use super::check::{self, rel_err, require};
-use super::{finish_json, plot_title, Environment, Report, Row};
+use super::{finish_json, plot_title, write_head, Environment, Report, Row};
 use crate::plot::{line_chart, Series};
 use crate::timing::{measure, measure_device, Clock, DevicePlan, Plan, Timing};
 use crate::CliResult;
@@ -188,8 +188,7 @@ fn run_cpu(cfg: &Config, sizes: &[usize], out: &mut dyn Write) -> CliResult<()> 
         "{:w$} | {:>10} {:>8} {:>5} | {:>12} {:>8} {:>5} | {:>8}",
         "what", "naive ms", "GFLOPS", "reps", "ferrograd ms", "GFLOPS", "reps", "speedup"
     );
-    writeln!(out, "{head}")?;
-    writeln!(out, "{}", "-".repeat(head.chars().count()))?;
+    write_head(out, &head)?;
 
     let mut rng = Rng::new(cfg.seed);
     let mut results = Vec::with_capacity(sizes.len());
@@ -260,8 +259,7 @@ fn run_cuda(cfg: &Config, plan: &[(DType, Vec<usize>)], out: &mut dyn Write) -> 
         "{:w$} | {:>10} | {:>8} | {:>12} | {:>9} {:>5}",
         "what", "median ms", "TFLOP/s", "reps x inner", "rel err", "rows"
     );
-    writeln!(out, "{head}")?;
-    writeln!(out, "{}", "-".repeat(head.chars().count()))?;
+    write_head(out, &head)?;
 
     let mut rng = Rng::new(cfg.seed);
     // (dtype, n, GFLOP/s) for the plot.

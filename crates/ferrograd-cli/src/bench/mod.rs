@@ -253,6 +253,16 @@ pub fn fmt_secs(s: f64) -> String {
     }
 }
 
+/// How the GPU benches time: the `timing` line of their reports.
+pub const EVENT_TIMING: &str = "CUDA events on the compute stream; warm-up, batches, median per call";
+
+/// A table's header line and a rule of dashes under it.
+pub fn write_head(out: &mut dyn Write, head: &str) -> CliResult<()> {
+    writeln!(out, "{head}")?;
+    writeln!(out, "{}", "-".repeat(head.chars().count()))?;
+    Ok(())
+}
+
 /// The common table: name, value and unit, then the median time and repetition count where the
 /// row has them, then `extra` (a key of the row's extras, printed as a percentage when it starts
 /// with `pct`).
@@ -262,8 +272,7 @@ pub fn print_rows(out: &mut dyn Write, rows: &[Row], extra: Option<(&str, &str)>
     if let Some((title, _)) = extra {
         head += &format!(" | {title:>10}");
     }
-    writeln!(out, "{head}")?;
-    writeln!(out, "{}", "-".repeat(head.chars().count()))?;
+    write_head(out, &head)?;
     for r in rows {
         let median = r.extra.get("median_s").and_then(|v| v.as_f64()).map_or_else(|| "-".into(), fmt_secs);
         let reps = r.extra.get("reps").and_then(|v| v.as_u64()).map_or_else(|| "-".into(), |n| n.to_string());

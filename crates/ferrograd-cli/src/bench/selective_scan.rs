@@ -12,7 +12,7 @@
 //! inputs included.
 
 use super::check::{poisoned, require};
-use super::{cuda_device, finish_json, Environment, Report, Row};
+use super::{cuda_device, finish_json, write_head, Environment, Report, Row, EVENT_TIMING};
 use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
 use ferrograd_core::fused::selective_scan::bench::{tolerance, Workload};
@@ -89,15 +89,9 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         "{:34} | {:>9} | {:>7} | {:>9} | {:>7} | {:>9} | {:>9}",
         "what", "fwd ms", "GB/s", "f+b ms", "GB/s", "peak MiB", "rel err"
     );
-    writeln!(out, "{head}")?;
-    writeln!(out, "{}", "-".repeat(head.chars().count()))?;
+    write_head(out, &head)?;
     let mut rng = Rng::new(cfg.seed);
-    let mut report = Report::new(
-        "selective_scan",
-        cfg.device,
-        env,
-        "CUDA events on the compute stream; warm-up, batches, median per call",
-    );
+    let mut report = Report::new("selective_scan", cfg.device, env, EVENT_TIMING);
     for &l in &cfg.seqs {
         let small = Workload::new(&mut rng, (1, 8, l, n), dtype, cfg.device)?;
         let o = poisoned(|| Ok(small.forward()?))?;

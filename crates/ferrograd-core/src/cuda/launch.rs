@@ -35,6 +35,25 @@ pub fn cfg_rows(dev: &CudaDevice, rows: usize, cols: usize, shared_mem_bytes: u3
     LaunchConfig { grid_dim: (rows.clamp(1, resident) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes }
 }
 
+/// Column sums of a `[rows, cols]` matrix without atomics: `units` column units (a column, or a
+/// pack of columns) across the threads of grid.x (at most 256 a block), the rows split across grid.y
+/// so that the chip fills; each block leaves one row of partial sums. Returns the config, the rows
+/// per split and the number of splits (the partial rows a second kernel adds).
+pub fn cfg_col_sums(dev: &CudaDevice, rows: usize, units: usize) -> (LaunchConfig, usize, usize) {
+    let (rows, units) = (rows.max(1), units.max(1));
+    let blocks_x = units.div_ceil(256);
+    let threads = units.div_ceil(blocks_x).next_multiple_of(32).min(256);
+    let splits = (dev.sm_count() * 8 / blocks_x).clamp(1, 65535).min(rows);
+    let rps = rows.div_ceil(splits);
+    let splits = rows.div_ceil(rps);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks_x as u32, splits as u32, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    (cfg, rps, splits)
+}
+
 /// One warp per row, 8 warps a block, at most 8 blocks per SM (grid-stride over rows).
 pub fn cfg_warp_rows(dev: &CudaDevice, rows: usize) -> LaunchConfig {
     let blocks = rows.div_ceil(8).clamp(1, dev.sm_count() * 8) as u32;

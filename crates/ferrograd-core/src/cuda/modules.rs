@@ -39,9 +39,11 @@ pub mod headers {
     header!(VEC_LOAD, "vec_load.cuh");
     // How a kernel reports a bad index through the device's error flag.
     header!(ERROR_FLAG, "error_flag.cuh");
+    // The second stage of a deterministic column sum (bias gradients).
+    header!(COL_SUMS, "col_sums.cuh");
 
     /// Every shared header, for the tests that read them all.
-    pub const ALL: &[Header] = &[COMMON, ACC_MATH, ONLINE_SOFTMAX, ROW_REDUCE, VEC_LOAD, ERROR_FLAG];
+    pub const ALL: &[Header] = &[COMMON, ACC_MATH, ONLINE_SOFTMAX, ROW_REDUCE, VEC_LOAD, ERROR_FLAG, COL_SUMS];
 }
 
 use headers::{ACC_MATH, COMMON, ERROR_FLAG};
@@ -76,6 +78,7 @@ pub const ALL: &[&Module] = &[
     &crate::fused::softmax::MODULE,
     &crate::fused::layer_norm::MODULE,
     &crate::fused::add_layer_norm::MODULE,
+    &crate::fused::bias_gelu::MODULE,
     &crate::fused::cross_entropy::MODULE,
     &crate::fused::linear::MODULE,
     // src/fused/attention: one module per head dim.
@@ -119,6 +122,30 @@ mod tests {
                 println!("{} {arch}: {} bytes", m.name, cubin.len());
             }
         }
+    }
+
+    /// Every fused op folder (`src/fused/<op>/` with a `.cu` file) has its kernels in [`ALL`]:
+    /// a module named after the folder, or `<op>_<variant>` (attention's per-head-dim modules).
+    #[test]
+    fn every_fused_op_folder_is_registered() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/fused");
+        let mut folders = 0;
+        for entry in std::fs::read_dir(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display())) {
+            let path = entry.expect("entry").path();
+            let has_cu = std::fs::read_dir(&path)
+                .map(|d| d.filter_map(|e| e.ok()).any(|e| e.path().extension().is_some_and(|x| x == "cu")))
+                .unwrap_or(false);
+            if !has_cu {
+                continue;
+            }
+            folders += 1;
+            let op = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            assert!(
+                ALL.iter().any(|m| m.name == op || m.name.starts_with(&format!("{op}_"))),
+                "src/fused/{op}/ has kernels but no module in cuda/modules.rs ALL: add `&crate::fused::{op}::MODULE,`"
+            );
+        }
+        assert!(folders >= 8, "found {folders} fused op folders under {}", root.display());
     }
 
     /// Module names are unique (the device caches loaded modules by name), and every

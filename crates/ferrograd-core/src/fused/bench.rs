@@ -1,7 +1,9 @@
 //! What a fused op's `bench.rs` provides: the workload `ferrograd bench elementwise` times and
 //! checks, next to the op it measures (the PyTorch twin is `bench/torch_elementwise.py`).
 
-use crate::{Result, Tensor};
+use crate::fused::FusedCtx;
+use crate::op::Op;
+use crate::{Error, Result, Tensor};
 
 /// One fused op on fixed inputs: the call that is timed, the bytes it must move at the least
 /// (every input read once, every output written once), and a float64 reference of one output row
@@ -15,6 +17,36 @@ pub trait Workload {
     fn run(&self) -> Result<Tensor>;
     /// Row `r` of what `run` returns, computed in f64 on the host from the inputs.
     fn reference(&self, r: usize) -> Result<Vec<f64>>;
+}
+
+/// ‖x − y‖ / ‖y‖ in f64; infinite when the lengths differ or a value is not finite.
+pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
+    if x.len() != y.len() || x.iter().chain(y).any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = x.iter().zip(y).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = y.iter().map(|b| b * b).sum();
+    if num == 0.0 {
+        0.0
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// The op's own backward on the record of `out` (made by a fused op from tracked inputs), given the
+/// gradient of its output, without the graph walk: what a bench times as "the backward". Every
+/// input must get a gradient; `what` names the bench in errors.
+pub(crate) fn fused_backward(out: &Tensor, grad: &Tensor, what: &str) -> Result<Vec<Tensor>> {
+    let Some(Op::Fused(rec)) = out.op() else {
+        return Err(Error::Backward(format!("{what} bench: the output was not recorded as a fused op")));
+    };
+    let _g = crate::no_grad();
+    let ctx = FusedCtx { inputs: &rec.inputs, output: out, saved: &rec.saved };
+    rec.op
+        .backward(&ctx, grad)?
+        .into_iter()
+        .map(|g| g.ok_or_else(|| Error::Backward(format!("{what} bench: an input got no gradient"))))
+        .collect()
 }
 
 /// Row `r` of a 2-d tensor as f64.

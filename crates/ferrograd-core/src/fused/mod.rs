@@ -7,7 +7,8 @@
 //! quantization) implements [`FusedOp`] instead, in a folder of its own under `src/fused/` holding
 //! its CPU reference, its CUDA launch, its `.cu` file and its bench, so that adding one touches that
 //! folder, its `pub mod` line below, its line in the kernel module list
-//! (`src/cuda/modules.rs` `ALL`) and its tests (see `docs/adding-an-op.md`).
+//! (`src/cuda/modules.rs` `ALL`; a test there fails naming any folder whose kernels are missing)
+//! and its tests (see `docs/adding-an-op.md`, which walks through `bias_gelu/`).
 //!
 //! Each folder: `mod.rs` (the public function on `Tensor`, the `FusedOp` impl and its backward, the
 //! `MODULE` declaration of its kernels), `cpu.rs` (the reference), `cuda.rs` (the launches), the
@@ -29,6 +30,7 @@ mod acc;
 pub mod add_layer_norm;
 pub mod attention;
 pub mod bench;
+pub mod bias_gelu;
 pub mod cross_entropy;
 pub mod layer_norm;
 pub mod linear;

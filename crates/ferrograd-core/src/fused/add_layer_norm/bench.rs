@@ -2,9 +2,7 @@
 //! `F.layer_norm` in bench/torch_fused.py): rows with a weight and a bias; the forward reads x and r
 //! and writes h and y (w and b, one row each, are not counted).
 
-use crate::fused::bench::{row_f64, Workload};
-use crate::fused::FusedCtx;
-use crate::op::Op;
+use crate::fused::bench::{fused_backward, row_f64, Workload};
 use crate::{Error, Result, Tensor};
 
 pub struct AddLayerNormBench {
@@ -34,15 +32,10 @@ impl AddLayerNormBench {
     pub fn forward_backward(&self, dh: &Tensor, dy: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
         let vars = [&self.x, &self.r, &self.w, &self.b].map(|t| t.requires_grad());
         let (_h, y) = self.forward(&vars[0], &vars[1], &vars[2], &vars[3])?;
-        let Some(Op::Fused(rec)) = y.op() else {
-            return Err(Error::Backward("add_layer_norm bench: y was not recorded as layer norm".into()));
+        let mut grads = fused_backward(&y, dy, "add_layer_norm")?.into_iter();
+        let (Some(dh_ln), Some(dw), Some(db)) = (grads.next(), grads.next(), grads.next()) else {
+            return Err(Error::Backward("add_layer_norm bench: fewer than 3 gradients".into()));
         };
-        let _g = crate::no_grad();
-        let ctx = FusedCtx { inputs: &rec.inputs, output: &y, saved: &rec.saved };
-        let mut grads = rec.op.backward(&ctx, dy)?.into_iter();
-        let mut next =
-            || grads.next().flatten().ok_or_else(|| Error::Backward("add_layer_norm bench: a missing gradient".into()));
-        let (dh_ln, dw, db) = (next()?, next()?, next()?);
         let dx = dh_ln.add(dh)?;
         Ok((y, vec![dx, dw, db]))
     }

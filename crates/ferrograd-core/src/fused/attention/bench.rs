@@ -9,7 +9,7 @@
 //! (the backward's five matmuls count 2.5 forwards).
 
 use super::AttentionOpts;
-use crate::fused::FusedCtx;
+use crate::fused::bench::{fused_backward, rel_err};
 use crate::op::Op;
 use crate::{DType, Device, Error, Result, Rng, Tensor};
 
@@ -79,16 +79,7 @@ impl Workload {
             Some(Op::Permute(node, _)) => node.clone(),
             _ => return Err(Error::Backward("attention bench: the output is not the op's permuted view".into())),
         };
-        let Some(Op::Fused(rec)) = node.op() else {
-            return Err(Error::Backward("attention bench: the output was not recorded as a fused op".into()));
-        };
-        let _g = crate::no_grad();
-        let ctx = FusedCtx { inputs: &rec.inputs, output: &node, saved: &rec.saved };
-        let grads = rec.op.backward(&ctx, &self.dout.permute(&[0, 2, 1, 3])?)?;
-        let grads = grads
-            .into_iter()
-            .map(|g| g.ok_or_else(|| Error::Backward("attention bench: an input got no gradient".into())))
-            .collect::<Result<Vec<_>>>()?;
+        let grads = fused_backward(&node, &self.dout.permute(&[0, 2, 1, 3])?, "attention")?;
         Ok((o, grads))
     }
 
@@ -148,19 +139,5 @@ pub fn tolerance(dtype: DType) -> f64 {
         DType::F32 | DType::F64 => 1e-4,
         DType::F16 => 5e-3,
         _ => 2e-2,
-    }
-}
-
-/// ‖x − y‖ / ‖y‖ in f64; infinite when the lengths differ or a value is not finite.
-pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
-    if x.len() != y.len() || x.iter().chain(y).any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let num: f64 = x.iter().zip(y).map(|(a, b)| (a - b) * (a - b)).sum();
-    let den: f64 = y.iter().map(|b| b * b).sum();
-    if num == 0.0 {
-        0.0
-    } else {
-        (num / den).sqrt()
     }
 }

@@ -15,11 +15,10 @@
 use super::{cpu, out_dims, sizes, Activation, Need, MODULE};
 use crate::backend::BackendStorage;
 use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
-use crate::cuda::launch::{cfg_1d, launch};
+use crate::cuda::launch::{cfg_1d, cfg_col_sums, launch};
 use crate::cuda::CudaStorage;
 use crate::fused::FusedOutputs;
 use crate::{DType, Layout, Result, Shape};
-use cudarc::driver::LaunchConfig;
 
 /// Whether cuBLASLt takes this dtype (f64 goes to the cuBLAS fallback).
 pub(super) fn lt_dtype(dtype: DType) -> bool {
@@ -181,18 +180,9 @@ pub(super) fn act_backward(
         && lds.is_multiple_of(per_pack)
         && [dy_ptr, s_ptr, dz_ptr].iter().all(|p| p.is_multiple_of(16));
     let units = if vec { cols / per_pack } else { cols };
-    let blocks_x = units.div_ceil(256);
-    let threads = units.div_ceil(blocks_x).next_multiple_of(32).min(256);
-    let splits = (dev.sm_count() * 8 / blocks_x).clamp(1, 65535).min(rows);
-    let rps = rows.div_ceil(splits);
-    let splits = rows.div_ceil(rps);
+    let (cfg, rps, splits) = cfg_col_sums(dev, rows, units);
     let acc = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
     let part = CudaStorage::uninit(dev, splits * cols, acc)?;
-    let cfg = LaunchConfig {
-        grid_dim: (blocks_x as u32, splits as u32, 1),
-        block_dim: (threads as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
     launch!(dev, MODULE, format!("linear_{name}_db_{dtype}"), cfg;
         dy_ptr, s_ptr, dz_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64, vec as i32);
     let db = CudaStorage::uninit(dev, cols, dtype)?;

@@ -10,6 +10,7 @@
 // linear_d{gelu,relu}_db_* also sum the columns of dz (the bias gradient, below).
 
 #include "acc_math.cuh"
+#include "col_sums.cuh"
 
 template <typename T, bool GELU>
 static __device__ __forceinline__ T lin_dact(T dy, T s) {
@@ -95,18 +96,6 @@ static __device__ __forceinline__ void lin_dact_db(const T* dy, const T* s, T* d
   else lin_dact_db_v<T, GELU, 1>(dy, s, dz, part, rows, cols, lds, rps);
 }
 
-// db[c] = sum over the `splits` partial rows of part[., c], rounded once to T.
-template <typename T>
-static __device__ __forceinline__ void lin_colsum(const typename FgAcc<T>::type* part, T* db, fg_u64 splits,
-                                                  fg_u64 cols) {
-  typedef typename FgAcc<T>::type A;
-  FG_GRID_STRIDE(c, cols) {
-    A acc = (A)0;
-    for (fg_u64 i = 0; i < splits; ++i) acc += part[i * cols + c];
-    db[c] = fg_from_acc<T>(acc);
-  }
-}
-
 #define FG_LINEAR_DACT(T, SUF)                                                                                 \
   FG_KERNEL linear_dgelu_##SUF(const T* dy, const T* z, T* dz, fg_u64 rows, fg_u64 cols, fg_u64 ldz) {         \
     lin_dact_rows<T, true>(dy, z, dz, rows, cols, ldz);                                                        \
@@ -123,7 +112,7 @@ static __device__ __forceinline__ void lin_colsum(const typename FgAcc<T>::type*
     lin_dact_db<T, false>(dy, y, dz, part, rows, cols, ldy, rps, vec);                                         \
   }                                                                                                            \
   FG_KERNEL linear_colsum_##SUF(const FgAcc<T>::type* part, T* db, fg_u64 splits, fg_u64 cols) {               \
-    lin_colsum<T>(part, db, splits, cols);                                                                     \
+    fg_col_sums<T>(part, db, splits, cols);                                                                     \
   }
 
 FG_LINEAR_DACT(float, f32)

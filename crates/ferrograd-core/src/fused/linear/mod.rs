@@ -27,7 +27,7 @@ mod mlp;
 use super::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
 use crate::backprop::track;
 use crate::cpu::CpuStorage;
-use crate::cuda::modules::headers::{ACC_MATH, COMMON};
+use crate::cuda::modules::headers::{ACC_MATH, COL_SUMS, COMMON};
 use crate::cuda::modules::Module;
 use crate::cuda::CudaStorage;
 use crate::{Error, Layout, Result, Shape, Tensor};
@@ -37,7 +37,7 @@ pub use mlp::mlp;
 
 /// The backward's activation-gradient kernels (`linear.cu`): `linear_{dgelu,drelu}[_db]_{dt}` and
 /// `linear_colsum_{dt}`. The matmuls themselves are cuBLASLt's (`cuda/blaslt`).
-pub const MODULE: Module = Module::new("linear", include_str!("linear.cu")).with_headers(&[COMMON, ACC_MATH]);
+pub const MODULE: Module = Module::new("linear", include_str!("linear.cu")).with_headers(&[COMMON, ACC_MATH, COL_SUMS]);
 
 /// The activation fused after the matmul and bias.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

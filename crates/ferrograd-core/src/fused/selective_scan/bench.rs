@@ -8,9 +8,8 @@
 //! `torch.autograd.grad(out, inputs, dout)`).
 
 use super::{selective_scan, ScanArgs};
-use crate::fused::FusedCtx;
-use crate::op::Op;
-use crate::{DType, Device, Error, Result, Rng, Tensor};
+use crate::fused::bench::{fused_backward, rel_err};
+use crate::{DType, Device, Result, Rng, Tensor};
 
 #[derive(Debug, Clone)]
 pub struct Workload {
@@ -69,16 +68,7 @@ impl Workload {
     pub fn forward_backward(&self) -> Result<(Tensor, Vec<Tensor>)> {
         let vars: Vec<Tensor> = self.inputs.iter().map(|t| t.requires_grad()).collect();
         let out = Self::run(&vars)?;
-        let Some(Op::Fused(rec)) = out.op() else {
-            return Err(Error::Backward("selective-scan bench: the output was not recorded as a fused op".into()));
-        };
-        let _g = crate::no_grad();
-        let ctx = FusedCtx { inputs: &rec.inputs, output: &out, saved: &rec.saved };
-        let grads = rec.op.backward(&ctx, &self.dout)?;
-        let grads = grads
-            .into_iter()
-            .map(|g| g.ok_or_else(|| Error::Backward("selective-scan bench: an input got no gradient".into())))
-            .collect::<Result<Vec<_>>>()?;
+        let grads = fused_backward(&out, &self.dout, "selective-scan")?;
         Ok((out, grads))
     }
 
@@ -119,19 +109,5 @@ pub fn tolerance(dtype: DType) -> f64 {
     match dtype {
         DType::F32 | DType::F64 => 1e-4,
         _ => 2e-2,
-    }
-}
-
-/// ‖x − y‖ / ‖y‖ in f64; infinite when the lengths differ or a value is not finite.
-pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
-    if x.len() != y.len() || x.iter().chain(y).any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let num: f64 = x.iter().zip(y).map(|(a, b)| (a - b) * (a - b)).sum();
-    let den: f64 = y.iter().map(|b| b * b).sum();
-    if num == 0.0 {
-        0.0
-    } else {
-        (num / den).sqrt()
     }
 }
