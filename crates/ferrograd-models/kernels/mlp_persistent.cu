@@ -27,7 +27,7 @@
 //     Adam master weights, m and v of the block's slice of the parameters (never in global).
 //   global memory (L2-resident): params (11,264 padded floats), one partial gradient row per
 //     block (G x 45 KB = 5.9 MB; the block's loss sum sits after the parameters), the barrier
-//     counter.
+//     counters (one for barriers B and 2, one per reducer warp for barrier A).
 //   mapped pinned host memory: the loss of every step (the host polls it; the kernel never waits).
 //
 // The schedule (layer-parallel). Rows are split in 8-row tiles, tile i -> block i mod G (Monster
@@ -48,10 +48,14 @@
 //      9+7, 6+6, 3+2, 3+1, 3+1, 6+1, 9+4+the rest of layers >= 1, then layer 0's items.
 //   3. the gradient row is two regions: A = every layer but the first, plus the loss sum (index
 //      pp); B = W_0. Region A is complete after the last backward phase, so during the last phase
-//      (dW_0 on the first 10 warps) the last MLP_RWARPS = 6 warps pass grid barrier A (its own
-//      counter, bar[1]) and reduce-scatter region A (block b sums its slice, 60 floats for Monster
-//      Walk, over the G partial rows, <= 8 loads a thread in flight, in a fixed order:
-//      deterministic), then run Adam on it: updating m, v, master weights, `params`.
+//      (dW_0 on the first 10 warps) the last MLP_RWARPS = 6 warps pass grid barrier A (each warp
+//      on a counter of its own, shared with the same warp of every other block) and
+//      reduce-scatter region A (block b sums its slice, 60 floats for Monster Walk, over the G
+//      partial rows, in registers: a warp per float4 column, <= 15 loads a lane in flight, a
+//      shuffle butterfly, in a fixed order: deterministic), then run Adam on it: updating m, v,
+//      master weights, `params`. No barrier among those 6 warps (nor any other partial
+//      barrier): every warp of the block executes the same sequence of block barriers
+//      (reduce_adam_a says why that matters).
 //   4. grid barrier B (bar[0]): every dW_0 is in L2; all 512 threads reduce region B (28 floats a
 //      block) and run its Adam.
 //   5. grid barrier #2 (bar[0]); the loss goes to the host ring only now (a gpu-scope fence after a
@@ -94,6 +98,9 @@
 #define MLP_WARPS 16
 // Warps that reduce the gradients of layers >= 1 while the others compute layer 0's (the last phase).
 #define MLP_RWARPS 6
+// u32 words between grid-barrier counters (128 bytes: each its own L2 line): bar[0] is barriers B
+// and 2, bar[MLP_BAR_STRIDE * (1 + wr)] barrier A of reducer warp wr.
+#define MLP_BAR_STRIDE 32
 #define PREC_F32 0
 #define PREC_TF32 1
 #define PREC_BF16 2
@@ -109,7 +116,7 @@ struct MlpLayer {
 };
 struct MlpDesc {
   int layers, pp, pstride, rows_cap;
-  int slice_a, ngroups_a, w_base, a0_off0;
+  int slice_a, unused, w_base, a0_off0;  // `unused` keeps the descriptor 144 words (w_base 16-byte aligned)
   int a0_off1, red_off, adam_off, wloss_off;
   int smem_floats, dw_items, slice_b, ngroups_b;
   MlpLayer l[MLP_MAX_LAYERS];
@@ -161,8 +168,6 @@ __device__ __forceinline__ void wait_acquire(const unsigned* p, unsigned target)
   while (static_cast<int>(ld_acquire(p) - target) < 0) {
   }
 }
-// Barrier among the MLP_RWARPS reducer warps only (id 1; id 0 is __syncthreads).
-__device__ __forceinline__ void reducer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(MLP_RWARPS * 32) : "memory"); }
 
 // Grid-wide barrier (every block is resident: cooperative launch), as cooperative_groups'
 // grid.sync() does it on sm_70+: after the block barrier, thread 0 adds its arrival with release
@@ -505,7 +510,7 @@ struct Slice {
   int g0, slice;
   int own;      // parameters it updates
   int own_red;  // floats it sums: the parameters and, in region A, maybe the loss column
-  int ng;       // row groups of the reduction (threads / (slice / 4))
+  int ng;       // region B: row groups of reduce_slice (threads / (slice / 4))
   int ad;       // offset of its Adam state in pm / mm / vm
 };
 
@@ -519,7 +524,7 @@ __device__ __forceinline__ Slice region_slice(const MlpDesc& d, bool a) {
     S.g0 = w1 + b * S.slice;
     S.own = max(0, min(S.slice, pp - S.g0));
     S.own_red = max(0, min(S.slice, pp + 4 - S.g0));
-    S.ng = d.ngroups_a;
+    S.ng = 1;  // region A is summed by reduce_adam_a, in registers
     S.ad = 0;
   } else {
     S.slice = d.slice_b;
@@ -562,24 +567,116 @@ __device__ __forceinline__ void reduce_slice(const float* __restrict__ partial, 
   }
 }
 
-// Adam on the slice's parameters from the summed gradient in `red` (the formula of kernels/optim.cu
-// adam_f32 and of the fused Monster Walk step); the new weights go to `params` for every block.
+// Adam on parameter k of the block's Adam state (= float g0 + i of the gradient row) given its
+// summed gradient (the formula of kernels/optim.cu adam_f32 and of the fused Monster Walk step);
+// the new weight goes to `params` for every block.
+__device__ __forceinline__ void adam_one(int k, int gi, float gsum, float* pm, float* mm, float* vm,
+                                         float* __restrict__ params, float* __restrict__ grad_out,
+                                         const AdamArgs& ad, float step, float sbc2) {
+  const float mi = ad.b1 * mm[k] + ad.omb1 * gsum;
+  const float vi = ad.b2 * vm[k] + ad.omb2 * (gsum * gsum);
+  const float p = pm[k] - step * (mi / (sqrtf(vi) / sbc2 + ad.eps));
+  mm[k] = mi;
+  vm[k] = vi;
+  pm[k] = p;
+  params[gi] = p;
+  if (grad_out) grad_out[gi] = gsum;
+}
+
+// Adam on the slice's parameters from the summed gradient in `red` (region B: reduce_slice's
+// groups, summed here in group order).
 __device__ __forceinline__ void adam_slice(const Slice& S, const float* red, float* pm, float* mm, float* vm,
                                            float* __restrict__ params, float* __restrict__ grad_out,
                                            const AdamArgs& ad, float step, float sbc2, int t, int nthr) {
   for (int i = t; i < S.own; i += nthr) {
     float gsum = 0.f;
     for (int grp = 0; grp < S.ng; ++grp) gsum += red[grp * S.slice + i];
-    const int k = S.ad + i;
-    const float mi = ad.b1 * mm[k] + ad.omb1 * gsum;
-    const float vi = ad.b2 * vm[k] + ad.omb2 * (gsum * gsum);
-    const float p = pm[k] - step * (mi / (sqrtf(vi) / sbc2 + ad.eps));
-    mm[k] = mi;
-    vm[k] = vi;
-    pm[k] = p;
-    params[S.g0 + i] = p;
-    if (grad_out) grad_out[S.g0 + i] = gsum;
+    adam_one(S.ad + i, S.g0 + i, gsum, pm, mm, vm, params, grad_out, ad, step, sbc2);
   }
+}
+
+// Region A's reduce-scatter and Adam on ONE warp (`wr` of the MLP_RWARPS reducer warps), with no
+// shared memory and no barrier between warps. Why: the previous version summed row groups into
+// shared memory and ordered that with a named barrier among the reducer warps only (`bar.sync 1,
+// 192`, twice a step). compute-sanitizer racecheck then reported 289 shared-memory hazards on
+// Monster Walk between the `wloss` write (a reducer warp's lane 0, e.g. thread 352 = warp 11) and
+// thread 0's read of it, although those two are separated by a whole-block `bar.sync 0` that every
+// warp executes the same number of times: the only asymmetry in the block's barriers was that the
+// reducer warps passed two more (partial) barriers a step than the others, which racecheck's
+// barrier accounting does not match up. No partial barrier means every warp runs the identical
+// sequence of `bar.sync 0`, so the hazard tracking and the hardware agree by construction. The
+// cost is nothing: a warp sums its float4 columns of the slice in registers (lane l takes the
+// partial rows l, l+32, ...; up to MLP_RA_COLS x MLP_RA_ROWS loads in flight at once), a xor
+// butterfly of shuffles gives every lane the column sums (the same on every lane: IEEE addition
+// commutes), and lane 4j + e runs Adam on float e of its j-th column. Summation order is fixed
+// (rows in order per lane, then the butterfly): deterministic. Returns the loss column's sum on
+// the thread that owns it (index `loss_i` of the slice; see loss_lane) and 0 elsewhere.
+#define MLP_RA_COLS 3
+#define MLP_RA_ROWS 5
+__device__ __forceinline__ float reduce_adam_a(const float* __restrict__ partial, int pst, int active, const Slice& S,
+                                               int wr, int lane, int loss_i, float* pm, float* mm, float* vm,
+                                               float* __restrict__ params, float* __restrict__ grad_out,
+                                               const AdamArgs& ad, float step, float sbc2) {
+  const int nq = (S.own_red + 3) >> 2;  // float4 columns holding a parameter or the loss
+  float loss = 0.f;
+  for (int c0 = wr; c0 < nq; c0 += MLP_RA_COLS * MLP_RWARPS) {
+    float4 acc[MLP_RA_COLS];
+#pragma unroll
+    for (int j = 0; j < MLP_RA_COLS; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int bb0 = lane; bb0 < active; bb0 += 32 * MLP_RA_ROWS) {
+      float4 v[MLP_RA_COLS][MLP_RA_ROWS];
+#pragma unroll
+      for (int j = 0; j < MLP_RA_COLS; ++j) {
+        const int c = c0 + j * MLP_RWARPS;
+#pragma unroll
+        for (int r = 0; r < MLP_RA_ROWS; ++r) {
+          const int bb = bb0 + 32 * r;
+          v[j][r] = (c < nq && bb < active) ? ld_cg4(partial + (size_t)bb * pst + S.g0 + 4 * c)
+                                            : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < MLP_RA_COLS; ++j) {
+#pragma unroll
+        for (int r = 0; r < MLP_RA_ROWS; ++r) {
+          acc[j].x += v[j][r].x;
+          acc[j].y += v[j][r].y;
+          acc[j].z += v[j][r].z;
+          acc[j].w += v[j][r].w;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < MLP_RA_COLS; ++j) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        acc[j].x += __shfl_xor_sync(0xffffffffu, acc[j].x, o);
+        acc[j].y += __shfl_xor_sync(0xffffffffu, acc[j].y, o);
+        acc[j].z += __shfl_xor_sync(0xffffffffu, acc[j].z, o);
+        acc[j].w += __shfl_xor_sync(0xffffffffu, acc[j].w, o);
+      }
+    }
+    const int jl = lane >> 2, e = lane & 3;
+    float gsum = 0.f;
+#pragma unroll
+    for (int j = 0; j < MLP_RA_COLS; ++j) {
+      if (j == jl) gsum = e == 0 ? acc[j].x : e == 1 ? acc[j].y : e == 2 ? acc[j].z : acc[j].w;
+    }
+    const int c = c0 + jl * MLP_RWARPS, i = 4 * c + e;
+    if (jl < MLP_RA_COLS && c < nq) {
+      if (i < S.own) adam_one(S.ad + i, S.g0 + i, gsum, pm, mm, vm, params, grad_out, ad, step, sbc2);
+      if (i == loss_i) loss = gsum;
+    }
+  }
+  return loss;
+}
+
+// The reducer thread (warp wr = warp - (MLP_WARPS - MLP_RWARPS), lane) that reduce_adam_a gives
+// float `i` of region A's slice: column c = i / 4 goes to warp c % MLP_RWARPS, as its
+// ((c / MLP_RWARPS) % MLP_RA_COLS)-th column, lane 4 x that + i % 4.
+__device__ __forceinline__ bool ra_owner(int i, int wr, int lane) {
+  const int c = i >> 2;
+  return wr == c % MLP_RWARPS && lane == 4 * ((c / MLP_RWARPS) % MLP_RA_COLS) + (i & 3);
 }
 
 template <int P>
@@ -618,11 +715,11 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
   // block owns one slice of each, and the Adam state (master weights, m, v) of its parameters
   // stays in shared memory.
   const int w1 = L > 1 ? d.l[1].woff : pp, w2 = L > 2 ? d.l[2].woff : pp;
-  // The reducer threads (the last MLP_RWARPS warps; rt < 0 elsewhere) and the one that sums the
-  // loss column (in region A's slice of one block).
-  const int rt = tid - (MLP_WARPS - MLP_RWARPS) * 32, rthreads = MLP_RWARPS * 32;
+  // The reducer warps (the last MLP_RWARPS; wr < 0 elsewhere) and the thread that sums the loss
+  // column (in region A's slice of one block).
+  const int wr = warp - (MLP_WARPS - MLP_RWARPS);
   const int loss_i = pp - region_slice(d, true).g0;
-  const bool loss_owner = loss_i >= 0 && loss_i < d.slice_a && rt == loss_i % rthreads;
+  const bool loss_owner = wr >= 0 && loss_i >= 0 && loss_i < d.slice_a && ra_owner(loss_i, wr, lane);
   const int adam_n = d.slice_a + d.slice_b;
   float* pm = sm + d.adam_off;
   float* mm = pm + adam_n;
@@ -643,13 +740,12 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
   cp_async_wait_all();
   __syncthreads();
 
-  unsigned target = 0, target_a = 0;  // counts of bar[0] (barriers B and 2) and bar[1] (barrier A)
+  unsigned target = 0, target_a = 0;  // counts of bar[0] (barriers B and 2) and of barrier A's
   double b1t = pow(ad.b1d, (double)t0), b2t = pow(ad.b2d, (double)t0);  // beta^t, t = steps done
   unsigned long long ph[6] = {0, 0, 0, 0, 0, 0};
   unsigned long long clk = clock64();
   float* wloss = sm + d.wloss_off;
-  float* red_a = sm + d.red_off;
-  float* red_b = red_a + d.ngroups_a * d.slice_a;
+  float* red_b = sm + d.red_off;
   float* mypart = partial + (size_t)b * d.pstride;
   float step_loss = 0.f;  // the step's loss, in the loss_owner thread
 
@@ -728,23 +824,19 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
           dw_work<P>(d, sm, A0, it, my, mypart, g, t);
       }
     } else {
-      if (rt == 0) {
-        arrive_release(bar + 1);
-        wait_acquire(bar + 1, target_a);
-      }
-      reducer_sync();
+      // Barrier A, one counter per reducer warp: warp wr of every block arrives on its own counter
+      // (lane 0, after the block barrier that ended the backward, so the release covers every
+      // region-A write of the block) and all its lanes poll it (one request a poll per warp).
+      // Every reducer warp reads every block's row, so each waits for all G arrivals itself; no
+      // barrier among the reducer warps is needed (see reduce_adam_a for why there must be none).
+      unsigned* bar_a = bar + MLP_BAR_STRIDE * (1 + wr);
+      if (lane == 0) arrive_release(bar_a);
+      wait_acquire(bar_a, target_a);
       const Slice SA = region_slice(d, true);
-      if (SA.own_red > 0) {
-        reduce_slice(partial, d.pstride, active, SA, red_a, rt, rthreads);
-        reducer_sync();
-        adam_slice(SA, red_a, pm, mm, vm, params, (grad_out && s + 1 == nsteps) ? grad_out : nullptr, ad,
-                   ad.lr / (float)(1.0 - b1t), sqrtf((float)(1.0 - b2t)), rt, rthreads);
-        if (loss_owner) {
-          float l = 0.f;
-          for (int grp = 0; grp < SA.ng; ++grp) l += red_a[grp * SA.slice + loss_i];
-          step_loss = l * (1.0f / (float)(br.rows * out_last));
-        }
-      }
+      const float l = reduce_adam_a(partial, d.pstride, active, SA, wr, lane, loss_i, pm, mm, vm, params,
+                                    (grad_out && s + 1 == nsteps) ? grad_out : nullptr, ad, ad.lr / (float)(1.0 - b1t),
+                                    sqrtf((float)(1.0 - b2t)));
+      if (loss_owner) step_loss = l * (1.0f / (float)(br.rows * out_last));
     }
     stamp(ph, 1, clk);
 

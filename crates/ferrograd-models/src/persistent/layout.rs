@@ -9,6 +9,10 @@ pub const THREADS: usize = 512;
 pub const WARPS: usize = 16;
 /// The warps that reduce region A during the last phase (the kernel's MLP_RWARPS).
 pub const RWARPS: usize = 6;
+/// u32 words between grid-barrier counters (the kernel's MLP_BAR_STRIDE: 128 bytes, one L2 line
+/// each) and the counters' buffer: barriers B and 2, then barrier A of each reducer warp.
+pub const BAR_STRIDE: usize = 32;
+pub const BAR_WORDS: usize = BAR_STRIDE * (1 + RWARPS);
 /// The kernel's MLP_MAX_LAYERS and the widest layer it handles (8 tiles of 16 outputs).
 pub const MAX_LAYERS: usize = 16;
 pub const MAX_WIDTH: usize = 128;
@@ -36,7 +40,9 @@ pub struct Desc {
     pub pstride: i32,
     pub rows_cap: i32,
     pub slice_a: i32,
-    pub ngroups_a: i32,
+    /// Unused (region A is reduced in registers); keeps the descriptor at 144 words, so that
+    /// the weights after it start 16-byte aligned.
+    pub unused: i32,
     pub w_base: i32,
     pub a0_off0: i32,
     pub a0_off1: i32,
@@ -120,17 +126,17 @@ impl Layout {
         }
         off += slack;
         // The reduce-scatter in two regions of the gradient row: B = W_0 (reduced last, by all
-        // threads) and A = every other layer and the loss sum at index pp (reduced by RWARPS
-        // warps while W_0's gradients are computed). One slice of each per block.
+        // threads, row groups summed through shared memory) and A = every other layer and the
+        // loss sum at index pp (reduced in registers by RWARPS warps while W_0's gradients are
+        // computed). One slice of each per block.
         let w1 = layers.get(1).map_or(pp, |l| l.2);
         let slice_a = round_up((pp + 4 - w1).div_ceil(grid), 4);
         let slice_b = round_up(w1.div_ceil(grid), 4);
-        // Row groups: as many as the threads allow, but no more than 8 partial rows a group
-        // apart (a thread's loads are all in flight at once; the Adam thread sums the groups).
-        let groups = |threads: usize, slice: usize| (threads / (slice / 4)).clamp(1, grid.div_ceil(8).max(1));
-        let (ngroups_a, ngroups_b) = (groups(RWARPS * 32, slice_a), groups(THREADS, slice_b));
+        // Region B's row groups: as many as the threads allow, but no more than 8 partial rows a
+        // group apart (a thread's loads are all in flight at once; the Adam thread sums the groups).
+        let ngroups_b = (THREADS / (slice_b / 4)).clamp(1, grid.div_ceil(8).max(1));
         d.red_off = off as i32;
-        off += ngroups_a * slice_a + ngroups_b * slice_b;
+        off += ngroups_b * slice_b;
         d.adam_off = off as i32;
         off += 3 * (slice_a + slice_b);
         d.wloss_off = off as i32;
@@ -140,7 +146,6 @@ impl Layout {
         // Partial rows start on 128-byte lines, so every slice of a row touches the fewest sectors.
         d.pstride = round_up(pp + 4, 32) as i32;
         d.slice_a = slice_a as i32;
-        d.ngroups_a = ngroups_a as i32;
         d.slice_b = slice_b as i32;
         d.ngroups_b = ngroups_b as i32;
         d.smem_floats = smem_floats as i32;
@@ -158,7 +163,7 @@ impl Layout {
             d.pstride,
             d.rows_cap,
             d.slice_a,
-            d.ngroups_a,
+            d.unused,
             d.w_base,
             d.a0_off0,
             d.a0_off1,
@@ -229,10 +234,10 @@ mod tests {
         assert_eq!(l.pp, 11_264);
         assert_eq!(DESC_FLOATS, 144);
         // Region B (W_0: 48 x 76 floats) and region A (the rest and the loss column), per block.
-        assert_eq!((l.desc.slice_a, l.desc.ngroups_a, l.desc.slice_b, l.desc.ngroups_b), (60, 12, 28, 17));
+        assert_eq!((l.desc.slice_a, l.desc.slice_b, l.desc.ngroups_b), (60, 28, 17));
         assert_eq!(l.desc.pstride, 11_296);
         assert_eq!(l.desc.dw_items, 31);
-        assert_eq!(l.smem_bytes, 40_212 * 4);
+        assert_eq!(l.smem_bytes, 39_492 * 4);
         assert!(132 * l.desc.slice_b as usize >= 3_648 && 132 * l.desc.slice_a as usize >= l.pp + 4 - 3_648);
         assert!(l.smem_bytes <= 227 * 1024);
         assert_eq!(l.desc_words().len(), DESC_FLOATS);

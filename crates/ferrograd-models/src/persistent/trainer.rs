@@ -2,7 +2,7 @@
 //! state on the device between runs, launch a whole training run cooperatively and follow its
 //! progress through mapped host memory while it runs.
 
-use super::layout::{Layout, THREADS};
+use super::layout::{Layout, BAR_WORDS, THREADS};
 use super::{HostWeights, MlpSpec, Precision};
 use ferrograd_core::cuda::modules::Module;
 use ferrograd_core::cuda::{CudaDevice, MappedF32};
@@ -321,8 +321,9 @@ impl PersistentMlp {
         let table = self.batch_table(batches)?;
         let dev = self.dev.clone();
         let grid = self.layout.grid;
-        // Two grid-barrier counters: bar[0] (barriers B and 2 of every step), bar[1] (barrier A).
-        let bar = Tensor::zeros(2, DType::U32, self.device)?;
+        // The grid-barrier counters, one L2 line each: barriers B and 2 of every step, then
+        // barrier A of each reducer warp.
+        let bar = Tensor::zeros(BAR_WORDS, DType::U32, self.device)?;
         let prof = Tensor::zeros(grid * 16, DType::U32, self.device)?;
         let ring = MappedF32::new(&dev, steps, f32::from_bits(PENDING))?;
         let c = adam;
@@ -366,8 +367,8 @@ impl PersistentMlp {
         let start = Instant::now();
         // SAFETY: the arguments match MLP_KERNEL in kernels/mlp_persistent.cu one for one; desc
         // holds the descriptor words, the table nb rows of 8 u32 naming live batches of at most
-        // rows_cap x grid rows, params/m/v/grad pp floats, partial grid x pstride floats, bar two
-        // u32 counters, the ring `steps` mapped floats, prof grid x 8 u64.
+        // rows_cap x grid rows, params/m/v/grad pp floats, partial grid x pstride floats, bar
+        // u32 counters (BAR_WORDS), the ring `steps` mapped floats, prof grid x 8 u64.
         unsafe {
             dev.launch_cooperative_raw(
                 &MODULE,
