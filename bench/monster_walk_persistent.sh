@@ -1,84 +1,97 @@
 #!/usr/bin/env bash
 # Issue 14 in one GPU call (from the repository root, after ../shared/gpu/bundle; GPU_DIR=.gpu-NAME
-# for a copied bundle): persistent-kernel tests, the timed 113 x 71 comparison beside PyTorch with
-# CUDA graphs, Nsight Compute, compute-sanitizer memcheck and racecheck, the seed spread.
-# Every step is time-boxed and logs to $OUT; a summary is printed last.
+# for a copied bundle, BENCH_DIR=.gpu-NAME/py where the device's checkout lacks these scripts).
+# In order of what matters most, each step time-boxed against BUDGET seconds (default 400):
+#   1. compute-sanitizer racecheck and memcheck on `monster-walk --copies 2 --epochs 1` (Monster
+#      Walk's own layout: 132 blocks, 40 rows each) and the `persistent_mlp` tests;
+#   2. the `persistent_mlp` and `monster_walk` tests;
+#   3. the timed 113 x 71 run in three precisions beside PyTorch with CUDA graphs, same init and data;
+#   4. what time is left: racecheck of tf32/bf16 on Monster Walk, Nsight Compute metrics, the seed
+#      spread (STEPS="sanitize tests compare ncu seeds" picks steps).
+# Logs go to $OUT (also tarred to $OUT/logs.tgz); a summary is printed last.
 set -u
 T0=$SECONDS
 G=${GPU_DIR:-.gpu}
+B=${BENCH_DIR:-bench}
 OUT=${OUT:-/tmp/out}
+BUDGET=${BUDGET:-400}
+STEPS=${STEPS:-"sanitize tests compare ncu"}
 mkdir -p "$OUT"
-bash $G/run unpack
+bash $G/run unpack > /dev/null
 for d in /usr/local/nvidia/lib64 /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
 [ -d /usr/local/cuda ] && export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export FERROGRAD_CACHE_DIR=/tmp/ferrograd-cache PYTHONUNBUFFERED=1
 FG=$G/bin/ferrograd
+PT=$G/tests/persistent_mlp-test
 log() { echo "[$((SECONDS - T0)) s] $*" | tee -a "$OUT/summary.txt"; }
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.sm,driver_version --format=csv > "$OUT/device.txt" 2>&1
-cat "$OUT/device.txt" | tee -a "$OUT/summary.txt"
-
-# 1. correctness
-timeout 200 $G/tests/persistent_mlp-test --test-threads=1 --nocapture > "$OUT/tests_persistent.log" 2>&1
-log "persistent_mlp tests rc=$? $(grep -E '^test result' "$OUT/tests_persistent.log")"
-timeout 120 $G/tests/monster_walk-test --test-threads=1 --nocapture > "$OUT/tests_monster.log" 2>&1
-log "monster_walk tests rc=$? $(grep -E '^test result' "$OUT/tests_monster.log")"
-timeout 60 $G/tests/kernels_compile-test --test-threads=1 > "$OUT/tests_compile.log" 2>&1
-log "kernels_compile rc=$?"
-
-# 2. the timed 113 x 71 run beside PyTorch with CUDA graphs (eager was measured before: 17.6 s)
-FERROGRAD=$FG TORCH_VARIANTS=graph timeout 150 bash bench/monster_walk_compare.sh 113 71 "$OUT/mw" > "$OUT/compare.log" 2>&1
-log "compare rc=$?"
-timeout 30 $FG monster-walk --device cuda --copies 113 --epochs 71 --init "$OUT/mw/init.safetensors" --report "$OUT/mw/ferrograd_again.json" > "$OUT/again.log" 2>&1
-log "second persistent run rc=$? $(grep -E 'training time|loss' "$OUT/again.log" | tr -s ' ' | tr '\n' ';')"
-
-# 3. Nsight Compute on the persistent kernel (8 epochs: 904 steps)
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -n "$NCU" ]; then
-  timeout 90 "$NCU" --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
-    --section WarpStateStats --section SchedulerStats -k regex:mlp_persistent -c 1 \
-    $FG monster-walk --device cuda --copies 113 --epochs 8 > "$OUT/ncu.txt" 2>&1
-  log "ncu sections rc=$?"
-  timeout 60 "$NCU" --clock-control none -k regex:mlp_persistent -c 1 --metrics \
-gpu__time_duration.sum,sm__inst_executed_pipe_tensor_op_hmma.sum,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,lts__t_bytes.sum,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__cycles_active.avg,sm__cycles_elapsed.avg.per_second \
-    $FG monster-walk --device cuda --copies 113 --epochs 8 > "$OUT/ncu_metrics.txt" 2>&1
-  log "ncu metrics rc=$?"
-else
-  log "no ncu on this machine"
-fi
-
-# 4. compute-sanitizer: memcheck and racecheck on the small test and on Monster Walk's layout
+left() { echo $((BUDGET - (SECONDS - T0))); }
+# timeout of at most $1 seconds, less if the budget is shorter (0: skip)
+tmo() { local l; l=$(left); (( l > $1 )) && echo "$1" || echo $(( l > 10 ? l - 5 : 0 )); }
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.sm,driver_version --format=csv,noheader > "$OUT/device.txt" 2>&1
+log "device: $(cat "$OUT/device.txt")"
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
-if [ -n "$CS" ]; then
-  for tool in memcheck racecheck; do
-    timeout 60 "$CS" --tool $tool --error-exitcode 97 $G/tests/persistent_mlp-test --test-threads=1 sanitizer_smoke > "$OUT/${tool}_smoke.log" 2>&1
-    log "$tool smoke rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|hazard' "$OUT/${tool}_smoke.log" | head -2 | tr '\n' ';')"
-  done
-  timeout 90 "$CS" --tool memcheck --error-exitcode 97 $FG monster-walk --device cuda --copies 2 --epochs 2 > "$OUT/memcheck_mw.log" 2>&1
-  log "memcheck monster-walk 2x2 rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_mw.log" | head -1)"
-  timeout 100 "$CS" --tool racecheck --error-exitcode 97 $FG monster-walk --device cuda --copies 2 --epochs 1 > "$OUT/racecheck_mw.log" 2>&1
-  log "racecheck monster-walk 2x1 rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck_mw.log" | head -1)"
-else
-  log "no compute-sanitizer on this machine"
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+log "compute-sanitizer: ${CS:-none} $([ -n "$CS" ] && "$CS" --version | tail -1); ncu: ${NCU:-none}"
+sanit() {  # tool, name, seconds, command...
+  local tool=$1 name=$2 t; t=$(tmo "$3"); shift 3
+  if (( t == 0 )); then log "$tool $name: skipped (no time left)"; return; fi
+  timeout "$t" "$CS" --tool "$tool" --error-exitcode 97 "$@" > "$OUT/${tool}_$name.log" 2>&1
+  log "$tool $name rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|^test result' "$OUT/${tool}_$name.log" | tr '\n' ';')"
+}
+
+# 1. sanitizers: Monster Walk's own layout first, then the tests
+if want sanitize && [ -n "$CS" ]; then
+  $FG monster-walk --device cuda --copies 2 --epochs 1 > "$OUT/warmup.log" 2>&1  # fills the kernel cache
+  sanit racecheck mw "110" $FG monster-walk --device cuda --copies 2 --epochs 1
+  sanit memcheck mw "70" $FG monster-walk --device cuda --copies 2 --epochs 1
+  # racecheck of the 20-step Monster Walk test (autograd and all) takes minutes: it comes last
+  sanit racecheck tests "100" $PT --test-threads=1 --skip monster_walk
+  sanit memcheck tests "90" $PT --test-threads=1
 fi
 
-# 5. the seed spread (PyTorch fused vs foreach Adam) with the persistent kernel, if time is left
-if (( SECONDS - T0 < 250 )); then
-  FERROGRAD=$FG timeout $((395 - (SECONDS - T0))) bash bench/monster_walk_seeds.sh "0 1 2" 113 71 "$OUT/seeds" > "$OUT/seeds.log" 2>&1
+# 2. the tests, unsanitized
+if want tests; then
+  timeout "$(tmo 90)" $PT --test-threads=1 --nocapture > "$OUT/tests_persistent.log" 2>&1
+  log "persistent_mlp tests rc=$? $(grep -E '^test result' "$OUT/tests_persistent.log")"
+  timeout "$(tmo 90)" $G/tests/monster_walk-test --test-threads=1 > "$OUT/tests_monster.log" 2>&1
+  log "monster_walk tests rc=$? $(grep -E '^test result' "$OUT/tests_monster.log")"
+fi
+
+# 3. the timed 113 x 71 run beside PyTorch with CUDA graphs (eager was measured before: 17.6 s)
+if want compare; then
+  FERROGRAD=$FG TORCH_VARIANTS=graph timeout "$(tmo 150)" bash $B/monster_walk_compare.sh 113 71 "$OUT/mw" > "$OUT/compare.log" 2>&1
+  log "compare rc=$?"
+  timeout "$(tmo 30)" $FG monster-walk --device cuda --copies 113 --epochs 71 --init "$OUT/mw/init.safetensors" --report "$OUT/mw/ferrograd_again.json" > "$OUT/again.log" 2>&1
+  log "second persistent f32 run rc=$? $(grep -E 'training time|final loss' "$OUT/again.log" | tr -s ' ' | tr '\n' ';')"
+fi
+
+# 4. the rest, as time allows
+if want ncu && [ -n "$NCU" ] && (( $(left) > 60 )); then
+  timeout "$(tmo 70)" "$NCU" --clock-control none -k regex:mlp_persistent -c 1 --metrics \
+gpu__time_duration.sum,sm__inst_executed_pipe_tensor_op_hmma.sum,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,lts__t_bytes.sum,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__cycles_active.avg,sm__cycles_elapsed.avg.per_second,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_short_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio,launch__registers_per_thread,launch__occupancy_limit_shared_mem \
+    $FG monster-walk --device cuda --copies 113 --epochs 8 > "$OUT/ncu_metrics.txt" 2>&1
+  log "ncu metrics (113 x 8 = 904 steps) rc=$?"
+fi
+if want sanitize && [ -n "$CS" ] && (( $(left) > 150 )); then
+  sanit racecheck mw_bf16 "100" $FG monster-walk --device cuda --copies 2 --epochs 1 --precision bf16
+  sanit racecheck mw_tf32 "100" $FG monster-walk --device cuda --copies 2 --epochs 1 --precision tf32
+fi
+if want seeds && (( $(left) > 120 )); then
+  FERROGRAD=$FG timeout "$(tmo 300)" bash $B/monster_walk_seeds.sh "${SEEDS:-0 1 2}" 113 71 "$OUT/seeds" > "$OUT/seeds.log" 2>&1
   log "seeds rc=$?"
-else
-  for s in 1 2; do
-    python3 bench/monster_walk_torch.py --write-init "$OUT/init$s.safetensors" --seed $s > /dev/null 2>&1
-    timeout 20 $FG monster-walk --device cuda --copies 113 --epochs 71 --init "$OUT/init$s.safetensors" --report "$OUT/seed$s.json" > /dev/null 2>&1
-    log "seed $s persistent: $(python3 -c "import json;r=json.load(open('$OUT/seed$s.json'));print(r['final_loss'], r['training_time_s'])" 2>&1)"
-  done
 fi
 
-echo "===== summary"; cat "$OUT/summary.txt"
-echo "===== compare"; tail -22 "$OUT/compare.log"
+tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz --exclude '*.safetensors' . 2>/dev/null
+echo "===== racecheck hazards (first lines)"
+grep -h -m3 -E "Race reported|hazard|Error: " "$OUT"/racecheck_*.log 2>/dev/null | head -8
+echo "===== persistent tests"
+grep -h -E "worst|layer .: kern|panicked|FAILED" "$OUT/tests_persistent.log" 2>/dev/null | tail -12
+grep -h -E "FAILED|panicked" "$OUT/tests_monster.log" 2>/dev/null | head -4
+echo "===== ncu"
+grep -E "duration|hmma|inst_executed|lts__t_bytes|dram__bytes|wavefronts|bank_conflicts|warps_active|per_second|cycles_active|issue_active|stalled|registers|occupancy" "$OUT/ncu_metrics.txt" 2>/dev/null | tr -s ' ' | head -24
 echo "===== seeds"; tail -5 "$OUT/seeds.log" 2>/dev/null
-echo "===== persistent tests (tail)"; grep -E "worst|layer .: kern|panicked|FAILED|^test " "$OUT/tests_persistent.log" | tail -24
-grep -E "FAILED|panicked" "$OUT/tests_monster.log" | head -5
-echo "===== ncu"; grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Executed Ipc A|Issue Slots Busy|No Eligible|hmma|inst_executed.sum|lts__t_bytes|dram__bytes|wavefronts|bank_conflicts|warps_active|per_second|cycles_active" "$OUT/ncu.txt" "$OUT/ncu_metrics.txt" 2>/dev/null | head -40
+echo "===== compare"; tail -24 "$OUT/compare.log" 2>/dev/null
+echo "===== summary"; cat "$OUT/summary.txt"

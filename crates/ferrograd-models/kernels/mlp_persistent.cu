@@ -8,44 +8,77 @@
 //
 // ---- Design note --------------------------------------------------------------------------------
 // The floor (issue 14, 113 copies x 71 epochs): 40.4M samples x 56.7 kFLOP (forward 2x9,452 MACs,
-// backward twice that) = 2.3 TFLOP, and 40.4M x 71 x 4 B = 11.5 GB of input reads. At H200 peaks
-// (4.8 TB/s; ~60 TFLOP/s FFMA, ~400 TFLOP/s dense TF32 with mma.sync) the reads take 2.4 ms and
-// the math 6-40 ms, but neither dominates: 8,023 dependent steps do, because every step needs
-// every SM's gradient before any SM can take the next one. At <= 0.1 s a step has 12.5 us, so
-// the design is about per-step latency: few grid-wide barriers, no host round trip, all operands
-// on chip.
+// backward twice that) = 2.3 TFLOP, and 40.4M x 71 x 4 B = 11.5 GB of input reads: 2.4 ms of HBM
+// and 6-40 ms of math on an H200. Neither dominates: 8,023 dependent steps do, because every step
+// needs every SM's gradient before any SM can take the next one. The target (<= 0.1 s) leaves
+// 12.5 us a step, so the design is about per-step latency: few grid-wide barriers, no host round
+// trip, all operands on chip, and every warp of an SM busy on the critical path.
 //
-// What lives where (one block of 256 threads per SM, G = #SMs blocks, all co-resident):
-//   shared memory, per block (Monster Walk: ~170 KB)
+// What lives where (one block of 512 threads per SM, G = #SMs blocks, all co-resident):
+//   shared memory, per block (Monster Walk: ~160 KB)
 //     W   all weights, augmented: layer l is [out_pad8][ks_in] row-major with the bias as column
 //         `in` (the activations carry a constant 1 there, so bias and weight gradients come out of
 //         one matrix product); rows padded to 8, ks(w) = roundup(w + 1, 8) + 4 (== 4 mod 8 so
 //         that fragment loads hit 32 different banks). The same layout is the global `params`
 //         buffer, so the per-step refresh is a straight 16-byte cp.async copy.
 //     A_l activations (inputs of every layer) of the block's rows; A_0 double-buffered so the
-//         next step's rows stream in (cp.async, zero-filled past the batch) during the barrier.
+//         next step's rows stream in (cp.async, zero-filled past the batch) during this step.
 //     D_l the loss gradient w.r.t. every layer's pre-activation, for the weight gradients.
 //     Adam master weights, m and v of the block's slice of the parameters (never in global).
 //   global memory (L2-resident): params (11,264 padded floats), one partial gradient row per
-//     block (G x 45 KB = 5.9 MB), the barrier counter.
+//     block (G x 45 KB = 5.9 MB; the block's loss sum sits after the parameters), the barrier
+//     counters (one for barriers B and 2, one per reducer warp for barrier A).
 //   mapped pinned host memory: the loss of every step (the host polls it; the kernel never waits).
 //
-// Per step, per block (rows are split in 8-row tiles, tile i -> block i mod G; 631 tiles of
-// Monster Walk -> 4 or 5 tiles = <= 40 rows per block):
-//   1. chain: warp w takes tile w through all layers forward, the loss, and back (dX) with
-//      m16n8k8 mma.sync (N = the 8 rows, M = output features, K = input features); a warp only
-//      touches its own rows, so layers are separated by __syncwarp, not block barriers.
-//   2. weight gradients dW_l = D_l^T A_l (K = the block's rows), split in 31 items over 8 warps,
-//      written to the block's partial row in global memory (st.cg: L2).
-//   3. grid barrier #1.
-//   4. reduce-scatter + Adam: block b sums its slice (88 floats) over the G partial rows in a
-//      fixed order (deterministic), updates its m, v and master weights in shared memory and
-//      writes the new weights to `params`; block G-1 also sums the G loss partials -> host ring.
-//   5. grid barrier #2, then every block copies `params` (45 KB, L2) into its W.
-// Synchronization per step: 2 grid barriers, 4 block barriers, ~12 warp barriers per warp.
-// Work per SM per step (Monster Walk, 40 rows): 2.3 MFLOP of useful math (x1.19 for padding,
-// x3 for the 3xTF32 split), ~600 KB of shared-memory fragment reads, 45 KB written and ~100 KB
-// read from L2, 11 KB read from HBM.
+// The schedule (layer-parallel). Rows are split in 8-row tiles, tile i -> block i mod G (Monster
+// Walk: 631 tiles -> 4 or 5 per block, <= 40 rows). A *unit* is one mma output block of 16
+// features x (1 or 2) row tiles: W's fragment is loaded and split once per k-step and used for
+// both row tiles. Every layer's units are spread over the block's 16 warps and layers are
+// separated by block barriers, so all warps work on the dependent chain of 15 layer products
+// together (the first version gave each warp its own tile through all 15: 5 of 8 warps busy,
+// 229 registers, ~60 K warp instructions an SM a step at IPC ~1). Per step, per block:
+//   1. forward, layer by layer (units: out/16 x row-tile pairs; Monster Walk <= 15 units, one
+//      round on 16 warps); the output layer computes the loss and D_{L-1}. Layer 0 waits only for
+//      W_0's refresh, layer 1 for W_1's, layer 2 for the rest: the refresh overlaps the forward.
+//   2. backward, layer by layer: D_{l-1} = W_l^T D_l masked by ReLU' (units: in/16 x pairs),
+//      and on the warps those units leave idle, weight-gradient items dW_l' = D_l'^T A_l' (16
+//      features x 3 column tiles, K = the block's rows) of layers whose D is ready (l' >= l), in
+//      a fixed order; the rest (dW_0 at least) in a last phase. Items go to the block's partial
+//      row in L2 as they finish (st.cg), so the writes overlap the chain. Monster Walk: phases of
+//      9+7, 6+6, 3+2, 3+1, 3+1, 6+1, 9+4+the rest of layers >= 1, then layer 0's items.
+//   3. the gradient row is two regions: A = every layer but the first, plus the loss sum (index
+//      pp); B = W_0. Region A is complete after the last backward phase, so during the last phase
+//      (dW_0 on the first 10 warps) the last MLP_RWARPS = 6 warps pass grid barrier A (each warp
+//      on a counter of its own, shared with the same warp of every other block) and
+//      reduce-scatter region A (block b sums its slice, 60 floats for Monster Walk, over the G
+//      partial rows, in registers: a warp per float4 column, <= 15 loads a lane in flight, a
+//      shuffle butterfly, in a fixed order: deterministic), then run Adam on it: updating m, v,
+//      master weights, `params`. No barrier among those 6 warps (nor any other partial
+//      barrier): every warp of the block executes the same sequence of block barriers
+//      (reduce_adam_a says why that matters).
+//   4. grid barrier B (bar[0]): every dW_0 is in L2; all 512 threads reduce region B (28 floats a
+//      block) and run its Adam.
+//   5. grid barrier #2 (bar[0]); the loss goes to the host ring only now (a gpu-scope fence after a
+//      store to mapped host memory would wait for its PCIe round trip); the refresh of W from
+//      `params` is issued as three cp.async groups (W_0, W_1, the rest) and waited for in step 1.
+// Synchronization per step: 3 grid barriers (A overlapped with dW_0), L + L = 16 block barriers.
+//
+// Per-step budget (Monster Walk on an H200, SM clock ~1.84 GHz; estimates, to be measured):
+//   math: 1,170 m16n8k8 products an SM a step (40 rows: forward 440, backward 290, dW 440;
+//     x3 HMMA in 3xTF32). Cost in warp instructions per product (LDS + split + HMMA; W's
+//     fragment shared by 2 row tiles): ~19 f32, ~13 tf32, ~7 bf16; with epilogues ~27 K / 19 K /
+//     12 K instructions an SM, 4 schedulers at an achieved IPC of ~2.5 -> ~5.8 / 4.1 / 2.6 us.
+//     The tensor pipe (3,510 HMMA at ~0.67/clk/SM in 3xTF32) is ~2.9 us of that, overlapped.
+//   fixed: the last dW items' writes drain (~0.3 us), barrier #1 (fence + atomic + poll: ~3 L2
+//     round trips, ~0.8 us), reduce (46 KB of L2 reads per SM, ~1.3 us at the ~5.5 TB/s all
+//     SMs share), Adam (~0.1 us), barrier #2 (~0.8 us), W_0's refresh (14 KB; ~0.5 us; the other
+//     31 KB under the forward): ~3.8 us.
+//   total ~9.6 us (f32) / ~7.9 us (tf32) / ~6.4 us (bf16) a step, 0.08 / 0.06 / 0.05 s a run.
+//   Measured (H200, f32, BENCHMARKS.md): 31.9 us a step, 0.256 s a run: forward 11.3, backward +
+//   dW 13.2, barrier B 4.0, reduce B + Adam 1.6, barrier 2 1.2 us; barrier stalls dominate.
+// What would cut more (not done): clusters with distributed shared memory to pre-sum partials
+// and multicast the refresh (halves the 18 MB of L2 traffic a step); a reduce per layer (today
+// two regions) so more of it hides under the backward; ldmatrix-friendly strides.
 //
 // Precision (template P): F32 = 3xTF32 (a = hi + lo with hi = a rounded to TF32, lo = a - hi;
 // a*b ~ hi*hi + hi*lo + lo*hi, error ~2^-21 relative per product, f32 accumulation: the exact-f32
@@ -57,12 +90,19 @@
 // A_l/D_l and padded rows/columns of W stay exactly 0 (never written), so padding contributes
 // exact zeros to every product. Fragment loads may run past a buffer (W rows up to out_pad16,
 // W^T columns up to in_pad16, D_l columns up to out_pad16): those values only reach accumulator
-// rows that are discarded, and slack after W and D keeps every read inside the allocation.
+// rows that are discarded, and slack after W and D keeps every read inside the allocation. Rows
+// of a tile past the batch read zeros from A_0 and get D = 0 at the output layer, so they add
+// exact zeros to every gradient; row tiles past the block's count are never computed.
 // --------------------------------------------------------------------------------------------------
 
 #define MLP_MAX_LAYERS 16
-#define MLP_THREADS 256
-#define MLP_WARPS 8
+#define MLP_THREADS 512
+#define MLP_WARPS 16
+// Warps that reduce the gradients of layers >= 1 while the others compute layer 0's (the last phase).
+#define MLP_RWARPS 6
+// u32 words between grid-barrier counters (128 bytes: each its own L2 line): bar[0] is barriers B
+// and 2, bar[MLP_BAR_STRIDE * (1 + wr)] barrier A of reducer warp wr.
+#define MLP_BAR_STRIDE 32
 #define PREC_F32 0
 #define PREC_TF32 1
 #define PREC_BF16 2
@@ -78,9 +118,9 @@ struct MlpLayer {
 };
 struct MlpDesc {
   int layers, pp, pstride, rows_cap;
-  int slice, ngroups, w_base, a0_off0;
+  int slice_a, unused, w_base, a0_off0;  // `unused` keeps the descriptor 144 words (w_base 16-byte aligned)
   int a0_off1, red_off, adam_off, wloss_off;
-  int smem_floats, dw_items, unused0, unused1;
+  int smem_floats, dw_items, slice_b, ngroups_b;
   MlpLayer l[MLP_MAX_LAYERS];
 };
 struct AdamArgs {
@@ -102,15 +142,15 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Wait until at most N of this thread's most recent cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 // Loads of data other blocks wrote in this launch: L2 only (L1 is not coherent across SMs).
 __device__ __forceinline__ float4 ld_cg4(const float* p) {
   float4 v;
   asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ float ld_cg(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
   return v;
 }
 __device__ __forceinline__ void st_cg2(float* p, float a, float b) {
@@ -121,20 +161,27 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// Arrive at a grid barrier counter: every write this thread has seen (its block's, through the
+// block barrier before) becomes visible to whoever acquires the new count.
+__device__ __forceinline__ void arrive_release(unsigned* p) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
+}
+__device__ __forceinline__ void wait_acquire(const unsigned* p, unsigned target) {
+  while (static_cast<int>(ld_acquire(p) - target) < 0) {
+  }
+}
 
-// Grid-wide barrier (every block is resident: cooperative launch). The counter only grows; each
-// barrier adds gridDim.x, and `target` is this block's count of barriers x gridDim.x. The fences
-// around it make every write before the barrier (by any thread of any block) visible to every
-// read after it, as cooperative_groups' grid.sync() does.
+// Grid-wide barrier (every block is resident: cooperative launch), as cooperative_groups'
+// grid.sync() does it on sm_70+: after the block barrier, thread 0 adds its arrival with release
+// semantics (every write the block made before the barrier becomes visible first) and polls with
+// acquire loads; the block barrier after it passes that on to every thread. The counter only
+// grows: each barrier adds gridDim.x, and `target` is this block's count of barriers x gridDim.x.
 __device__ __forceinline__ void grid_sync(unsigned* bar, unsigned& target) {
   __syncthreads();
   target += gridDim.x;
   if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(bar, 1u);
-    while (static_cast<int>(ld_acquire(bar) - target) < 0) {
-    }
-    __threadfence();
+    arrive_release(bar);
+    wait_acquire(bar, target);
   }
   __syncthreads();
 }
@@ -244,146 +291,113 @@ struct Acc {
   }
 };
 
-// ---- the per-warp chain: one 8-row tile forward through every layer and back -------------------
+// ---- units: 16 features x NT row tiles of one layer product -------------------------------------
 
-// Z^T (M = out features in MT tiles of 16, N = the 8 rows) = W_aug (M x K) * X_aug^T (K = in + 1).
-template <int P, int MT>
-__device__ __forceinline__ void fwd_mma(Acc<P, MT>& c, const float* __restrict__ W, int ksw, int ksteps,
-                                        const float* __restrict__ X, int ksx, int g, int t) {
+// Z^T (M = 16 output features from W's row 0, N = NT x 8 rows, K = in + 1) = W_aug * X_aug^T.
+// W's fragment is loaded and split once per k-step for all NT row tiles. `upper`: rows 8..15 of
+// the tile exist in W_l; where they are padding past out_pad8, rows 0..7 are read again instead
+// (their results are discarded), so no read leaves W_l: the next layer's weights may still be
+// landing (the refresh overlaps the forward).
+template <int P, int NT>
+__device__ __forceinline__ void mma_wx(Acc<P, NT>& c, const float* __restrict__ W, int ksw, int ksteps, bool upper,
+                                       const float* __restrict__ X, int ksx, int g, int t) {
   c.zero();
-  const float* xr = X + g * ksx + t;
-  const float* wr = W + g * ksw + t;
+  const float* w0 = W + g * ksw + t;
+  const float* w1 = upper ? w0 + 8 * ksw : w0;
+  const float* x = X + g * ksx + t;
 #pragma unroll 2
-  for (int kk = 0; kk < ksteps; ++kk) {
-    const int k0 = kk * 8;
-    const FragB<P> b = frag_b<P>(xr[k0], xr[k0 + 4]);
+  for (int kk = 0; kk < ksteps; ++kk, w0 += 8, w1 += 8, x += 8) {
+    const FragA<P> a = frag_a<P>(w0[0], w1[0], w0[4], w1[4]);
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      const float* w = wr + m * 16 * ksw + k0;
-      const FragA<P> a = frag_a<P>(w[0], w[8 * ksw], w[4], w[8 * ksw + 4]);
-      c.mma(m, a, b);
-    }
+    for (int n = 0; n < NT; ++n) c.mma(n, a, frag_b<P>(x[n * 8 * ksx], x[n * 8 * ksx + 4]));
   }
 }
 
-// A hidden layer: Y[r][j] = act(z) for j < out (the ones column j == out and the padding were
-// set once and are never written).
-template <int P, int MT>
-__device__ void fwd_hidden(const float* W, int ksw, int ksteps, const float* X, int ksx, float* Y, int ksy, int out,
-                           int relu, int g, int t) {
-  Acc<P, MT> c;
-  fwd_mma<P, MT>(c, W, ksw, ksteps, X, ksx, g, t);
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int j = m * 16 + g + (e >> 1) * 8, r = 2 * t + (e & 1);
-      if (j < out) {
-        const float z = c.get(m, e);
-        Y[r * ksy + j] = relu ? fmaxf(z, 0.f) : z;
-      }
-    }
-  }
-}
-
-// The output layer: the loss and D = dLoss/dz. `nv` rows of the tile are real; the target is
-// `y` (global, rows of `out`) or, for an autoencoder (y == nullptr), the input tile X0.
-template <int P, int MT>
-__device__ void fwd_output(const float* W, int ksw, int ksteps, const float* X, int ksx, float* D, int ksd, int out,
-                           int relu, const float* __restrict__ y, const float* X0, int ks0, int nv, float scale,
-                           float& loss, int g, int t) {
-  Acc<P, MT> c;
-  fwd_mma<P, MT>(c, W, ksw, ksteps, X, ksx, g, t);
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int j = m * 16 + g + (e >> 1) * 8, r = 2 * t + (e & 1);
-      if (j < out) {
-        const float z = c.get(m, e);
-        const float yv = relu ? fmaxf(z, 0.f) : z;
-        float diff = 0.f;
-        if (r < nv) diff = yv - (y ? __ldg(y + (size_t)r * out + j) : X0[r * ks0 + j]);
-        loss = fmaf(diff, diff, loss);
-        D[r * ksd + j] = (relu && !(z > 0.f)) ? 0.f : scale * diff;
-      }
-    }
-  }
-}
-
-// Dn[r][i] = (W^T D)[i][r] masked by ReLU' of the layer below (A > 0), for i < in.
-// M = in features (tiles of 16), N = the 8 rows, K = out features (ksteps of 8).
-template <int P, int MT>
-__device__ void bwd_layer(const float* __restrict__ W, int ksw, int ksteps, const float* __restrict__ D, int ksd,
-                          float* Dn, const float* __restrict__ Aact, int ksn, int in, int relu, int g, int t) {
-  Acc<P, MT> c;
+// (W^T D^T) (M = 16 input features from W's column 0, N = NT x 8 rows, K = out features).
+template <int P, int NT>
+__device__ __forceinline__ void mma_wtd(Acc<P, NT>& c, const float* __restrict__ W, int ksw, int ksteps,
+                                        const float* __restrict__ D, int ksd, int g, int t) {
   c.zero();
-  const float* dr = D + g * ksd + t;
+  const float* w0 = W + t * ksw + g;
+  const float* x = D + g * ksd + t;
 #pragma unroll 2
-  for (int kk = 0; kk < ksteps; ++kk) {
-    const int k0 = kk * 8;
-    const FragB<P> b = frag_b<P>(dr[k0], dr[k0 + 4]);
-    const float* w0 = W + (k0 + t) * ksw + g;
+  for (int kk = 0; kk < ksteps; ++kk, w0 += 8 * ksw, x += 8) {
     const float* w1 = w0 + 4 * ksw;
+    const FragA<P> a = frag_a<P>(w0[0], w0[8], w1[0], w1[8]);
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      const FragA<P> a = frag_a<P>(w0[m * 16], w0[m * 16 + 8], w1[m * 16], w1[m * 16 + 8]);
-      c.mma(m, a, b);
-    }
+    for (int n = 0; n < NT; ++n) c.mma(n, a, frag_b<P>(x[n * 8 * ksd], x[n * 8 * ksd + 4]));
   }
+}
+
+// Forward unit: layer l, output features [16m, 16m+16), the block's row tiles k .. k+NT-1.
+// A hidden layer writes act(z) into A_{l+1} (the ones column and the padding are never written);
+// the output layer adds its rows' squared errors to `loss` and writes D_{L-1} = dLoss/dz. The
+// target is `br.y` (global, rows of `out`) or, for an autoencoder (no y), the input rows in A_0.
+template <int P, int NT>
+__device__ void fwd_unit(const MlpDesc& d, float* sm, const float* A0, int l, int m, int k, int rows,
+                         const float* __restrict__ y, float scale, float& loss, int g, int t) {
+  const MlpLayer& ly = d.l[l];
+  const int ksw = ly.ks_in, kso = ly.ks_out, out = ly.out, relu = ly.relu;
+  const float* X = ((l == 0) ? A0 : sm + ly.aoff) + k * 8 * ksw;
+  Acc<P, NT> c;
+  const bool upper = m * 16 + 8 < ((out + 7) & ~7);
+  mma_wx<P, NT>(c, sm + d.w_base + ly.woff + m * 16 * ksw, ksw, (ly.in + 8) >> 3, upper, X, ksw, g, t);
+  if (l + 1 < d.layers) {
+    float* Y = sm + d.l[l + 1].aoff + k * 8 * kso;
 #pragma unroll
-  for (int m = 0; m < MT; ++m) {
+    for (int n = 0; n < NT; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = m * 16 + g + (e >> 1) * 8, r = 2 * t + (e & 1);
-      if (i < in) Dn[r * ksn + i] = (relu && !(Aact[r * ksn + i] > 0.f)) ? 0.f : c.get(m, e);
+      for (int e = 0; e < 4; ++e) {
+        const int j = m * 16 + g + (e >> 1) * 8, r = n * 8 + 2 * t + (e & 1);
+        if (j < out) {
+          const float z = c.get(n, e);
+          Y[r * kso + j] = relu ? fmaxf(z, 0.f) : z;
+        }
+      }
+    }
+  } else {
+    float* D = sm + ly.doff + k * 8 * kso;
+    const int ks0 = d.l[0].ks_in;
+    const float* X0 = A0 + k * 8 * ks0;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const int row0 = (blockIdx.x + (k + n) * gridDim.x) * 8;  // the tile's first row in the batch
+      const int nv = min(8, rows - row0);
+      const float* yt = y ? y + (size_t)row0 * out : nullptr;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = m * 16 + g + (e >> 1) * 8, r = 2 * t + (e & 1), rr = n * 8 + r;
+        if (j < out) {
+          const float z = c.get(n, e);
+          const float yv = relu ? fmaxf(z, 0.f) : z;
+          float diff = 0.f;
+          if (r < nv) diff = yv - (yt ? __ldg(yt + (size_t)r * out + j) : X0[rr * ks0 + j]);
+          loss = fmaf(diff, diff, loss);
+          D[rr * kso + j] = (relu && !(z > 0.f)) ? 0.f : scale * diff;
+        }
+      }
     }
   }
 }
 
-#define MLP_MT_SWITCH(mt, FN, ...)     \
-  switch (mt) {                        \
-    case 1: FN<P, 1>(__VA_ARGS__); break; \
-    case 2: FN<P, 2>(__VA_ARGS__); break; \
-    case 3: FN<P, 3>(__VA_ARGS__); break; \
-    case 4: FN<P, 4>(__VA_ARGS__); break; \
-    case 5: FN<P, 5>(__VA_ARGS__); break; \
-    case 6: FN<P, 6>(__VA_ARGS__); break; \
-    case 7: FN<P, 7>(__VA_ARGS__); break; \
-    default: FN<P, 8>(__VA_ARGS__); break; \
-  }
-
-// Tile k (rows 8k..8k+7 of the block's buffers) forward, loss, backward. Returns nothing; the
-// deltas D_l of the tile are left in shared memory for the weight gradients.
-template <int P>
-__device__ void chain(const MlpDesc& d, float* sm, const float* A0, int k, int nv, const float* y, float scale,
-                      float& loss, int g, int t) {
-  const int L = d.layers;
-  const float* X0 = A0 + k * 8 * d.l[0].ks_in;
-  for (int l = 0; l < L; ++l) {
-    const MlpLayer& ly = d.l[l];
-    const float* W = sm + d.w_base + ly.woff;
-    const float* X = (l == 0) ? X0 : sm + ly.aoff + k * 8 * ly.ks_in;
-    const int mt = (ly.out + 15) >> 4, ksteps = (ly.in + 8) >> 3;
-    if (l + 1 < L) {
-      float* Y = sm + d.l[l + 1].aoff + k * 8 * ly.ks_out;
-      MLP_MT_SWITCH(mt, fwd_hidden, W, ly.ks_in, ksteps, X, ly.ks_in, Y, ly.ks_out, ly.out, ly.relu, g, t)
-    } else {
-      float* D = sm + ly.doff + k * 8 * ly.ks_out;
-      MLP_MT_SWITCH(mt, fwd_output, W, ly.ks_in, ksteps, X, ly.ks_in, D, ly.ks_out, ly.out, ly.relu, y, X0,
-                    d.l[0].ks_in, nv, scale, loss, g, t)
+// Backward unit: layer l >= 1, input features [16m, 16m+16), row tiles k .. k+NT-1:
+// D_{l-1}[r][i] = (W_l^T D_l)[i][r] masked by ReLU' of layer l-1 (A_l > 0), for i < in.
+template <int P, int NT>
+__device__ void bwd_unit(const MlpDesc& d, float* sm, int l, int m, int k, int g, int t) {
+  const MlpLayer& ly = d.l[l];
+  const int ks = ly.ks_in, in = ly.in, relu = d.l[l - 1].relu;
+  Acc<P, NT> c;
+  mma_wtd<P, NT>(c, sm + d.w_base + ly.woff + m * 16, ks, (ly.out + 7) >> 3, sm + ly.doff + k * 8 * ly.ks_out,
+                 ly.ks_out, g, t);
+  float* Dn = sm + d.l[l - 1].doff + k * 8 * ks;
+  const float* Aact = sm + ly.aoff + k * 8 * ks;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = m * 16 + g + (e >> 1) * 8, r = n * 8 + 2 * t + (e & 1);
+      if (i < in) Dn[r * ks + i] = (relu && !(Aact[r * ks + i] > 0.f)) ? 0.f : c.get(n, e);
     }
-    __syncwarp();
-  }
-  for (int l = L - 1; l >= 1; --l) {
-    const MlpLayer& ly = d.l[l];
-    const float* W = sm + d.w_base + ly.woff;
-    const float* D = sm + ly.doff + k * 8 * ly.ks_out;
-    float* Dn = sm + d.l[l - 1].doff + k * 8 * ly.ks_in;
-    const float* Aact = sm + ly.aoff + k * 8 * ly.ks_in;
-    const int mt = (ly.in + 15) >> 4, ksteps = (ly.out + 7) >> 3;
-    MLP_MT_SWITCH(mt, bwd_layer, W, ly.ks_in, ksteps, D, ly.ks_out, Dn, Aact, ly.ks_in, ly.in, d.l[l - 1].relu, g, t)
-    __syncwarp();
   }
 }
 
@@ -391,52 +405,54 @@ __device__ void chain(const MlpDesc& d, float* sm, const float* A0, int k, int n
 
 // dW_l[j][i] = sum_r D_l[r][j] A_l[r][i] for j in [j0, j0+16) and up to 3 column tiles of 8 from
 // nt0: M = out features, N = in features (+ the bias column), K = the block's rows (ktiles x 8).
-template <int P>
+template <int P, int CNT>
 __device__ void dw_item(const float* __restrict__ D, int ksd, const float* __restrict__ A, int ksa, int ktiles, int j0,
-                        int nt0, int cnt, int out, float* dst, int ksw, int g, int t) {
-  Acc<P, 3> c;
+                        int nt0, int out, float* dst, int ksw, int g, int t) {
+  Acc<P, CNT> c;
   c.zero();
-  for (int kk = 0; kk < ktiles; ++kk) {
-    const int r0 = kk * 8;
-    const float* d0 = D + (r0 + t) * ksd + j0 + g;
+  const float* d0 = D + t * ksd + j0 + g;
+  const float* x0 = A + t * ksa + nt0 * 8 + g;
+#pragma unroll 2
+  for (int kk = 0; kk < ktiles; ++kk, d0 += 8 * ksd, x0 += 8 * ksa) {
     const float* d1 = d0 + 4 * ksd;
-    const FragA<P> a = frag_a<P>(d0[0], d0[8], d1[0], d1[8]);
-    const float* x0 = A + (r0 + t) * ksa + nt0 * 8 + g;
     const float* x1 = x0 + 4 * ksa;
+    const FragA<P> a = frag_a<P>(d0[0], d0[8], d1[0], d1[8]);
 #pragma unroll
-    for (int q = 0; q < 3; ++q) {
-      if (q < cnt) {
-        const FragB<P> b = frag_b<P>(x0[q * 8], x1[q * 8]);
-        c.mma(q, a, b);
-      }
-    }
+    for (int q = 0; q < CNT; ++q) c.mma(q, a, frag_b<P>(x0[q * 8], x1[q * 8]));
   }
 #pragma unroll
-  for (int q = 0; q < 3; ++q) {
-    if (q < cnt) {
-      const int i = (nt0 + q) * 8 + 2 * t, j = j0 + g;
-      // Columns past `in` are exact zeros (A's padding), so pairs are written whole.
-      if (j < out) st_cg2(dst + j * ksw + i, c.get(q, 0), c.get(q, 1));
-      if (j + 8 < out) st_cg2(dst + (j + 8) * ksw + i, c.get(q, 2), c.get(q, 3));
-    }
+  for (int q = 0; q < CNT; ++q) {
+    const int i = (nt0 + q) * 8 + 2 * t, j = j0 + g;
+    // Columns past `in` are exact zeros (A's padding), so pairs are written whole.
+    if (j < out) st_cg2(dst + j * ksw + i, c.get(q, 0), c.get(q, 1));
+    if (j + 8 < out) st_cg2(dst + (j + 8) * ksw + i, c.get(q, 2), c.get(q, 3));
   }
 }
 
-// Item `it` of the block's weight-gradient work: layer, 16-row tile of W, group of <= 3 column tiles.
+// Weight-gradient items of layer l: 16-row tiles of W x groups of <= 3 column tiles.
+__device__ __forceinline__ int dw_count(const MlpLayer& ly) {
+  return ((ly.out + 15) >> 4) * ((((ly.in + 8) >> 3) + 2) / 3);
+}
+
+// Item `it` in the order the backward makes them available: layer L-1's first, layer 0's last.
 template <int P>
 __device__ void dw_work(const MlpDesc& d, const float* sm, const float* A0, int it, int ktiles, float* part, int g,
                         int t) {
-  for (int l = 0; l < d.layers; ++l) {
+  for (int l = d.layers - 1; l >= 0; --l) {
     const MlpLayer& ly = d.l[l];
-    const int mt = (ly.out + 15) >> 4, nt = (ly.in + 8) >> 3, ng = (nt + 2) / 3;
-    if (it < mt * ng) {
+    const int nt = (ly.in + 8) >> 3, ng = (nt + 2) / 3, cnt = ((ly.out + 15) >> 4) * ng;
+    if (it < cnt) {
       const int m = it / ng, q = it - m * ng;
       const float* A = (l == 0) ? A0 : sm + ly.aoff;
-      dw_item<P>(sm + ly.doff, ly.ks_out, A, ly.ks_in, ktiles, m * 16, q * 3, min(3, nt - q * 3), ly.out,
-                 part + ly.woff, ly.ks_in, g, t);
+      const int cnt = min(3, nt - q * 3);
+      const float* D = sm + ly.doff;
+      float* dst = part + ly.woff;
+      if (cnt == 3) dw_item<P, 3>(D, ly.ks_out, A, ly.ks_in, ktiles, m * 16, q * 3, ly.out, dst, ly.ks_in, g, t);
+      else if (cnt == 2) dw_item<P, 2>(D, ly.ks_out, A, ly.ks_in, ktiles, m * 16, q * 3, ly.out, dst, ly.ks_in, g, t);
+      else dw_item<P, 1>(D, ly.ks_out, A, ly.ks_in, ktiles, m * 16, q * 3, ly.out, dst, ly.ks_in, g, t);
       return;
     }
-    it -= mt * ng;
+    it -= cnt;
   }
 }
 
@@ -458,18 +474,211 @@ __device__ __forceinline__ BatchRef batch_ref(const unsigned* __restrict__ tab, 
   return r;
 }
 
-// Start copying this block's rows of batch `br` into A_0 buffer `dst` (zero past the batch).
-__device__ __forceinline__ void prefetch_rows(const MlpDesc& d, float* dst, const BatchRef& br) {
+// Row tiles of a `rows`-row batch that block b holds.
+__device__ __forceinline__ int my_tiles(int rows) {
+  const int tiles = (rows + 7) >> 3, G = gridDim.x, b = blockIdx.x;
+  return tiles > b ? (tiles - b + G - 1) / G : 0;
+}
+
+// Start copying this block's rows of batch `br` into A_0 buffer `dst` (zero past the batch): a
+// warp per row, a lane per feature (rows of `in` floats are not 16-byte aligned).
+__device__ __forceinline__ void prefetch_rows(const MlpDesc& d, float* dst, const BatchRef& br, int warp, int lane) {
   const int G = gridDim.x, b = blockIdx.x, in = d.l[0].in, ks = d.l[0].ks_in;
-  const int tiles = (br.rows + 7) >> 3;
-  const int my = tiles > b ? (tiles - b + G - 1) / G : 0;
-  const int total = my * 8 * in;
-  for (int e = threadIdx.x; e < total; e += MLP_THREADS) {
-    const int rl = e / in, k = e - rl * in;
+  const int nrows = my_tiles(br.rows) * 8;
+  for (int rl = warp; rl < nrows; rl += MLP_WARPS) {
     const int row = (b + (rl >> 3) * G) * 8 + (rl & 7);
     const bool valid = row < br.rows;
-    cp_async4(dst + rl * ks + k, br.x + (valid ? (size_t)row * in + k : 0), valid);
+    const float* src = br.x + (valid ? (size_t)row * in : 0);
+    for (int k = lane; k < in; k += 32) cp_async4(dst + rl * ks + k, src + (valid ? k : 0), valid);
   }
+}
+
+// Copy floats [lo, hi) of `params` into W (both 16-byte aligned: every layer is 8 x ks floats).
+__device__ __forceinline__ void refresh(float* W, const float* __restrict__ params, int lo, int hi) {
+  for (int i = lo / 4 + threadIdx.x; i < hi / 4; i += MLP_THREADS) cp_async16(W + 4 * i, params + 4 * i);
+  cp_async_commit();
+}
+
+__device__ __forceinline__ void stamp(unsigned long long* ph, int i, unsigned long long& clk) {
+  if (threadIdx.x == 0) {
+    const unsigned long long now = clock64();
+    ph[i] += now - clk;
+    clk = now;
+  }
+}
+
+// One block's share of a region of the gradient row: floats [g0, g0 + slice).
+struct Slice {
+  int g0, slice;
+  int own;      // parameters it updates
+  int own_red;  // floats it sums: the parameters and, in region A, maybe the loss column
+  int ng;       // region B: row groups of reduce_slice (threads / (slice / 4))
+  int ad;       // offset of its Adam state in pm / mm / vm
+};
+
+// Block b's slice of region A ([w1, pp + 4): every layer but the first, and the loss column) or
+// of region B ([0, w1): W_0). Recomputed where needed (cheap) rather than kept in registers.
+__device__ __forceinline__ Slice region_slice(const MlpDesc& d, bool a) {
+  const int pp = d.pp, w1 = d.layers > 1 ? d.l[1].woff : pp, b = blockIdx.x;
+  Slice S;
+  if (a) {
+    S.slice = d.slice_a;
+    S.g0 = w1 + b * S.slice;
+    S.own = max(0, min(S.slice, pp - S.g0));
+    S.own_red = max(0, min(S.slice, pp + 4 - S.g0));
+    S.ng = 1;  // region A is summed by reduce_adam_a, in registers
+    S.ad = 0;
+  } else {
+    S.slice = d.slice_b;
+    S.g0 = b * S.slice;
+    S.own = S.own_red = max(0, min(S.slice, w1 - S.g0));
+    S.ng = d.ngroups_b;
+    S.ad = d.slice_a;
+  }
+  return S;
+}
+
+// red[grp][i] = sum over the partial rows bb = grp, grp + ng, ... (< active) of row bb's float
+// g0 + i: thread `t` of `nthr`, up to 8 rows in flight at once, summed in row order, so the
+// result does not depend on timing (deterministic).
+__device__ __forceinline__ void reduce_slice(const float* __restrict__ partial, int pst, int active, const Slice& S,
+                                             float* red, int t, int nthr) {
+  const int q4 = S.slice / 4, ng = S.ng;
+  for (int w = t; w < q4 * ng; w += nthr) {
+    const int c = w % q4, grp = w / q4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (4 * c < S.own_red) {
+      const float* src = partial + S.g0 + 4 * c;
+      for (int bb0 = grp; bb0 < active; bb0 += 8 * ng) {
+        float4 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int bb = bb0 + j * ng;
+          v[j] = bb < active ? ld_cg4(src + (size_t)bb * pst) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc.x += v[j].x;
+          acc.y += v[j].y;
+          acc.z += v[j].z;
+          acc.w += v[j].w;
+        }
+      }
+    }
+    reinterpret_cast<float4*>(red + grp * S.slice)[c] = acc;
+  }
+}
+
+// Adam on parameter k of the block's Adam state (= float g0 + i of the gradient row) given its
+// summed gradient (the formula of kernels/optim.cu adam_f32 and of the fused Monster Walk step);
+// the new weight goes to `params` for every block.
+__device__ __forceinline__ void adam_one(int k, int gi, float gsum, float* pm, float* mm, float* vm,
+                                         float* __restrict__ params, float* __restrict__ grad_out,
+                                         const AdamArgs& ad, float step, float sbc2) {
+  const float mi = ad.b1 * mm[k] + ad.omb1 * gsum;
+  const float vi = ad.b2 * vm[k] + ad.omb2 * (gsum * gsum);
+  const float p = pm[k] - step * (mi / (sqrtf(vi) / sbc2 + ad.eps));
+  mm[k] = mi;
+  vm[k] = vi;
+  pm[k] = p;
+  params[gi] = p;
+  if (grad_out) grad_out[gi] = gsum;
+}
+
+// Adam on the slice's parameters from the summed gradient in `red` (region B: reduce_slice's
+// groups, summed here in group order).
+__device__ __forceinline__ void adam_slice(const Slice& S, const float* red, float* pm, float* mm, float* vm,
+                                           float* __restrict__ params, float* __restrict__ grad_out,
+                                           const AdamArgs& ad, float step, float sbc2, int t, int nthr) {
+  for (int i = t; i < S.own; i += nthr) {
+    float gsum = 0.f;
+    for (int grp = 0; grp < S.ng; ++grp) gsum += red[grp * S.slice + i];
+    adam_one(S.ad + i, S.g0 + i, gsum, pm, mm, vm, params, grad_out, ad, step, sbc2);
+  }
+}
+
+// Region A's reduce-scatter and Adam on ONE warp (`wr` of the MLP_RWARPS reducer warps), with no
+// shared memory and no barrier between warps. Why: the previous version summed row groups into
+// shared memory and ordered that with a named barrier among the reducer warps only (`bar.sync 1,
+// 192`, twice a step). compute-sanitizer racecheck then reported 289 shared-memory hazards on
+// Monster Walk between the `wloss` write (a reducer warp's lane 0, e.g. thread 352 = warp 11) and
+// thread 0's read of it, although those two are separated by a whole-block `bar.sync 0` that every
+// warp executes the same number of times: the only asymmetry in the block's barriers was that the
+// reducer warps passed two more (partial) barriers a step than the others, which racecheck's
+// barrier accounting does not match up. No partial barrier means every warp runs the identical
+// sequence of `bar.sync 0`, so the hazard tracking and the hardware agree by construction. The
+// cost is nothing: a warp sums its float4 columns of the slice in registers (lane l takes the
+// partial rows l, l+32, ...; up to MLP_RA_COLS x MLP_RA_ROWS loads in flight at once), a xor
+// butterfly of shuffles gives every lane the column sums (the same on every lane: IEEE addition
+// commutes), and lane 4j + e runs Adam on float e of its j-th column. Summation order is fixed
+// (rows in order per lane, then the butterfly): deterministic. Returns the loss column's sum on
+// the thread that owns it (index `loss_i` of the slice; see loss_lane) and 0 elsewhere.
+#define MLP_RA_COLS 3
+#define MLP_RA_ROWS 5
+__device__ __forceinline__ float reduce_adam_a(const float* __restrict__ partial, int pst, int active, const Slice& S,
+                                               int wr, int lane, int loss_i, float* pm, float* mm, float* vm,
+                                               float* __restrict__ params, float* __restrict__ grad_out,
+                                               const AdamArgs& ad, float step, float sbc2) {
+  const int nq = (S.own_red + 3) >> 2;  // float4 columns holding a parameter or the loss
+  float loss = 0.f;
+  for (int c0 = wr; c0 < nq; c0 += MLP_RA_COLS * MLP_RWARPS) {
+    float4 acc[MLP_RA_COLS];
+#pragma unroll
+    for (int j = 0; j < MLP_RA_COLS; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int bb0 = lane; bb0 < active; bb0 += 32 * MLP_RA_ROWS) {
+      float4 v[MLP_RA_COLS][MLP_RA_ROWS];
+#pragma unroll
+      for (int j = 0; j < MLP_RA_COLS; ++j) {
+        const int c = c0 + j * MLP_RWARPS;
+#pragma unroll
+        for (int r = 0; r < MLP_RA_ROWS; ++r) {
+          const int bb = bb0 + 32 * r;
+          v[j][r] = (c < nq && bb < active) ? ld_cg4(partial + (size_t)bb * pst + S.g0 + 4 * c)
+                                            : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < MLP_RA_COLS; ++j) {
+#pragma unroll
+        for (int r = 0; r < MLP_RA_ROWS; ++r) {
+          acc[j].x += v[j][r].x;
+          acc[j].y += v[j][r].y;
+          acc[j].z += v[j][r].z;
+          acc[j].w += v[j][r].w;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < MLP_RA_COLS; ++j) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        acc[j].x += __shfl_xor_sync(0xffffffffu, acc[j].x, o);
+        acc[j].y += __shfl_xor_sync(0xffffffffu, acc[j].y, o);
+        acc[j].z += __shfl_xor_sync(0xffffffffu, acc[j].z, o);
+        acc[j].w += __shfl_xor_sync(0xffffffffu, acc[j].w, o);
+      }
+    }
+    const int jl = lane >> 2, e = lane & 3;
+    float gsum = 0.f;
+#pragma unroll
+    for (int j = 0; j < MLP_RA_COLS; ++j) {
+      if (j == jl) gsum = e == 0 ? acc[j].x : e == 1 ? acc[j].y : e == 2 ? acc[j].z : acc[j].w;
+    }
+    const int c = c0 + jl * MLP_RWARPS, i = 4 * c + e;
+    if (jl < MLP_RA_COLS && c < nq) {
+      if (i < S.own) adam_one(S.ad + i, S.g0 + i, gsum, pm, mm, vm, params, grad_out, ad, step, sbc2);
+      if (i == loss_i) loss = gsum;
+    }
+  }
+  return loss;
+}
+
+// The reducer thread (warp wr = warp - (MLP_WARPS - MLP_RWARPS), lane) that reduce_adam_a gives
+// float `i` of region A's slice: column c = i / 4 goes to warp c % MLP_RWARPS, as its
+// ((c / MLP_RWARPS) % MLP_RA_COLS)-th column, lane 4 x that + i % 4.
+__device__ __forceinline__ bool ra_owner(int i, int wr, int lane) {
+  const int c = i >> 2;
+  return wr == c % MLP_RWARPS && lane == 4 * ((c / MLP_RWARPS) % MLP_RA_COLS) + (i & 3);
 }
 
 template <int P>
@@ -502,160 +711,167 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
       }
     }
   }
-  // This block's slice of the optimizer: master weights, m and v stay in shared memory.
-  const int s0 = b * d.slice;
-  const int own = max(0, min(d.slice, d.pp - s0));
+  const int L = d.layers, pp = d.pp;
+  // The gradient row in two regions: B = W_0 = [0, w1), finished last; A = [w1, pp + 4), every
+  // other layer and the loss sum (index pp), reduced while W_0's gradients are computed. Each
+  // block owns one slice of each, and the Adam state (master weights, m, v) of its parameters
+  // stays in shared memory.
+  const int w1 = L > 1 ? d.l[1].woff : pp, w2 = L > 2 ? d.l[2].woff : pp;
+  // The reducer warps (the last MLP_RWARPS; wr < 0 elsewhere) and the thread that sums the loss
+  // column (in region A's slice of one block).
+  const int wr = warp - (MLP_WARPS - MLP_RWARPS);
+  const int loss_i = pp - region_slice(d, true).g0;
+  const bool loss_owner = wr >= 0 && loss_i >= 0 && loss_i < d.slice_a && ra_owner(loss_i, wr, lane);
+  const int adam_n = d.slice_a + d.slice_b;
   float* pm = sm + d.adam_off;
-  float* mm = pm + d.slice;
-  float* vm = mm + d.slice;
-  for (int i = tid; i < own; i += MLP_THREADS) {
-    pm[i] = params[s0 + i];
-    mm[i] = m_io[s0 + i];
-    vm[i] = v_io[s0 + i];
+  float* mm = pm + adam_n;
+  float* vm = mm + adam_n;
+  for (int r = 0; r < 2; ++r) {
+    const Slice S = region_slice(d, r == 0);
+    for (int i = tid; i < S.own; i += MLP_THREADS) {
+      pm[S.ad + i] = params[S.g0 + i];
+      mm[S.ad + i] = m_io[S.g0 + i];
+      vm[S.ad + i] = v_io[S.g0 + i];
+    }
   }
   float* W = sm + d.w_base;
-  const int out_last = d.l[d.layers - 1].out;
-  if (nsteps > 0) prefetch_rows(d, sm + d.a0_off0, batch_ref(batches, 0));
-  for (int i = tid; i < d.pp / 4; i += MLP_THREADS) cp_async16(W + 4 * i, params + 4 * i);
+  const int out_last = d.l[L - 1].out;
+  if (nsteps > 0) prefetch_rows(d, sm + d.a0_off0, batch_ref(batches, 0), warp, lane);
+  for (int i = tid; i < pp / 4; i += MLP_THREADS) cp_async16(W + 4 * i, params + 4 * i);
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
 
-  unsigned target = 0;
-  double b1t = pow(ad.b1d, (double)t0), b2t = pow(ad.b2d, (double)t0);
-  unsigned long long ph[7] = {0, 0, 0, 0, 0, 0, 0};
+  unsigned target = 0, target_a = 0;  // counts of bar[0] (barriers B and 2) and of barrier A's
+  double b1t = pow(ad.b1d, (double)t0), b2t = pow(ad.b2d, (double)t0);  // beta^t, t = steps done
+  unsigned long long ph[6] = {0, 0, 0, 0, 0, 0};
   unsigned long long clk = clock64();
   float* wloss = sm + d.wloss_off;
-  float* red = sm + d.red_off;
+  float* red_b = sm + d.red_off;
   float* mypart = partial + (size_t)b * d.pstride;
+  float step_loss = 0.f;  // the step's loss, in the loss_owner thread
 
   for (int s = 0; s < nsteps; ++s) {
     const BatchRef br = batch_ref(batches, s % nb);
     const int tiles = (br.rows + 7) >> 3;
     const int active = min(G, tiles);
-    const int my = tiles > b ? (tiles - b + G - 1) / G : 0;
+    // Row-tile groups of a unit: as even as possible, at most 3 tiles (5 -> 2 + 3, 4 -> 2 + 2).
+    const int my = my_tiles(br.rows), ngr = (my + 2) / 3;
     const float* A0 = sm + ((s & 1) ? d.a0_off1 : d.a0_off0);
     const float scale = 2.0f / (float)(br.rows * out_last);
+    b1t *= ad.b1d;
+    b2t *= ad.b2d;
 
-    // 1. forward + backward chains, one 8-row tile per warp.
+    // The next step's rows stream in during this one (their buffer was last read before barrier
+    // #1 of the previous step). Always one group, so the wait counts below stay fixed.
+    if (s + 1 < nsteps) prefetch_rows(d, sm + ((s & 1) ? d.a0_off0 : d.a0_off1), batch_ref(batches, (s + 1) % nb), warp, lane);
+    cp_async_commit();
+
+    // 1. forward. In flight (newest last): W_0, W_1, W_rest refresh groups, the prefetch group.
     float loss = 0.f;
-    for (int k = warp; k < my; k += MLP_WARPS) {
-      const int row0 = (b + k * G) * 8;
-      const int nv = min(8, br.rows - row0);
-      const float* y = br.y ? br.y + (size_t)row0 * out_last : nullptr;
-      chain<P>(d, sm, A0, k, nv, y, scale, loss, g, t);
+    for (int l = 0; l < L; ++l) {
+      if (l == 0) cp_async_wait<3>();
+      else if (l == 1) cp_async_wait<2>();
+      else if (l == 2) cp_async_wait<1>();
+      __syncthreads();  // W_l has landed (every thread's part) and A_l is written
+      const int units = ((d.l[l].out + 15) >> 4) * ngr;
+      for (int u = warp; u < units; u += MLP_WARPS) {
+        const int m = u / ngr, q = u - m * ngr, k = q * my / ngr, nt = (q + 1) * my / ngr - k;
+        if (nt == 3) fwd_unit<P, 3>(d, sm, A0, l, m, k, br.rows, br.y, scale, loss, g, t);
+        else if (nt == 2) fwd_unit<P, 2>(d, sm, A0, l, m, k, br.rows, br.y, scale, loss, g, t);
+        else fwd_unit<P, 1>(d, sm, A0, l, m, k, br.rows, br.y, scale, loss, g, t);
+      }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) loss += __shfl_xor_sync(0xffffffffu, loss, o);
     if (lane == 0) wloss[warp] = loss;
     __syncthreads();
-    if (tid == 0) {
-      unsigned long long now = clock64();
-      ph[0] += now - clk;
-      clk = now;
+    if (tid == 0 && my > 0) {
+      float sum = 0.f;
+      for (int w = 0; w < MLP_WARPS; ++w) sum += wloss[w];
+      mypart[pp] = sum;  // the block's loss sum, reduced with region A
     }
+    stamp(ph, 0, clk);
 
-    // 2. weight gradients of this block's rows -> its partial row; its loss sum after them.
-    if (my > 0) {
-      for (int it = warp; it < d.dw_items; it += MLP_WARPS) dw_work<P>(d, sm, A0, it, my, mypart, g, t);
-      if (tid == 0) {
-        float sum = 0.f;
-        for (int w = 0; w < MLP_WARPS; ++w) sum += wloss[w];
-        mypart[d.pp] = sum;
-      }
-    }
-    // The next step's rows stream in during the barriers.
-    if (s + 1 < nsteps) {
-      prefetch_rows(d, sm + ((s & 1) ? d.a0_off0 : d.a0_off1), batch_ref(batches, (s + 1) % nb));
-      cp_async_commit();
-    }
-    if (tid == 0) {
-      unsigned long long now = clock64();
-      ph[1] += now - clk;
-      clk = now;
-    }
-
-    // 3. every block's gradient is in L2.
-    grid_sync(bar, target);
-    if (tid == 0) {
-      unsigned long long now = clock64();
-      ph[2] += now - clk;
-      clk = now;
-    }
-
-    // 4. reduce-scatter and Adam on this block's slice; the loss of the step to the host ring.
-    b1t *= ad.b1d;
-    b2t *= ad.b2d;
-    if (b == G - 1 && warp == 0) {
-      float l = 0.f;
-      for (int bb = lane; bb < active; bb += 32) l += ld_cg(partial + (size_t)bb * d.pstride + d.pp);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-      if (lane == 0) *reinterpret_cast<volatile float*>(loss_ring + s) = l * (1.0f / (float)(br.rows * out_last));
-    }
-    if (own > 0) {
-      const int q4 = d.slice / 4, ng = d.ngroups;
-      for (int w = tid; w < q4 * ng; w += MLP_THREADS) {
-        const int c = w % q4, grp = w / q4;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (4 * c < own) {
-          const float* src = partial + s0 + 4 * c;
-#pragma unroll 4
-          for (int bb = grp; bb < active; bb += ng) {
-            const float4 v = ld_cg4(src + (size_t)bb * d.pstride);
-            acc.x += v.x;
-            acc.y += v.y;
-            acc.z += v.z;
-            acc.w += v.w;
-          }
+    // 2. backward; weight-gradient items fill the warps the backward units leave idle, and the
+    //    last backward phase takes every item left of layers >= 1 (region A is complete after it).
+    int avail = 0, done = 0;
+    for (int l = L - 1; l >= 1; --l) {
+      avail += dw_count(d.l[l]);  // D_l is ready: layer l's items are available
+      const int units = ((d.l[l].in + 15) >> 4) * ngr;
+      const int take = my > 0 ? (l == 1 ? avail - done : min(avail - done, max(0, MLP_WARPS - units))) : 0;
+      for (int u = warp; u < units + take; u += MLP_WARPS) {
+        if (u < units) {
+          const int m = u / ngr, q = u - m * ngr, k = q * my / ngr, nt = (q + 1) * my / ngr - k;
+          if (nt == 3) bwd_unit<P, 3>(d, sm, l, m, k, g, t);
+          else if (nt == 2) bwd_unit<P, 2>(d, sm, l, m, k, g, t);
+          else bwd_unit<P, 1>(d, sm, l, m, k, g, t);
+        } else {
+          dw_work<P>(d, sm, A0, done + u - units, my, mypart, g, t);
         }
-        reinterpret_cast<float4*>(red + grp * d.slice)[c] = acc;
       }
-      __syncthreads();
-      const float bc1 = (float)(1.0 - b1t), bc2 = (float)(1.0 - b2t);
-      const float step = ad.lr / bc1, sbc2 = sqrtf(bc2);
-      for (int i = tid; i < own; i += MLP_THREADS) {
-        float gsum = 0.f;
-        for (int grp = 0; grp < d.ngroups; ++grp) gsum += red[grp * d.slice + i];
-        // The formula of kernels/optim.cu adam_f32 (and the fused Monster Walk step).
-        const float mi = ad.b1 * mm[i] + ad.omb1 * gsum;
-        const float vi = ad.b2 * vm[i] + ad.omb2 * (gsum * gsum);
-        const float p = pm[i] - step * (mi / (sqrtf(vi) / sbc2 + ad.eps));
-        mm[i] = mi;
-        vm[i] = vi;
-        pm[i] = p;
-        params[s0 + i] = p;
-        if (grad_out && s + 1 == nsteps) grad_out[s0 + i] = gsum;
+      done += take;
+      __syncthreads();  // D_{l-1} is written
+    }
+    // One layer: no backward phase ran, so no block barrier orders tid 0's loss sum (mypart[pp],
+    // region A) before the reducer thread's release at barrier A.
+    if (L == 1) __syncthreads();
+    // 3. the last phase: layer 0's weight gradients on the first warps; on the last MLP_RWARPS,
+    //    as soon as every block's region A is in L2 (barrier A on bar[1]), its reduce-scatter
+    //    and Adam, the loss of the step included.
+    target_a += G;
+    if (warp < MLP_WARPS - MLP_RWARPS) {
+      if (my > 0) {
+        for (int it = done + warp; it < d.dw_items; it += MLP_WARPS - MLP_RWARPS)
+          dw_work<P>(d, sm, A0, it, my, mypart, g, t);
       }
+    } else {
+      // Barrier A, one counter per reducer warp: warp wr of every block arrives on its own counter
+      // (lane 0, after the block barrier that ended the backward, so the release covers every
+      // region-A write of the block) and all its lanes poll it (one request a poll per warp).
+      // Every reducer warp reads every block's row, so each waits for all G arrivals itself; no
+      // barrier among the reducer warps is needed (see reduce_adam_a for why there must be none).
+      unsigned* bar_a = bar + MLP_BAR_STRIDE * (1 + wr);
+      if (lane == 0) arrive_release(bar_a);
+      wait_acquire(bar_a, target_a);
+      const Slice SA = region_slice(d, true);
+      const float l = reduce_adam_a(partial, d.pstride, active, SA, wr, lane, loss_i, pm, mm, vm, params,
+                                    (grad_out && s + 1 == nsteps) ? grad_out : nullptr, ad, ad.lr / (float)(1.0 - b1t),
+                                    sqrtf((float)(1.0 - b2t)));
+      if (loss_owner) step_loss = l * (1.0f / (float)(br.rows * out_last));
     }
-    if (tid == 0) {
-      unsigned long long now = clock64();
-      ph[3] += now - clk;
-      clk = now;
-    }
+    stamp(ph, 1, clk);
 
-    // 5. every slice is updated: refresh this block's copy of the weights.
+    // 4. every block's W_0 gradient is in L2 (barrier B on bar[0]): its reduce-scatter and Adam.
     grid_sync(bar, target);
-    if (tid == 0) {
-      unsigned long long now = clock64();
-      ph[4] += now - clk;
-      clk = now;
+    stamp(ph, 2, clk);
+    const Slice SB = region_slice(d, false);
+    if (SB.own_red > 0) {
+      reduce_slice(partial, d.pstride, active, SB, red_b, tid, MLP_THREADS);
+      __syncthreads();
+      adam_slice(SB, red_b, pm, mm, vm, params, (grad_out && s + 1 == nsteps) ? grad_out : nullptr, ad,
+                 ad.lr / (float)(1.0 - b1t), sqrtf((float)(1.0 - b2t)), tid, MLP_THREADS);
     }
+    stamp(ph, 3, clk);
+
+    // 5. every slice is updated: the loss to the host, then refresh this block's copy of W.
+    grid_sync(bar, target);
+    stamp(ph, 4, clk);
+    if (loss_owner) *reinterpret_cast<volatile float*>(loss_ring + s) = step_loss;
     if (s + 1 < nsteps) {
-      for (int i = tid; i < d.pp / 4; i += MLP_THREADS) cp_async16(W + 4 * i, params + 4 * i);
-      cp_async_commit();
+      refresh(W, params, 0, w1);
+      refresh(W, params, w1, w2);
+      refresh(W, params, w2, pp);
     }
-    cp_async_wait_all();
-    __syncthreads();
-    if (tid == 0) {
-      unsigned long long now = clock64();
-      ph[5] += now - clk;
-      clk = now;
-    }
+    stamp(ph, 5, clk);
   }
-  for (int i = tid; i < own; i += MLP_THREADS) {
-    m_io[s0 + i] = mm[i];
-    v_io[s0 + i] = vm[i];
+  cp_async_wait_all();
+  for (int r = 0; r < 2; ++r) {
+    const Slice S = region_slice(d, r == 0);
+    for (int i = tid; i < S.own; i += MLP_THREADS) {
+      m_io[S.g0 + i] = mm[S.ad + i];
+      v_io[S.g0 + i] = vm[S.ad + i];
+    }
   }
   if (prof && tid == 0) {
     for (int i = 0; i < 6; ++i) prof[b * 8 + i] = ph[i];

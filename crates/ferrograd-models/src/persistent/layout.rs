@@ -5,8 +5,14 @@
 use crate::persistent::MlpSpec;
 
 /// Threads per block and warps per block (the kernel's MLP_THREADS / MLP_WARPS).
-pub const THREADS: usize = 256;
-pub const WARPS: usize = 8;
+pub const THREADS: usize = 512;
+pub const WARPS: usize = 16;
+/// The warps that reduce region A during the last phase (the kernel's MLP_RWARPS).
+pub const RWARPS: usize = 6;
+/// u32 words between grid-barrier counters (the kernel's MLP_BAR_STRIDE: 128 bytes, one L2 line
+/// each) and the counters' buffer: barriers B and 2, then barrier A of each reducer warp.
+pub const BAR_STRIDE: usize = 32;
+pub const BAR_WORDS: usize = BAR_STRIDE * (1 + RWARPS);
 /// The kernel's MLP_MAX_LAYERS and the widest layer it handles (8 tiles of 16 outputs).
 pub const MAX_LAYERS: usize = 16;
 pub const MAX_WIDTH: usize = 128;
@@ -33,8 +39,10 @@ pub struct Desc {
     pub pp: i32,
     pub pstride: i32,
     pub rows_cap: i32,
-    pub slice: i32,
-    pub ngroups: i32,
+    pub slice_a: i32,
+    /// Unused (region A is reduced in registers); keeps the descriptor at 144 words, so that
+    /// the weights after it start 16-byte aligned.
+    pub unused: i32,
     pub w_base: i32,
     pub a0_off0: i32,
     pub a0_off1: i32,
@@ -43,8 +51,8 @@ pub struct Desc {
     pub wloss_off: i32,
     pub smem_floats: i32,
     pub dw_items: i32,
-    pub unused0: i32,
-    pub unused1: i32,
+    pub slice_b: i32,
+    pub ngroups_b: i32,
     pub l: [LayerDesc; MAX_LAYERS],
 }
 
@@ -117,19 +125,29 @@ impl Layout {
             off += rows_cap * ks(width);
         }
         off += slack;
-        let slice = round_up(pp.div_ceil(grid), 4);
-        let ngroups = (THREADS / (slice / 4)).max(1);
+        // The reduce-scatter in two regions of the gradient row: B = W_0 (reduced last, by all
+        // threads, row groups summed through shared memory) and A = every other layer and the
+        // loss sum at index pp (reduced in registers by RWARPS warps while W_0's gradients are
+        // computed). One slice of each per block.
+        let w1 = layers.get(1).map_or(pp, |l| l.2);
+        let slice_a = round_up((pp + 4 - w1).div_ceil(grid), 4);
+        let slice_b = round_up(w1.div_ceil(grid), 4);
+        // Region B's row groups: as many as the threads allow, but no more than 8 partial rows a
+        // group apart (a thread's loads are all in flight at once; the Adam thread sums the groups).
+        let ngroups_b = (THREADS / (slice_b / 4)).clamp(1, grid.div_ceil(8).max(1));
         d.red_off = off as i32;
-        off += ngroups * slice;
+        off += ngroups_b * slice_b;
         d.adam_off = off as i32;
-        off += 3 * slice;
+        off += 3 * (slice_a + slice_b);
         d.wloss_off = off as i32;
         off += round_up(WARPS, 4);
         let smem_floats = round_up(off, 4);
         d.pp = pp as i32;
-        d.pstride = round_up(pp + 1, 4) as i32;
-        d.slice = slice as i32;
-        d.ngroups = ngroups as i32;
+        // Partial rows start on 128-byte lines, so every slice of a row touches the fewest sectors.
+        d.pstride = round_up(pp + 4, 32) as i32;
+        d.slice_a = slice_a as i32;
+        d.slice_b = slice_b as i32;
+        d.ngroups_b = ngroups_b as i32;
         d.smem_floats = smem_floats as i32;
         d.dw_items =
             (0..nl).map(|l| w[l + 1].div_ceil(16) * ((w[l] + 1).div_ceil(8)).div_ceil(3)).sum::<usize>() as i32;
@@ -144,8 +162,8 @@ impl Layout {
             d.pp,
             d.pstride,
             d.rows_cap,
-            d.slice,
-            d.ngroups,
+            d.slice_a,
+            d.unused,
             d.w_base,
             d.a0_off0,
             d.a0_off1,
@@ -154,8 +172,8 @@ impl Layout {
             d.wloss_off,
             d.smem_floats,
             d.dw_items,
-            d.unused0,
-            d.unused1,
+            d.slice_b,
+            d.ngroups_b,
         ];
         for l in &d.l {
             v.extend([l.inp, l.out, l.ks_in, l.ks_out, l.woff, l.aoff, l.doff, l.relu]);
@@ -215,10 +233,12 @@ mod tests {
         // 9,690 parameters padded to 11,264 (rows to 8, strides to 4 mod 8 with the bias column).
         assert_eq!(l.pp, 11_264);
         assert_eq!(DESC_FLOATS, 144);
-        assert_eq!(l.desc.slice, 88);
-        assert_eq!(l.desc.ngroups, 11);
+        // Region B (W_0: 48 x 76 floats) and region A (the rest and the loss column), per block.
+        assert_eq!((l.desc.slice_a, l.desc.slice_b, l.desc.ngroups_b), (60, 28, 17));
+        assert_eq!(l.desc.pstride, 11_296);
         assert_eq!(l.desc.dw_items, 31);
-        assert_eq!(l.smem_bytes, 39_976 * 4);
+        assert_eq!(l.smem_bytes, 39_492 * 4);
+        assert!(132 * l.desc.slice_b as usize >= 3_648 && 132 * l.desc.slice_a as usize >= l.pp + 4 - 3_648);
         assert!(l.smem_bytes <= 227 * 1024);
         assert_eq!(l.desc_words().len(), DESC_FLOATS);
         // Every offset is 16-byte aligned and every stride is 4 mod 8.

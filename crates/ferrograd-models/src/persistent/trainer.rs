@@ -2,7 +2,7 @@
 //! state on the device between runs, launch a whole training run cooperatively and follow its
 //! progress through mapped host memory while it runs.
 
-use super::layout::{Layout, THREADS};
+use super::layout::{Layout, BAR_WORDS, THREADS};
 use super::{HostWeights, MlpSpec, Precision};
 use ferrograd_core::cuda::modules::Module;
 use ferrograd_core::cuda::{CudaDevice, MappedF32};
@@ -18,12 +18,12 @@ pub const MODULE: Module = Module::new("mlp_persistent", include_str!("../../ker
 const PENDING: u32 = 0x7fba_dbad;
 /// Phases the kernel times with clock64() (in its order).
 const PHASES: [&str; 6] = [
-    "forward + backward chains",
-    "weight gradients -> L2",
-    "grid barrier 1",
-    "reduce + Adam",
-    "grid barrier 2",
-    "weight refresh from L2",
+    "forward (+ refresh wait)",
+    "backward + dW (+ reduce A)",
+    "grid barrier B (dW_0 in L2)",
+    "reduce W_0 + Adam",
+    "grid barrier 2 (Adam done)",
+    "refresh issue + loss ring",
 ];
 
 /// The kernel's `struct AdamArgs` (doubles first: no padding on either side).
@@ -321,7 +321,9 @@ impl PersistentMlp {
         let table = self.batch_table(batches)?;
         let dev = self.dev.clone();
         let grid = self.layout.grid;
-        let bar = Tensor::zeros(1, DType::U32, self.device)?;
+        // The grid-barrier counters, one L2 line each: barriers B and 2 of every step, then
+        // barrier A of each reducer warp.
+        let bar = Tensor::zeros(BAR_WORDS, DType::U32, self.device)?;
         let prof = Tensor::zeros(grid * 16, DType::U32, self.device)?;
         let ring = MappedF32::new(&dev, steps, f32::from_bits(PENDING))?;
         let c = adam;
@@ -365,8 +367,8 @@ impl PersistentMlp {
         let start = Instant::now();
         // SAFETY: the arguments match MLP_KERNEL in kernels/mlp_persistent.cu one for one; desc
         // holds the descriptor words, the table nb rows of 8 u32 naming live batches of at most
-        // rows_cap x grid rows, params/m/v/grad pp floats, partial grid x pstride floats, bar one
-        // u32, the ring `steps` mapped floats, prof grid x 8 u64.
+        // rows_cap x grid rows, params/m/v/grad pp floats, partial grid x pstride floats, bar
+        // u32 counters (BAR_WORDS), the ring `steps` mapped floats, prof grid x 8 u64.
         unsafe {
             dev.launch_cooperative_raw(
                 &MODULE,
