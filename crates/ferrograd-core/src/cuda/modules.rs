@@ -76,6 +76,7 @@ pub const ALL: &[&Module] = &[
     &crate::fused::softmax::MODULE,
     &crate::fused::layer_norm::MODULE,
     &crate::fused::add_layer_norm::MODULE,
+    &crate::fused::classifier::MODULE,
     &crate::fused::cross_entropy::MODULE,
     &crate::fused::linear::MODULE,
     // src/fused/attention: one module per head dim.

@@ -29,6 +29,7 @@ mod acc;
 pub mod add_layer_norm;
 pub mod attention;
 pub mod bench;
+pub mod classifier;
 pub mod cross_entropy;
 pub mod layer_norm;
 pub mod linear;

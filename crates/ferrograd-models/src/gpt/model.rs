@@ -4,7 +4,10 @@
 //! [`HfView`] shows the model with the real vocabulary, as files and outputs see it.
 
 use super::config::GptConfig;
-use super::ops::{attention, causal_mask, linear, lm_logits, lm_loss, mlp, residual_norm, to_matmul_dtype};
+use super::ops::{
+    attention, causal_mask, linear, lm_logits, lm_logits_padded, lm_loss, mlp, residual_norm, to_matmul_dtype,
+};
+use ferrograd_core::fused::classifier::ClassifierOpts;
 use ferrograd_core::{shape_err, DType, Device, Error, Result, Rng, Tensor};
 use ferrograd_nn::module::join_name;
 use ferrograd_nn::Module;
@@ -296,6 +299,23 @@ impl Gpt {
         }
         let logits = lm_logits(&self.hidden(ids)?, &self.wte, self.config.vocab_size)?;
         lm_loss(&logits, &targets.reshape(b * t)?)
+    }
+
+    /// The training forward with the fused classifier: `(mean loss, logits, dlogits)` where
+    /// `dlogits` is the gradient of `grad_scale * loss` with respect to `logits` (over the padded
+    /// vocabulary on a GPU, 0 in the padded columns), written over the logits themselves on CUDA
+    /// (they are dead once the loss is known). Backpropagate with
+    /// `GradAccumulator::backward_seeded(&logits, &dlogits)`. The loss is cut from the graph.
+    pub fn loss_and_logits_grad(&self, ids: &Tensor, targets: &Tensor, grad_scale: f64) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t) = self.check_ids(ids, "gpt loss")?;
+        if targets.dims() != [b, t] {
+            return Err(Error::ShapeMismatch { op: "gpt loss", lhs: vec![b, t], rhs: targets.dims().to_vec() });
+        }
+        let vocab = self.config.vocab_size;
+        let logits = lm_logits_padded(&self.hidden(ids)?, &self.wte, vocab)?;
+        let opts = ClassifierOpts { classes: Some(vocab), ignore_index: None, grad_scale, in_place: true };
+        let (loss, dlogits) = logits.classifier_loss_grad(&targets.reshape(b * t)?, opts)?;
+        Ok((loss, logits, dlogits))
     }
 
     /// Run `ids` `[1, T]` at positions `start..start + T` through the model, writing their keys and

@@ -149,6 +149,12 @@ pub fn causal_mask(t_q: usize, start: usize, device: ferrograd_core::Device) -> 
 /// nothing, only the real rows are multiplied and the logits come out contiguous. Under autocast
 /// they stay in the low dtype ([`lm_loss`] casts them up).
 pub fn lm_logits(x: &Tensor, wte: &Tensor, vocab: usize) -> Result<Tensor> {
+    lm_logits_padded(x, wte, vocab)?.narrow(1, 0, vocab)
+}
+
+/// [`lm_logits`] before the padded columns are cut off: `[N, Vp]` on a GPU, `[N, vocab]` on the
+/// CPU; the real classes are the first `vocab` columns either way (what the fused classifier takes).
+pub fn lm_logits_padded(x: &Tensor, wte: &Tensor, vocab: usize) -> Result<Tensor> {
     let c = wte.dims()[1];
     let rows = x.elem_count() / c.max(1);
     let x2 = x.reshape((rows, c))?;
@@ -157,5 +163,5 @@ pub fn lm_logits(x: &Tensor, wte: &Tensor, vocab: usize) -> Result<Tensor> {
         Some(low) => x2.to_dtype(low)?.matmul(&w.to_dtype(low)?.t()?)?,
         None => x2.matmul(&w.t()?)?,
     };
-    logits.narrow(1, 0, vocab)
+    Ok(logits)
 }
