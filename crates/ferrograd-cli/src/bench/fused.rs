@@ -1,8 +1,11 @@
 //! `ferrograd bench fused`: fused transformer ops against their unfused PyTorch counterparts, GB/s
-//! and time. Today: residual add + layer norm (`Tensor::add_layer_norm`, the pre-LN block's
+//! and time. Residual add + layer norm (`Tensor::add_layer_norm`, the pre-LN block's
 //! `h = x + r; y = layer_norm(h)`), forward and forward + backward, at GPT-2 shapes (16384 x 768,
-//! bf16, by default). Twin: `bench/torch_fused.py` (`x + r` then `F.layer_norm`, eager and
-//! `torch.compile`).
+//! bf16, by default); and the fused classifier (`Tensor::classifier_loss_grad`: the mean cross
+//! entropy and the logits' gradient from one kernel) at 8192 x 50257. Twin: `bench/torch_fused.py`
+//! (`x + r` then `F.layer_norm`; `F.log_softmax` + `F.nll_loss` forward and backward; eager and
+//! `torch.compile`). The classifier's bytes: the logits read once, their gradient written once
+//! (2 x N).
 //!
 //! Bytes counted are the fewest the op must move: forward, x and r read, h and y written (4 x N
 //! elements); forward + backward adds dy and dh (the gradients arriving at y and h) and h read, dx
@@ -18,6 +21,7 @@ use crate::timing::{measure_device, Clock, DevicePlan};
 use crate::CliResult;
 use ferrograd_core::fused::add_layer_norm::bench::AddLayerNormBench;
 use ferrograd_core::fused::bench::Workload;
+use ferrograd_core::fused::classifier::bench::ClassifierBench;
 use ferrograd_core::{DType, Device, Rng, Tensor};
 use std::io::Write;
 use std::path::PathBuf;
@@ -29,6 +33,8 @@ pub struct Config {
     pub device: Device,
     pub dtype: DType,
     pub shapes: Vec<(usize, usize)>,
+    /// Fused classifier problems (rows x classes).
+    pub classifier: Vec<(usize, usize)>,
     pub json: Option<PathBuf>,
     pub plot: Option<PathBuf>,
     pub seed: u64,
@@ -56,7 +62,7 @@ pub fn check(cfg: &Config) -> CliResult<()> {
     if cfg.shapes.is_empty() {
         return Err("--shapes needs at least one ROWSxCOLS".into());
     }
-    for &(r, c) in &cfg.shapes {
+    for &(r, c) in cfg.shapes.iter().chain(&cfg.classifier) {
         if [r, c, 8, cfg.dtype.size_in_bytes()].iter().try_fold(1usize, |a, &x| a.checked_mul(x)).is_none() {
             return Err(format!("bench fused --shapes {r}x{c}: its byte count overflows").into());
         }
@@ -144,6 +150,9 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
             );
         }
     }
+    for &(r, c) in &cfg.classifier {
+        rows.push(classifier_row(&mut rng, r, c, dtype, cfg.device, &clock)?);
+    }
     print_rows(out, &rows, None)?;
     let mut report =
         Report::new("fused", cfg.device, env, "CUDA events on the compute stream; warm-up, batches, median per call");
@@ -157,12 +166,47 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     finish_json(&cfg.json, &report, out)
 }
 
+/// `classifier fwd+bwd bf16 8192x50257`.
+pub fn classifier_row_name(dtype: DType, r: usize, c: usize) -> String {
+    format!("classifier fwd+bwd {} {r}x{c}", dtype.as_str())
+}
+
+/// The fused classifier on logits ~ N(0, 2^2): its gradient checked on sampled rows against float64
+/// (into poisoned memory), then timed.
+fn classifier_row(rng: &mut Rng, r: usize, c: usize, dtype: DType, device: Device, clock: &Clock) -> CliResult<Row> {
+    let x = Tensor::randn_with(rng, 0.0, 2.0, (r, c), dtype, device)?;
+    let w = ClassifierBench::new(x, rng)?;
+    let d = poisoned(|| Ok(w.run()?))?;
+    let sample = check::sample_rows(r, 4, 4, rng);
+    let (mut got, mut want) = (vec![], vec![]);
+    for (row, &i) in check::rows_f64(&d, &sample)?.into_iter().zip(&sample) {
+        got.extend(row);
+        want.extend(w.reference(i)?);
+    }
+    drop(d);
+    let err = rel_err(&got, &want);
+    let name = classifier_row_name(dtype, r, c);
+    require(&name, err, 2.0 * tolerance(dtype))?;
+    let t = measure_device(clock, DevicePlan::GPU, || w.loss_grad())?;
+    let m = t.median_s();
+    let bytes = w.bytes() as f64;
+    Ok(Row::new(name, bytes / m / 1e9, "GB/s", true).with("median_s", m).with("reps", t.reps()).with("rel_err", err))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn cfg() -> Config {
-        Config { device: Device::Cpu, dtype: DType::BF16, shapes: vec![(16384, 768)], json: None, plot: None, seed: 1 }
+        Config {
+            device: Device::Cpu,
+            dtype: DType::BF16,
+            shapes: vec![(16384, 768)],
+            classifier: vec![(8192, 50257)],
+            json: None,
+            plot: None,
+            seed: 1,
+        }
     }
 
     #[test]
