@@ -215,7 +215,9 @@ pub fn adam_step_scheduled(
     if let crate::Device::Cuda(o) = device {
         check("adam_step_scheduled", params, &[grads, m, v])?;
         if step.dtype() != DType::F64 || step.elem_count() != 1 || !step.is_contiguous() || step.device() != device {
-            return Err(Error::InvalidArgument("adam_step_scheduled: the step must be one contiguous f64 element on the parameters' device".into()));
+            return Err(Error::InvalidArgument(
+                "adam_step_scheduled: the step must be one contiguous f64 element on the parameters' device".into(),
+            ));
         }
         let dev = crate::cuda::CudaDevice::get(o)?;
         let grads = contiguous_grads(grads)?;

@@ -147,12 +147,15 @@ fn cuda_matches_the_cpu() -> Result<()> {
         for &(rows, cols, classes) in &shapes {
             for ignore in [None, Some(-100)] {
                 for (strided, in_place) in [(false, false), (true, false), (false, true)] {
-                    let what = format!("{dtype} {rows}x{cols} ({classes}) ignore {ignore:?} strided {strided} in_place {in_place}");
+                    let what = format!(
+                        "{dtype} {rows}x{cols} ({classes}) ignore {ignore:?} strided {strided} in_place {in_place}"
+                    );
                     let wide = randn(&mut rng, rows, cols + 3, 3.0, dtype);
                     // Strided: a narrow of wider rows (row stride cols + 3, offset 1).
                     let x = if strided { wide.narrow(1, 1, cols)? } else { wide.narrow(1, 0, cols)?.contiguous()? };
                     let t = targets(rows, classes, ignore);
-                    let opts = ClassifierOpts { classes: Some(classes), ignore_index: ignore, grad_scale: 0.5, in_place };
+                    let opts =
+                        ClassifierOpts { classes: Some(classes), ignore_index: ignore, grad_scale: 0.5, in_place };
                     let (want_l, want_d) = x.to_dtype(DType::F64)?.classifier_loss_grad(&t, opts)?;
                     let xd = x.to_device(dev)?;
                     let (l, d) = xd.classifier_loss_grad(&t.to_device(dev)?, opts)?;

@@ -306,7 +306,12 @@ impl Gpt {
     /// vocabulary on a GPU, 0 in the padded columns), written over the logits themselves on CUDA
     /// (they are dead once the loss is known). Backpropagate with
     /// `GradAccumulator::backward_seeded(&logits, &dlogits)`. The loss is cut from the graph.
-    pub fn loss_and_logits_grad(&self, ids: &Tensor, targets: &Tensor, grad_scale: f64) -> Result<(Tensor, Tensor, Tensor)> {
+    pub fn loss_and_logits_grad(
+        &self,
+        ids: &Tensor,
+        targets: &Tensor,
+        grad_scale: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t) = self.check_ids(ids, "gpt loss")?;
         if targets.dims() != [b, t] {
             return Err(Error::ShapeMismatch { op: "gpt loss", lhs: vec![b, t], rhs: targets.dims().to_vec() });

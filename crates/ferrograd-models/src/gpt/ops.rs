@@ -60,7 +60,13 @@ pub fn mlp(x: &Tensor, w1: &Tensor, b1: &Tensor, w2: &Tensor, b2: &Tensor) -> Re
 /// `(h, layer_norm(h))` with `h = x + branch`: the residual stream `x` keeps its dtype (f32 under
 /// autocast; a low-dtype branch output is cast up to it) and the add and the norm are one kernel
 /// (`add_layer_norm`). Without a branch (the first block) `h` is `x`.
-pub fn residual_norm(x: &Tensor, branch: Option<&Tensor>, w: &Tensor, b: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+pub fn residual_norm(
+    x: &Tensor,
+    branch: Option<&Tensor>,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
     match branch {
         None => Ok((x.clone(), layer_norm(x, w, b, eps)?)),
         Some(r) => x.add_layer_norm(&r.to_dtype(x.dtype())?, Some(w), Some(b), eps),

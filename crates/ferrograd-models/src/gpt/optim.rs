@@ -71,7 +71,10 @@ impl GptAdamW {
     /// device (see [`GptAdamW::prepare_device_step`]): what a CUDA graph captures. The host counts
     /// advance with [`GptAdamW::count_step`], once per step that ran.
     pub fn step_device(&self, grads: &GradStore) -> Result<()> {
-        let d = self.device.as_ref().ok_or_else(|| Error::InvalidArgument("step_device before prepare_device_step".into()))?;
+        let d = self
+            .device
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("step_device before prepare_device_step".into()))?;
         self.decay.step_scheduled(grads, &d.steps[0], &d.lr)?;
         self.no_decay.step_scheduled(grads, &d.steps[1], &d.lr)
     }

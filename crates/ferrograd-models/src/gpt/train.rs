@@ -38,7 +38,11 @@ struct StepBody<'a> {
 impl StepBody<'_> {
     /// For each micro-batch the forward with the fused classifier (its logits' gradient, scaled by
     /// `1/k`, formed in the forward) and the backward from the logits; then clipping and `update`.
-    fn run(&self, accum: &mut GradAccumulator, update: impl FnOnce(&GradStore) -> Result<()>) -> Result<(Tensor, Tensor)> {
+    fn run(
+        &self,
+        accum: &mut GradAccumulator,
+        update: impl FnOnce(&GradStore) -> Result<()>,
+    ) -> Result<(Tensor, Tensor)> {
         accum.zero_grad();
         let k = self.k;
         let mut total: Option<Tensor> = None;

@@ -65,7 +65,8 @@ pub(super) fn classifier(
     let vec = xp.is_multiple_of(16) && dp.is_multiple_of(16) && xv.ld.is_multiple_of(v) && dxv.ld.is_multiple_of(v);
     let threads = block_threads(cols);
     let resident = dev.sm_count() * (2048 / threads as usize);
-    let cfg = LaunchConfig { grid_dim: (rows.min(resident) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+    let cfg =
+        LaunchConfig { grid_dim: (rows.min(resident) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
     let name = format!("classifier_{dt}");
     if acc == DType::F64 {
         launch!(dev, MODULE, name, cfg; xp, dp, tp, count.buf.ptr(), loss.buf.ptr(), rows as u64, cols as u64,

@@ -213,7 +213,11 @@ impl Tensor {
             let loss = {
                 let (g, tg) = (self.storage(), tids.storage());
                 let (Storage::Cuda(x), Storage::Cuda(t)) = (&*g, &*tg) else {
-                    return Err(Error::DeviceMismatch { op: "fused_classifier", lhs: self.device(), rhs: tids.device() });
+                    return Err(Error::DeviceMismatch {
+                        op: "fused_classifier",
+                        lhs: self.device(),
+                        rhs: tids.device(),
+                    });
                 };
                 let toff = targets_offset(tids.layout(), rows)?;
                 let (loss, count) = cuda::classifier(x, &xv, x, &xv, t, toff, (rows, cols, classes), opts.grad_scale)?;
@@ -233,7 +237,13 @@ impl Tensor {
                     let (l, d) = cuda_forward((x, self.layout()), (t, tids.layout()), classes, opts.grad_scale)?;
                     (Storage::Cuda(l), Storage::Cuda(d))
                 }
-                _ => return Err(Error::DeviceMismatch { op: "fused_classifier", lhs: self.device(), rhs: tids.device() }),
+                _ => {
+                    return Err(Error::DeviceMismatch {
+                        op: "fused_classifier",
+                        lhs: self.device(),
+                        rhs: tids.device(),
+                    })
+                }
             }
         };
         Ok((Tensor::from_storage(loss, (), None), Tensor::from_storage(dx, shape, None)))
