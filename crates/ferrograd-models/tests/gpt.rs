@@ -552,8 +552,11 @@ fn gpt_cuda_bf16_steps_auto_batch_and_kv_cache() -> Result<()> {
     Ok(())
 }
 
+/// Named parameter and moment values.
+type Values = Vec<(String, Vec<f32>)>;
+
 /// Parameters, moments and per-step losses of `steps` steps of `cfg`.
-fn run_steps(cfg: TrainConfig, steps: usize) -> Result<(Vec<(String, Vec<f32>)>, Vec<f64>)> {
+fn run_steps(cfg: TrainConfig, steps: usize) -> Result<(Values, Vec<f64>)> {
     let mut run = Run::new(cfg)?;
     let mut losses = vec![];
     for _ in 0..steps {
