@@ -52,7 +52,7 @@ QUICK = {
     "optim": ["--tensors", "20"],
     "attention": ["--seqs", "512,1024", "--head-dims", "64"],
     "linear": ["--rows", "2048"],
-    "fused": ["--shapes", "4096x768"],
+    "fused": ["--shapes", "4096x768", "--classifier", "1024x50257"],
 }
 
 

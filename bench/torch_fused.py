@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch twin of `ferrograd bench fused`: residual add + layer norm (`h = x + r; y = F.layer_norm(h)`)
 and bias + GELU (`F.gelu(x + b, approximate="tanh")`), forward and forward + backward GB/s, eager and
-torch.compile.
+torch.compile; and the classifier (`F.log_softmax` + `F.nll_loss`, forward and backward: the mean loss
+and the logits' gradient), GB/s over the fewest bytes (logits read once, gradient written once:
+2 x N), logits ~ N(0, 2^2) in the dtype, uniform targets.
 
 Same work: [rows, cols] (16384 x 768, GPT-2's tokens x width, by default) in bf16. add_layer_norm: x, r, dh,
 dy ~ N(0, 1), weight ~ U[0.5, 1.5), bias ~ N(0, 1), eps 1e-5; bytes: forward 4 x N elements (x, r read; h, y
@@ -32,6 +34,8 @@ def main() -> None:
     bl.common_args(p)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
     p.add_argument("--shapes", type=bl.csv_shapes, default=[(16384, 768)])
+    p.add_argument("--classifier", default="8192x50257",
+                   help="classifier shapes ROWSxCLASSES, comma-separated, or none")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile rows")
     a = p.parse_args()
 
@@ -123,6 +127,34 @@ def main() -> None:
             del y
             timed_rows("bias_gelu", r, c, fwd, fwd_bwd, (2, 5), tag)
         del x, b, dy, ins
+    shapes = [] if a.classifier.strip() == "none" else bl.csv_shapes(a.classifier)
+    for (r, c) in shapes:
+        x = (torch.randn(r, c, device=dev) * 2.0).to(dt)
+        t = torch.randint(0, c, (r,), device=dev, generator=None)
+
+        def ce(x):
+            return F.nll_loss(F.log_softmax(x, dim=-1), t)
+
+        variants = [("", ce)]
+        if a.compile:
+            variants.append((" [torch.compile]", torch.compile(ce)))
+        for tag, fn in variants:
+            def fwd_bwd(fn=fn):
+                xv = x.detach().requires_grad_()
+                return torch.autograd.grad(fn(xv), xv)[0]
+
+            d = fwd_bwd()
+            idx = bl.sample_rows(r, 4, 4, lambda k, hi: torch.randint(0, hi, (k,), generator=gen).tolist())
+            it = torch.tensor(idx, device=dev)
+            xd = x.index_select(0, it).double()
+            want = (torch.softmax(xd, -1) - F.one_hot(t.index_select(0, it), c).double()) / r
+            err = bl.rel_err(torch, d.index_select(0, it).double(), want)
+            bl.require(f"classifier fwd+bwd {a.dtype} {r}x{c}{tag}", err, 2 * TOL[a.dtype])
+            del d
+            tb = bl.time_device(torch, fwd_bwd, cuda=True)
+            rows.append(bl.row(f"classifier fwd+bwd {a.dtype} {r}x{c}{tag}", 2 * r * c * es / tb["median_s"] / 1e9,
+                               "GB/s", True, median_s=tb["median_s"], reps=tb["reps"]))
+        del x, t
 
     bl.print_rows(rows)
     notes = [f"seed {a.seed}; x, r, dh, dy ~ N(0,1); weight ~ U[0.5,1.5), bias ~ N(0,1), eps 1e-5",

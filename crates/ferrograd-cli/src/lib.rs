@@ -154,8 +154,9 @@ enum BenchCommand {
     SelectiveScan(SelectiveScanArgs),
     /// NCCL all-reduce bus bandwidth across the ranks of a launch (twin: torch.distributed).
     Allreduce(bench::allreduce::AllreduceArgs),
-    /// Fused transformer ops (residual add + layer norm, bias + GELU) forward and forward+backward
-    /// GB/s (twin: x + r then F.layer_norm, F.gelu(x + b), eager and torch.compile).
+    /// Fused transformer ops (residual add + layer norm, bias + GELU, the fused classifier) forward
+    /// and forward+backward GB/s (twins: x + r then F.layer_norm; F.gelu(x + b); F.log_softmax +
+    /// F.nll_loss; eager and torch.compile).
     Fused(FusedArgs),
 }
 
@@ -170,8 +171,18 @@ struct FusedArgs {
     /// Shapes ROWSxCOLS (tokens x model width), comma-separated.
     #[arg(long, value_delimiter = ',', value_parser = bench::parse_shape, default_value = "16384x768")]
     shapes: Vec<(usize, usize)>,
+    /// Fused classifier shapes ROWSxCLASSES (tokens x vocabulary), comma-separated; "none" for none.
+    #[arg(long, value_delimiter = ',', value_parser = parse_shape_or_none, default_value = "8192x50257")]
+    classifier: Vec<Option<(usize, usize)>>,
     #[command(flatten)]
     common: Common,
+}
+
+fn parse_shape_or_none(s: &str) -> Result<Option<(usize, usize)>, String> {
+    if s.trim() == "none" {
+        return Ok(None);
+    }
+    bench::parse_shape(s).map(Some)
 }
 
 #[derive(Args, Debug)]
@@ -557,6 +568,7 @@ impl Job {
                 device: a.device,
                 dtype: a.dtype,
                 shapes: a.shapes,
+                classifier: a.classifier.into_iter().flatten().collect(),
                 json: a.common.json,
                 plot: a.common.plot,
                 seed: a.common.seed,

@@ -65,6 +65,14 @@ FG_KERNEL adam_f32_dev(OptTable t, float lr, float b1, float b2, float omb1, flo
   adam_apply(t, lr, b1, b2, omb1, omb2, eps, wd, bc[0], bc[1], decoupled);
 }
 
+// ... and the learning rate from device memory too (`lr` = one float, written before each step by
+// the host), so that a graph replaying a scheduled step applies each step's own rate. CPU twin:
+// `adam_step_scheduled` in src/optim.rs.
+FG_KERNEL adam_f32_devlr(OptTable t, const float* lr, float b1, float b2, float omb1, float omb2, float eps, float wd,
+                         const float* bc, int decoupled) {
+  adam_apply(t, lr[0], b1, b2, omb1, omb2, eps, wd, bc[0], bc[1], decoupled);
+}
+
 // Rust's f64::powi (compiler-builtins' __powidf2: square and multiply), so that the device's bias
 // corrections equal, bit for bit, those `adam_step` forms on the host for the same step. The _rn
 // intrinsics keep the compiler from contracting a product and the subtraction below into an FMA

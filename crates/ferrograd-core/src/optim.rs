@@ -181,11 +181,50 @@ pub fn adam_step_counted(
     if let crate::Device::Cuda(o) = device {
         let dev = crate::cuda::CudaDevice::get(o)?;
         let grads = contiguous_grads(grads)?;
-        return crate::cuda::ops::optim::adam_counted(&dev, params, &grads, m, v, c, step);
+        return crate::cuda::ops::optim::adam_counted(&dev, params, &grads, m, v, c, step, None);
     }
     let n = step.to_vec::<f64>()?[0] + 1.0;
     step.set(&Tensor::full(n, step.shape().clone(), DType::F64, device)?)?;
     adam_step(params, grads, m, v, c, n as u64)
+}
+
+/// [`adam_step_counted`] whose learning rate is read from `lr` too (one contiguous f32 element on
+/// the parameters' device; `c.lr` is ignored): a CUDA graph that captured the call applies the rate
+/// the host wrote into `lr` before each replay (a scheduled learning rate). The update equals
+/// `adam_step`'s with `c.lr = lr` (as f32), bit for bit.
+pub fn adam_step_scheduled(
+    params: &[Tensor],
+    grads: &[Tensor],
+    m: &[Tensor],
+    v: &[Tensor],
+    c: &AdamConfig,
+    step: &Tensor,
+    lr: &Tensor,
+) -> Result<()> {
+    if lr.dtype() != DType::F32 || lr.elem_count() != 1 || !lr.is_contiguous() {
+        return Err(Error::InvalidArgument(format!(
+            "adam_step_scheduled: the learning rate must be one contiguous f32 element, got {:?} {}",
+            lr.dims(),
+            lr.dtype()
+        )));
+    }
+    let device = params.first().map_or(step.device(), |p| p.device());
+    if lr.device() != device {
+        return Err(Error::DeviceMismatch { op: "adam_step_scheduled", lhs: device, rhs: lr.device() });
+    }
+    if let crate::Device::Cuda(o) = device {
+        check("adam_step_scheduled", params, &[grads, m, v])?;
+        if step.dtype() != DType::F64 || step.elem_count() != 1 || !step.is_contiguous() || step.device() != device {
+            return Err(Error::InvalidArgument(
+                "adam_step_scheduled: the step must be one contiguous f64 element on the parameters' device".into(),
+            ));
+        }
+        let dev = crate::cuda::CudaDevice::get(o)?;
+        let grads = contiguous_grads(grads)?;
+        return crate::cuda::ops::optim::adam_counted(&dev, params, &grads, m, v, c, step, Some(lr));
+    }
+    let rate = lr.to_vec::<f32>()?[0] as f64;
+    adam_step_counted(params, grads, m, v, &AdamConfig { lr: rate, ..*c }, step)
 }
 
 /// One SGD step; `bufs` are the momentum buffers (ignored when momentum is 0), initialised from

@@ -347,6 +347,12 @@ impl Tensor {
         backprop::backward(self, store)
     }
 
+    /// Like `backward_with` (this tensor's gradient given), adding into an existing store: how a
+    /// training step backpropagates the logits' gradient that the fused classifier formed.
+    pub fn backward_into_with(&self, grad: &Tensor, store: &mut backprop::GradStore) -> Result<()> {
+        backprop::backward_from(self, grad.clone(), store, None)
+    }
+
     /// Like `backward_into`, calling `on_leaf(leaf, grad)` as soon as each leaf variable's
     /// gradient is final, in the order the walk finishes them (reverse topological order). An
     /// error from the hook stops the walk and is returned.

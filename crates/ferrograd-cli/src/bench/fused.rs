@@ -6,9 +6,12 @@
 //!   8 x N in all);
 //! - bias + GELU (`Tensor::bias_gelu`, `gelu_tanh(x + b)`): forward reads x and writes y (2 x N);
 //!   forward + backward adds dy and x read, dx written (5 x N).
+//! - the fused classifier (`Tensor::classifier_loss_grad`: the mean cross entropy and the logits'
+//!   gradient from one kernel) at 8192 x 50257: the logits read once, their gradient written once
+//!   (2 x N).
 //!
 //! Twin: `bench/torch_fused.py` (`x + r` then `F.layer_norm`; `F.gelu(x + b, approximate="tanh")`;
-//! eager and `torch.compile`). Bytes counted are the fewest the op must move; weight and bias rows
+//! `F.log_softmax` + `F.nll_loss` forward and backward; eager and `torch.compile`). Bytes counted are the fewest the op must move; weight and bias rows
 //! are not counted. Each workload (inputs, the float64 reference of a row, the backward call) lives
 //! beside its op in `ferrograd-core/src/fused/<op>/bench.rs`. Before timing, the forward into
 //! poisoned memory is checked on sampled rows against float64, and the forward + backward of a
@@ -22,6 +25,7 @@ use crate::CliResult;
 use ferrograd_core::fused::add_layer_norm::bench::AddLayerNormBench;
 use ferrograd_core::fused::bench::Workload;
 use ferrograd_core::fused::bias_gelu::bench::BiasGeluBench;
+use ferrograd_core::fused::classifier::bench::ClassifierBench;
 use ferrograd_core::{DType, Device, Rng, Tensor};
 use std::io::Write;
 use std::path::PathBuf;
@@ -33,6 +37,8 @@ pub struct Config {
     pub device: Device,
     pub dtype: DType,
     pub shapes: Vec<(usize, usize)>,
+    /// Fused classifier problems (rows x classes).
+    pub classifier: Vec<(usize, usize)>,
     pub json: Option<PathBuf>,
     pub plot: Option<PathBuf>,
     pub seed: u64,
@@ -61,7 +67,7 @@ pub fn check(cfg: &Config) -> CliResult<()> {
     if cfg.shapes.is_empty() {
         return Err("--shapes needs at least one ROWSxCOLS".into());
     }
-    for &(r, c) in &cfg.shapes {
+    for &(r, c) in cfg.shapes.iter().chain(&cfg.classifier) {
         if [r, c, 8, cfg.dtype.size_in_bytes()].iter().try_fold(1usize, |a, &x| a.checked_mul(x)).is_none() {
             return Err(format!("bench fused --shapes {r}x{c}: its byte count overflows").into());
         }
@@ -214,6 +220,9 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         let fwd_bwd = (measure_device(&clock, DevicePlan::GPU, || w.forward_backward(&dy))?, 5.0);
         OpRows { op: "bias_gelu", fwd_err, bwd_err, fwd, fwd_bwd }.push(&mut rows, dtype, r, c);
     }
+    for &(r, c) in &cfg.classifier {
+        rows.push(classifier_row(&mut rng, r, c, dtype, cfg.device, &clock)?);
+    }
     print_rows(out, &rows, None)?;
     let mut report = Report::new("fused", cfg.device, env, EVENT_TIMING);
     report.rows = rows;
@@ -230,12 +239,47 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     finish_json(&cfg.json, &report, out)
 }
 
+/// `classifier fwd+bwd bf16 8192x50257`.
+pub fn classifier_row_name(dtype: DType, r: usize, c: usize) -> String {
+    format!("classifier fwd+bwd {} {r}x{c}", dtype.as_str())
+}
+
+/// The fused classifier on logits ~ N(0, 2^2): its gradient checked on sampled rows against float64
+/// (into poisoned memory), then timed.
+fn classifier_row(rng: &mut Rng, r: usize, c: usize, dtype: DType, device: Device, clock: &Clock) -> CliResult<Row> {
+    let x = Tensor::randn_with(rng, 0.0, 2.0, (r, c), dtype, device)?;
+    let w = ClassifierBench::new(x, rng)?;
+    let d = poisoned(|| Ok(w.run()?))?;
+    let sample = check::sample_rows(r, 4, 4, rng);
+    let (mut got, mut want) = (vec![], vec![]);
+    for (row, &i) in check::rows_f64(&d, &sample)?.into_iter().zip(&sample) {
+        got.extend(row);
+        want.extend(w.reference(i)?);
+    }
+    drop(d);
+    let err = rel_err(&got, &want);
+    let name = classifier_row_name(dtype, r, c);
+    require(&name, err, 2.0 * tolerance(dtype))?;
+    let t = measure_device(clock, DevicePlan::GPU, || w.loss_grad())?;
+    let m = t.median_s();
+    let bytes = w.bytes() as f64;
+    Ok(Row::new(name, bytes / m / 1e9, "GB/s", true).with("median_s", m).with("reps", t.reps()).with("rel_err", err))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn cfg() -> Config {
-        Config { device: Device::Cpu, dtype: DType::BF16, shapes: vec![(16384, 768)], json: None, plot: None, seed: 1 }
+        Config {
+            device: Device::Cpu,
+            dtype: DType::BF16,
+            shapes: vec![(16384, 768)],
+            classifier: vec![(8192, 50257)],
+            json: None,
+            plot: None,
+            seed: 1,
+        }
     }
 
     #[test]

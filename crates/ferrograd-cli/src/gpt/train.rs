@@ -111,6 +111,9 @@ pub struct TrainArgs {
     /// Write the initial weights (Hugging Face names) here before the first step; with --steps 0, only that.
     #[arg(long, value_name = "FILE", conflicts_with = "resume")]
     pub save_init: Option<PathBuf>,
+    /// Run every step eagerly instead of replaying it as a CUDA graph (CUDA only).
+    #[arg(long)]
+    pub no_graph: bool,
     #[arg(long, value_enum, default_value = "auto")]
     pub progress: ProgressArg,
 }
@@ -207,6 +210,7 @@ fn config(a: &TrainArgs, device: Device) -> CliResult<(TrainConfig, Vec<String>)
     c.resume = a.resume;
     c.init = a.init.clone();
     c.save_init = a.save_init.clone();
+    c.graph = !a.no_graph;
     Ok((c, notes))
 }
 

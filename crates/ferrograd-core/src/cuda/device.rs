@@ -288,8 +288,9 @@ impl CudaDevice {
             });
         };
         self.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+        let span = super::profile::begin(self, || name.to_string());
         // SAFETY: the caller vouches for the arguments.
-        unsafe {
+        let launched = unsafe {
             cudarc::driver::result::launch_kernel(
                 f.cu_function(),
                 cfg.grid_dim,
@@ -299,7 +300,11 @@ impl CudaDevice {
                 ptrs,
             )
         }
-        .map_err(|e| driver_err(&format!("launch {name}"), e))
+        .map_err(|e| driver_err(&format!("launch {name}"), e));
+        if let Some(span) = span {
+            span.end(self);
+        }
+        launched
     }
 
     /// Launch `name` from an embedded `module` (a model's own fused kernels) on the current stream.

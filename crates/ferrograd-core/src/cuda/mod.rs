@@ -24,6 +24,7 @@ pub(crate) mod ops;
 pub mod peer;
 pub mod pinned;
 pub mod probe;
+pub mod profile;
 pub mod storage;
 pub mod stream;
 pub mod sync;

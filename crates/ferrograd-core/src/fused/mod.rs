@@ -31,6 +31,7 @@ pub mod add_layer_norm;
 pub mod attention;
 pub mod bench;
 pub mod bias_gelu;
+pub mod classifier;
 pub mod cross_entropy;
 pub mod layer_norm;
 pub mod linear;

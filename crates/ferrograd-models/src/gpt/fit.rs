@@ -163,6 +163,9 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
         if step == run.info.start_step + skip.max(1) && steady.is_none() {
             device.synchronize()?;
             steady = Some((step, Instant::now()));
+            if device.is_cuda() {
+                ferrograd_core::cuda::profile::reset();
+            }
         }
         let last = step == steps;
         if step.is_multiple_of(run.cfg.log_every) || last {
@@ -195,6 +198,11 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
             on_event(Event::Logged(&stats));
             (window_steps, window_start) = (0, Instant::now());
         }
+        if last && device.is_cuda() && ferrograd_core::cuda::profile::enabled() {
+            // FERROGRAD_PROFILE=1: device time per kernel over the steady steps, before validation.
+            let n = steady.map_or(step, |(s0, _)| step.saturating_sub(s0));
+            eprint!("{}", ferrograd_core::cuda::profile::report_table(n)?);
+        }
         let pause = Instant::now();
         if (run.cfg.val_every > 0 && step.is_multiple_of(run.cfg.val_every)) || last {
             if let Some(v) = run.evaluate()? {
@@ -216,6 +224,7 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
     }
     device.synchronize()?;
     summary.train_s = t0.elapsed().as_secs_f64();
+
     summary.steps = run.step - run.info.start_step;
     if let Some((s0, i0)) = steady {
         let n = run.step.saturating_sub(s0);

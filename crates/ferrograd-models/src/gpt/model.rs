@@ -5,8 +5,9 @@
 
 use super::config::GptConfig;
 use super::ops::{
-    attention, causal_mask, layer_norm, linear, linear_gelu, lm_logits, lm_loss, residual, to_matmul_dtype,
+    attention, causal_mask, linear, lm_logits, lm_logits_padded, lm_loss, mlp, residual_norm, to_matmul_dtype,
 };
+use ferrograd_core::fused::classifier::ClassifierOpts;
 use ferrograd_core::{shape_err, DType, Device, Error, Result, Rng, Tensor};
 use ferrograd_nn::module::join_name;
 use ferrograd_nn::Module;
@@ -212,16 +213,25 @@ impl Gpt {
         self.wte.embedding(ids)?.add(&self.wpe.narrow(0, start, t)?)
     }
 
-    /// One block: `x + attn(ln_1(x))`, then `+ mlp(ln_2(x))`. With `cache`, `x` is `[1, T, C]`
-    /// at positions `start..start + T` and the keys and values are written into the cache.
-    fn block(&self, blk: &Block, x: &Tensor, cache: Option<LayerCache<'_>>) -> Result<Tensor> {
+    /// One block: `x + attn(ln_1(x))`, then `+ mlp(ln_2(x))`. The residual stream arrives as `x`
+    /// plus the previous block's MLP output `branch` (not yet added: the add is fused with `ln_1`),
+    /// and leaves the same way, `(x, mlp output)`, for the next block's `ln_1` or `ln_f`. With
+    /// `cache`, `x` is `[1, T, C]` at positions `start..start + T` and the keys and values are
+    /// written into the cache.
+    fn block(
+        &self,
+        blk: &Block,
+        x: &Tensor,
+        branch: Option<&Tensor>,
+        cache: Option<LayerCache<'_>>,
+    ) -> Result<(Tensor, Tensor)> {
         let cfg = &self.config;
         let &[b, t, c] = x.dims() else {
             return Err(shape_err!("gpt block", "expected [B, T, C], got {:?}", x.dims()));
         };
         let (h, d) = (cfg.n_head, cfg.head_dim());
         let eps = cfg.layer_norm_epsilon;
-        let a = layer_norm(x, &blk.ln_1_w, &blk.ln_1_b, eps)?;
+        let (x, a) = residual_norm(x, branch, &blk.ln_1_w, &blk.ln_1_b, eps)?;
         // [B, T, 3, H, D]: q, k and v are permuted views of this one buffer, never copied out
         // (the attention kernels read them in place).
         let qkv = linear(&a, &blk.c_attn_w, Some(&blk.c_attn_b))?.reshape((b, t, 3, h, d))?;
@@ -250,19 +260,27 @@ impl Gpt {
         };
         // [B, H, T, D] -> [B, T, C]
         let y = y.permute(&[0, 2, 1, 3])?.reshape((b, t, c))?;
-        let x = residual(x, &linear(&y, &blk.attn_proj_w, Some(&blk.attn_proj_b))?)?;
-        let m = layer_norm(&x, &blk.ln_2_w, &blk.ln_2_b, eps)?;
-        let m = linear_gelu(&m, &blk.c_fc_w, &blk.c_fc_b)?;
-        residual(&x, &linear(&m, &blk.mlp_proj_w, Some(&blk.mlp_proj_b))?)
+        let proj = linear(&y, &blk.attn_proj_w, Some(&blk.attn_proj_b))?;
+        let (x, m) = residual_norm(&x, Some(&proj), &blk.ln_2_w, &blk.ln_2_b, eps)?;
+        let out = mlp(&m, &blk.c_fc_w, &blk.c_fc_b, &blk.mlp_proj_w, &blk.mlp_proj_b)?;
+        Ok((x, out))
+    }
+
+    /// The blocks and `ln_f` over the embeddings `x` `[B, T, C]`, with each block's cache.
+    fn run_blocks(&self, x: Tensor, caches: Option<(&[Tensor], &[Tensor], usize)>) -> Result<Tensor> {
+        let (mut x, mut branch) = (x, None);
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let cache = caches.map(|(k, v, start)| LayerCache { k: &k[i], v: &v[i], start });
+            let (nx, out) = self.block(blk, &x, branch.as_ref(), cache)?;
+            (x, branch) = (nx, Some(out));
+        }
+        let eps = self.config.layer_norm_epsilon;
+        Ok(residual_norm(&x, branch.as_ref(), &self.ln_f_w, &self.ln_f_b, eps)?.1)
     }
 
     /// The final hidden states `[B, T, C]` (after `ln_f`) of `ids` `[B, T]`.
     pub fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
-        let mut x = self.embed(ids, 0)?;
-        for blk in &self.blocks {
-            x = self.block(blk, &x, None)?;
-        }
-        layer_norm(&x, &self.ln_f_w, &self.ln_f_b, self.config.layer_norm_epsilon)
+        self.run_blocks(self.embed(ids, 0)?, None)
     }
 
     /// Logits `[B, T, vocab_size]` (f32): what `GPT2LMHeadModel` returns.
@@ -281,6 +299,28 @@ impl Gpt {
         }
         let logits = lm_logits(&self.hidden(ids)?, &self.wte, self.config.vocab_size)?;
         lm_loss(&logits, &targets.reshape(b * t)?)
+    }
+
+    /// The training forward with the fused classifier: `(mean loss, logits, dlogits)` where
+    /// `dlogits` is the gradient of `grad_scale * loss` with respect to `logits` (over the padded
+    /// vocabulary on a GPU, 0 in the padded columns), written over the logits themselves on CUDA
+    /// (they are dead once the loss is known). Backpropagate with
+    /// `GradAccumulator::backward_seeded(&logits, &dlogits)`. The loss is cut from the graph.
+    pub fn loss_and_logits_grad(
+        &self,
+        ids: &Tensor,
+        targets: &Tensor,
+        grad_scale: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t) = self.check_ids(ids, "gpt loss")?;
+        if targets.dims() != [b, t] {
+            return Err(Error::ShapeMismatch { op: "gpt loss", lhs: vec![b, t], rhs: targets.dims().to_vec() });
+        }
+        let vocab = self.config.vocab_size;
+        let logits = lm_logits_padded(&self.hidden(ids)?, &self.wte, vocab)?;
+        let opts = ClassifierOpts { classes: Some(vocab), ignore_index: None, grad_scale, in_place: true };
+        let (loss, dlogits) = logits.classifier_loss_grad(&targets.reshape(b * t)?, opts)?;
+        Ok((loss, logits, dlogits))
     }
 
     /// Run `ids` `[1, T]` at positions `start..start + T` through the model, writing their keys and
@@ -306,12 +346,8 @@ impl Gpt {
                 ));
             }
         }
-        let mut x = self.embed(ids, start)?;
-        for (i, blk) in self.blocks.iter().enumerate() {
-            x = self.block(blk, &x, Some(LayerCache { k: &k_cache[i], v: &v_cache[i], start }))?;
-        }
-        let last = x.narrow(1, t - 1, 1)?;
-        let h = layer_norm(&last, &self.ln_f_w, &self.ln_f_b, self.config.layer_norm_epsilon)?;
+        let h = self.run_blocks(self.embed(ids, start)?, Some((k_cache, v_cache, start)))?;
+        let h = h.narrow(1, t - 1, 1)?;
         let l = lm_logits(&h, &self.wte, self.config.vocab_size)?.flatten_all()?;
         l.to_dtype(DType::F32)?.contiguous()
     }

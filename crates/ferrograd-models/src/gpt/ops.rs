@@ -1,15 +1,15 @@
 //! The model's building blocks, each one function: the places where a fused kernel replaces
 //! today's primitives without touching the model.
 //!
-//! | function        | today                                    | fused replacement                          |
-//! |-----------------|------------------------------------------|--------------------------------------------|
-//! | [`linear`]      | matmul + bias add                        | cuBLASLt `linear(x, w, b, Activation::None)` |
-//! | [`linear_gelu`] | matmul + bias add + `gelu_tanh`          | cuBLASLt `linear(.., Activation::Gelu)`    |
-//! | [`attention`]   | `Tensor::scaled_dot_product_attention`   | (done: FlashAttention-2 style on CUDA)     |
-//! | [`layer_norm`]  | `Tensor::layer_norm`                     | (same method, moved into `fused/`)          |
-//! | [`lm_logits`] | `x wte^T` over the padded vocabulary, real columns viewed | (same; a fused classifier takes the view) |
-//! | [`lm_loss`]     | `cross_entropy_acc` on the bf16 logits   | fused classifier: loss and dlogits in one pass |
-//! | [`residual`]    | cast to f32 + add                        | the GEMM epilogue adding the residual      |
+//! | function          | what runs                                                                |
+//! |-------------------|--------------------------------------------------------------------------|
+//! | [`linear`]        | the fused cuBLASLt `linear(x, w, b)`: the bias in the GEMM's epilogue    |
+//! | [`mlp`]           | the fused `mlp`: GELU_AUX_BIAS then BIAS forward, DGELU_BGRAD backward   |
+//! | [`attention`]     | `Tensor::scaled_dot_product_attention` (FlashAttention-2 style on CUDA)  |
+//! | [`residual_norm`] | `add_layer_norm`: the residual add and the next layer norm, one kernel   |
+//! | [`layer_norm`]    | `Tensor::layer_norm` (the first block's, which has no residual to add)   |
+//! | [`lm_logits`]     | `x wte^T` over the padded vocabulary, real columns viewed                |
+//! | [`lm_loss`]       | `cross_entropy_acc` on the bf16 logits (the training step uses the fused classifier, `train.rs`) |
 //!
 //! Weights are in Hugging Face's Conv1D layout, `[in, out]` (`y = x W + b`); a fused linear that
 //! takes PyTorch's `[out, in]` is called with `w.t()` (a view, no copy).
@@ -22,6 +22,7 @@
 //! Without autocast everything runs in the input's dtype (f32, or f64 in gradient checks).
 
 use ferrograd_core::fused::attention::CUDA_HEAD_DIMS;
+use ferrograd_core::fused::linear::{self as fused, Activation};
 use ferrograd_core::{AttentionOpts, DType, Result, Tensor};
 use ferrograd_nn::amp::autocast_dtype;
 
@@ -30,40 +31,46 @@ fn matmul_dtype(x: &Tensor) -> Option<DType> {
     autocast_dtype().filter(|_| x.dtype().is_float() && x.dtype() != DType::F64)
 }
 
-/// `x W + b` over the last dim of `x` (any leading dims), `w` `[in, out]`.
-pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let dims = x.dims().to_vec();
-    let (k, n) = (w.dims()[0], w.dims()[1]);
-    let rows = x.elem_count() / k.max(1);
-    // One [rows, in] x [in, out] GEMM (and one for each gradient), not a batched matmul over a
-    // broadcast weight whose gradient would then be reduced over the batch.
-    let x2 = x.reshape((rows, k))?;
-    let y = match matmul_dtype(x) {
-        Some(low) => x2.to_dtype(low)?.matmul(&w.to_dtype(low)?)?,
-        None => x2.matmul(w)?,
-    };
-    // Under autocast the bias joins in the GEMM's dtype (PyTorch's bias epilogue does the same).
-    let y = match b {
-        Some(b) => y.add(&b.to_dtype(y.dtype())?)?,
-        None => y,
-    };
-    let mut out = dims;
-    if let Some(last) = out.last_mut() {
-        *last = n;
+/// The matmul operands `x`, `w`, `b` in the dtype the GEMM runs in (see [`matmul_dtype`]).
+fn gemm_operands(x: &Tensor, ws: &[&Tensor]) -> Result<(Tensor, Vec<Tensor>)> {
+    match matmul_dtype(x) {
+        Some(low) => Ok((x.to_dtype(low)?, ws.iter().map(|w| w.to_dtype(low)).collect::<Result<_>>()?)),
+        None => Ok((x.clone(), ws.iter().map(|w| (*w).clone()).collect())),
     }
-    y.reshape(out)
 }
 
-/// `gelu_tanh(x W + b)`: GPT-2's MLP up-projection (under autocast in the low dtype, computed in
-/// f32 inside the kernel).
-pub fn linear_gelu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    linear(x, w, Some(b))?.gelu_tanh()
+/// `x W + b` over the last dim of `x` (any leading dims), `w` `[in, out]`: one fused cuBLASLt
+/// linear (bias in the epilogue; its gradient from the dW GEMM's BGRADB epilogue), reading
+/// `w.t()` (PyTorch's `[out, in]`) as a transposed view, never a copy. Under autocast the output
+/// stays in the low dtype, bias included, as PyTorch's bias epilogue does.
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let ws: Vec<&Tensor> = std::iter::once(w).chain(b).collect();
+    let (x, ws) = gemm_operands(x, &ws)?;
+    fused::linear(&x, &ws[0].t()?, ws.get(1), Activation::None)
 }
 
-/// `x + y`: the residual stream `x` keeps its dtype (f32 under autocast); a branch output `y` in
-/// the low dtype is cast up to it.
-pub fn residual(x: &Tensor, y: &Tensor) -> Result<Tensor> {
-    x.add(&y.to_dtype(x.dtype())?)
+/// `gelu_tanh(x W1 + b1) W2 + b2`: GPT-2's MLP block as the fused `mlp` op (two cuBLASLt calls
+/// forward, the GELU and both biases in their epilogues; the backward's `dz` comes out of the
+/// DGELU_BGRAD epilogue of the `dh` GEMM: no elementwise kernel either way). Weights `[in, out]`.
+pub fn mlp(x: &Tensor, w1: &Tensor, b1: &Tensor, w2: &Tensor, b2: &Tensor) -> Result<Tensor> {
+    let (x, ws) = gemm_operands(x, &[w1, b1, w2, b2])?;
+    fused::mlp(&x, &ws[0].t()?, Some(&ws[1]), &ws[2].t()?, Some(&ws[3]))
+}
+
+/// `(h, layer_norm(h))` with `h = x + branch`: the residual stream `x` keeps its dtype (f32 under
+/// autocast; a low-dtype branch output is cast up to it) and the add and the norm are one kernel
+/// (`add_layer_norm`). Without a branch (the first block) `h` is `x`.
+pub fn residual_norm(
+    x: &Tensor,
+    branch: Option<&Tensor>,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
+    match branch {
+        None => Ok((x.clone(), layer_norm(x, w, b, eps)?)),
+        Some(r) => x.add_layer_norm(&r.to_dtype(x.dtype())?, Some(w), Some(b), eps),
+    }
 }
 
 /// Layer norm over the last dim; a low-precision input is cast to f32 first (as autocast does).
@@ -148,6 +155,12 @@ pub fn causal_mask(t_q: usize, start: usize, device: ferrograd_core::Device) -> 
 /// nothing, only the real rows are multiplied and the logits come out contiguous. Under autocast
 /// they stay in the low dtype ([`lm_loss`] casts them up).
 pub fn lm_logits(x: &Tensor, wte: &Tensor, vocab: usize) -> Result<Tensor> {
+    lm_logits_padded(x, wte, vocab)?.narrow(1, 0, vocab)
+}
+
+/// [`lm_logits`] before the padded columns are cut off: `[N, Vp]` on a GPU, `[N, vocab]` on the
+/// CPU; the real classes are the first `vocab` columns either way (what the fused classifier takes).
+pub fn lm_logits_padded(x: &Tensor, wte: &Tensor, vocab: usize) -> Result<Tensor> {
     let c = wte.dims()[1];
     let rows = x.elem_count() / c.max(1);
     let x2 = x.reshape((rows, c))?;
@@ -156,5 +169,5 @@ pub fn lm_logits(x: &Tensor, wte: &Tensor, vocab: usize) -> Result<Tensor> {
         Some(low) => x2.to_dtype(low)?.matmul(&w.to_dtype(low)?.t()?)?,
         None => x2.matmul(&w.t()?)?,
     };
-    logits.narrow(1, 0, vocab)
+    Ok(logits)
 }

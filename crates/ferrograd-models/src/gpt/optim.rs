@@ -8,7 +8,7 @@
 
 use super::model::Gpt;
 use ferrograd_core::optim::AdamConfig;
-use ferrograd_core::{Error, GradStore, Result, Tensor};
+use ferrograd_core::{DType, Error, GradStore, Result, Tensor};
 use ferrograd_nn::optim::{Adam, Optimizer};
 
 /// GPT-2's AdamW settings apart from the learning rate.
@@ -24,6 +24,15 @@ pub struct GptAdamW {
     params: Vec<(String, Tensor)>,
     /// Name of the tied embedding and its real row count.
     wte: (String, usize),
+    /// The device copies of each group's step count (f64) and of the learning rate (f32) that
+    /// [`GptAdamW::step_device`] reads, made by [`GptAdamW::prepare_device_step`].
+    device: Option<DeviceState>,
+}
+
+#[derive(Debug)]
+struct DeviceState {
+    steps: [Tensor; 2],
+    lr: Tensor,
 }
 
 impl GptAdamW {
@@ -35,7 +44,45 @@ impl GptAdamW {
             no_decay: Adam::new_adamw(no_decay, gpt_adamw_config(lr, 0.0))?,
             wte: (params[0].0.clone(), model.config.vocab_size),
             params,
+            device: None,
         })
+    }
+
+    /// Before each device step (outside any graph capture): the learning rate written into its
+    /// device copy, and the step counts' device copies made from the host count when missing
+    /// (first step, or after `load_state_meta`). Writes into the same tensors every time, so a
+    /// captured step keeps reading them.
+    pub fn prepare_device_step(&mut self) -> Result<()> {
+        let device = self.params[0].1.device();
+        let host = [self.decay.step_count(), self.no_decay.step_count()];
+        let lr = Tensor::full(self.decay.lr() as f32 as f64, 1, DType::F32, device)?;
+        match &self.device {
+            Some(d) => d.lr.set(&lr)?,
+            None => {
+                let steps = host.map(|n| Tensor::full(n as f64, 1, DType::F64, device));
+                let [a, b] = steps;
+                self.device = Some(DeviceState { steps: [a?, b?], lr });
+            }
+        }
+        Ok(())
+    }
+
+    /// One AdamW step of both groups reading the step counts and the learning rate from the
+    /// device (see [`GptAdamW::prepare_device_step`]): what a CUDA graph captures. The host counts
+    /// advance with [`GptAdamW::count_step`], once per step that ran.
+    pub fn step_device(&self, grads: &GradStore) -> Result<()> {
+        let d = self
+            .device
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("step_device before prepare_device_step".into()))?;
+        self.decay.step_scheduled(grads, &d.steps[0], &d.lr)?;
+        self.no_decay.step_scheduled(grads, &d.steps[1], &d.lr)
+    }
+
+    /// Advance the host step counts after a device step ran.
+    pub fn count_step(&mut self) {
+        self.decay.count_step();
+        self.no_decay.count_step();
     }
 
     pub fn weight_decay(&self) -> f64 {
@@ -93,6 +140,13 @@ impl Optimizer for GptAdamW {
         };
         let (d, n) = (part("decay")?, part("no_decay")?);
         self.decay.load_state_meta(d)?;
-        self.no_decay.load_state_meta(n)
+        self.no_decay.load_state_meta(n)?;
+        // The device counts follow the loaded host counts (in place: a captured step reads them).
+        if let Some(dev) = &self.device {
+            for (t, n) in dev.steps.iter().zip([self.decay.step_count(), self.no_decay.step_count()]) {
+                t.set(&Tensor::full(n as f64, 1, DType::F64, t.device())?)?;
+            }
+        }
+        Ok(())
     }
 }

@@ -16,8 +16,8 @@ use super::hf;
 use super::loader::{LoaderPos, StepInputs, TokenLoader};
 use super::model::{Gpt, HfView};
 use super::optim::GptAdamW;
-use ferrograd_core::cuda::CudaDevice;
-use ferrograd_core::{DType, Device, Error, Result, Tensor};
+use ferrograd_core::cuda::{Capture, CudaDevice, Graph};
+use ferrograd_core::{DType, Device, Error, GradStore, Result, Tensor};
 use ferrograd_nn::amp::{autocast, AutocastGuard};
 use ferrograd_nn::checkpoint::{self, TrainState};
 use ferrograd_nn::optim::{clip_grad_norm, grad_norm, GradAccumulator, LrSchedule, Optimizer};
@@ -25,6 +25,51 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 pub use super::fit::{peak_flops, train, Event, StepStats, Summary};
+
+/// One step's device work over fixed buffers: what [`Run::compute_step`] runs or captures.
+struct StepBody<'a> {
+    model: &'a Gpt,
+    inputs: &'a StepInputs,
+    k: usize,
+    clip: f64,
+    precision: Precision,
+}
+
+impl StepBody<'_> {
+    /// For each micro-batch the forward with the fused classifier (its logits' gradient, scaled by
+    /// `1/k`, formed in the forward) and the backward from the logits; then clipping and `update`.
+    fn run(
+        &self,
+        accum: &mut GradAccumulator,
+        update: impl FnOnce(&GradStore) -> Result<()>,
+    ) -> Result<(Tensor, Tensor)> {
+        accum.zero_grad();
+        let k = self.k;
+        let mut total: Option<Tensor> = None;
+        {
+            let _ac = precision_guard(self.precision)?;
+            for i in 0..k {
+                let (loss, logits, dlogits) =
+                    self.model.loss_and_logits_grad(&self.inputs.x[i], &self.inputs.y[i], 1.0 / k as f64)?;
+                accum.backward_seeded(&logits, &dlogits)?;
+                total = Some(match total {
+                    Some(s) => s.add(&loss)?,
+                    None => loss,
+                });
+            }
+        }
+        let params: Vec<Tensor> = self.model.params().into_iter().map(|(_, t)| t).collect();
+        let norm = if self.clip > 0.0 {
+            clip_grad_norm(accum.grads_mut(), &params, self.clip)?
+        } else {
+            grad_norm(accum.grads(), &params)?
+        };
+        update(accum.grads())?;
+        accum.zero_grad();
+        let loss = total.ok_or_else(|| Error::InvalidArgument("no micro-batches".into()))?;
+        Ok((if k > 1 { loss.mul_scalar(1.0 / k as f64)? } else { loss }, norm))
+    }
+}
 
 /// Micro-batch size: given, or the largest power of two that fits in device memory (measured).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,7 +122,14 @@ pub struct TrainConfig {
     pub init: Option<PathBuf>,
     /// Write the initial weights here before the first step (for the PyTorch twin).
     pub save_init: Option<PathBuf>,
+    /// On CUDA, capture the step as a CUDA graph after [`GRAPH_WARMUP`] eager steps and replay it
+    /// (`--no-graph`: every step eager). Ignored on the CPU.
+    pub graph: bool,
 }
+
+/// Eager steps (on the graph's side stream and pool) before the step is captured: kernels loaded,
+/// cuBLAS workspaces made, the pool grown to what a step needs. They train like any step.
+pub const GRAPH_WARMUP: usize = 2;
 
 impl TrainConfig {
     /// The defaults for one GPU: gpt2 (124M) from scratch, 16 x 1024, bf16, lr 6e-4, wd 0.1, clip 1.
@@ -105,6 +157,7 @@ impl TrainConfig {
             resume: false,
             init: None,
             save_init: None,
+            graph: true,
         }
     }
 
@@ -180,8 +233,17 @@ pub(crate) fn precision_guard(p: Precision) -> Result<Option<AutocastGuard>> {
     })
 }
 
+/// The captured step: its side stream and pool, the warm-up steps taken, then the graph and the
+/// `(loss, norm)` tensors each replay overwrites.
+struct StepGraph {
+    capture: Capture,
+    warmups: usize,
+    graph: Option<(Graph, (Tensor, Tensor))>,
+}
+
 pub struct Run {
     pub cfg: TrainConfig,
+    step_graph: Option<StepGraph>,
     pub model: Gpt,
     pub opt: GptAdamW,
     pub schedule: LrSchedule,
@@ -296,8 +358,15 @@ impl Run {
             notes,
         };
         let schedule = cfg.schedule();
+        let step_graph = match cfg.device {
+            Device::Cuda(o) if cfg.graph => {
+                Some(StepGraph { capture: Capture::new(&CudaDevice::get(o)?)?, warmups: 0, graph: None })
+            }
+            _ => None,
+        };
         let mut run = Run {
             cfg,
+            step_graph,
             model,
             opt,
             schedule,
@@ -339,35 +408,43 @@ impl Run {
     }
 
     /// One optimizer step on the current input buffers: `(mean loss, gradient norm)` as device
-    /// scalars. Reads nothing back to the host.
+    /// scalars. Reads nothing back to the host. On CUDA the optimizer reads its step count and
+    /// learning rate from the device, so the same work replays as a CUDA graph (`cfg.graph`): the
+    /// first [`GRAPH_WARMUP`] steps run eagerly on the graph's stream and pool, the next is
+    /// captured (all `k` micro-batches, clipping and AdamW: one graph per optimizer step, the
+    /// micro-batches reading their fixed buffers `inputs.x[i]`, `inputs.y[i]`) and every step from
+    /// then on is one replay. The returned tensors of a replayed step are overwritten by the next.
     pub fn compute_step(&mut self) -> Result<(Tensor, Tensor)> {
         self.opt.set_lr(self.schedule.lr_at(self.step));
-        self.accum.zero_grad();
-        let k = self.grad_accum;
-        let mut total: Option<Tensor> = None;
-        {
-            let _ac = precision_guard(self.cfg.precision)?;
-            for i in 0..k {
-                let loss = self.model.loss(&self.inputs.x[i], &self.inputs.y[i])?;
-                self.accum.backward_scaled(&loss, 1.0 / k as f64)?;
-                let l = loss.detach();
-                total = Some(match total {
-                    Some(s) => s.add(&l)?,
-                    None => l,
-                });
-            }
+        let on_device = self.cfg.device.is_cuda();
+        if on_device {
+            self.opt.prepare_device_step()?;
         }
-        let params: Vec<Tensor> = self.opt.params().iter().map(|(_, t)| t.clone()).collect();
-        let norm = if self.cfg.grad_clip > 0.0 {
-            clip_grad_norm(self.accum.grads_mut(), &params, self.cfg.grad_clip)?
-        } else {
-            grad_norm(self.accum.grads(), &params)?
+        let Run { model, opt, accum, inputs, cfg, step_graph, .. } = self;
+        let body = StepBody { model, inputs, k: self.grad_accum, clip: cfg.grad_clip, precision: cfg.precision };
+        let out = match step_graph {
+            Some(sg) => {
+                let mut run = || body.run(accum, |g| opt.step_device(g));
+                if sg.warmups < GRAPH_WARMUP {
+                    sg.warmups += 1;
+                    sg.capture.warmup(run)?
+                } else {
+                    if sg.graph.is_none() {
+                        sg.graph = Some(sg.capture.capture(&mut run)?);
+                    }
+                    let Some((graph, out)) = &sg.graph else { unreachable!("the graph was just captured") };
+                    graph.replay()?;
+                    out.clone()
+                }
+            }
+            None if on_device => body.run(accum, |g| opt.step_device(g))?,
+            None => body.run(accum, |g| opt.step(g))?,
         };
-        self.opt.step(self.accum.grads())?;
-        self.accum.zero_grad();
+        if on_device {
+            self.opt.count_step();
+        }
         self.step += 1;
-        let loss = total.ok_or_else(|| Error::InvalidArgument("no micro-batches".into()))?;
-        Ok((if k > 1 { loss.mul_scalar(1.0 / k as f64)? } else { loss }, norm))
+        Ok(out)
     }
 
     /// One whole step: inputs, then compute.

@@ -32,6 +32,14 @@ impl GradAccumulator {
         self.backward(&loss.mul_scalar(scale)?)
     }
 
+    /// Add the gradients that `grad`, the gradient of the loss with respect to `root` (a fused
+    /// classifier's logits gradient, the loss's scale already in it), induces.
+    pub fn backward_seeded(&mut self, root: &Tensor, grad: &Tensor) -> Result<()> {
+        root.backward_into_with(grad, &mut self.store)?;
+        self.micro_steps += 1;
+        Ok(())
+    }
+
     /// Like `backward`, through `opt` (which may start communicating gradients on the last
     /// micro-batch: see `Optimizer::backward`).
     pub fn backward_with(&mut self, opt: &mut dyn Optimizer, loss: &Tensor, last_micro_step: bool) -> Result<()> {

@@ -1,7 +1,7 @@
 //! Adam and AdamW (decoupled weight decay), PyTorch's formulas, via core's fused `adam_step`.
 
 use super::{check_params, gather_grads, meta_f64, meta_u64, Optimizer};
-use ferrograd_core::optim::{adam_step, AdamConfig};
+use ferrograd_core::optim::{adam_step, adam_step_scheduled, AdamConfig};
 use ferrograd_core::{Error, GradStore, Result, Tensor};
 
 #[derive(Debug)]
@@ -37,6 +37,26 @@ impl Adam {
         let m = params.iter().map(|(_, p)| zeros(p)).collect::<Result<Vec<_>>>()?;
         let v = params.iter().map(|(_, p)| zeros(p)).collect::<Result<Vec<_>>>()?;
         Ok(Adam { params, m, v, config, steps: 0 })
+    }
+
+    /// One step whose count and learning rate live on the device (`adam_step_scheduled`): `step`
+    /// (one f64, incremented by the call) and `lr` (one f32, written by the caller), so that a
+    /// CUDA graph replaying the call applies each step's own bias correction and rate. The host
+    /// count is not touched: the caller advances it with [`Adam::count_step`] once per step that
+    /// ran (a captured call runs only when replayed).
+    pub fn step_scheduled(&self, grads: &GradStore, step: &Tensor, lr: &Tensor) -> Result<()> {
+        let (idx, gs) = gather_grads(&self.params, grads)?;
+        if idx.is_empty() {
+            return Ok(());
+        }
+        let pick = |v: &[Tensor]| idx.iter().map(|&i| v[i].clone()).collect::<Vec<_>>();
+        let ps: Vec<Tensor> = idx.iter().map(|&i| self.params[i].1.clone()).collect();
+        adam_step_scheduled(&ps, &gs, &pick(&self.m), &pick(&self.v), &self.config, step, lr)
+    }
+
+    /// Advance the host step count by one (see [`Adam::step_scheduled`]).
+    pub fn count_step(&mut self) {
+        self.steps += 1;
     }
 
     /// AdamW: the same update with weight decay applied to the weights directly.

@@ -271,7 +271,11 @@ fn gemm_tuned(dev: &Arc<CudaDevice>, g: &Gemm, tune_new: bool) -> Result<bool> {
         return Ok(false);
     };
     plan.bind(g)?;
+    let span = super::profile::begin(dev, || format!("lt_gemm {:?} {} {}x{}x{}", g.epilogue, g.dtype, g.m, g.n, g.k));
     launch(dev, &lt, plan, &plan.algo, g, (ws_ptr, ws_bytes)).map_err(|e| lt_err("cublasLtMatmul", e))?;
+    if let Some(span) = span {
+        span.end(dev);
+    }
     count(|c| c.launches += 1);
     Ok(true)
 }

@@ -87,13 +87,20 @@ pub(crate) fn adam_counted(
     v: &[Tensor],
     c: &AdamConfig,
     step: &Tensor,
+    lr: Option<&Tensor>,
 ) -> Result<()> {
     let bc = CudaStorage::uninit(dev, 2, DType::F32)?;
     launch!(dev, modules::OPTIM, "adam_bias_correction", cfg_1d(dev, 1); ptr(step)?, bc.buf.ptr(), c.beta1, c.beta2);
+    let lr_ptr = lr.map(ptr).transpose()?;
     batches([params, grads, m, v], |t, widest| {
-        launch!(dev, modules::OPTIM, "adam_f32_dev", cfg_1d(dev, widest);
-            t, c.lr as f32, c.beta1 as f32, c.beta2 as f32, (1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32,
-            c.eps as f32, c.weight_decay as f32, bc.buf.ptr(), c.decoupled as i32);
+        let (b1, b2, omb1, omb2) = (c.beta1 as f32, c.beta2 as f32, (1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32);
+        match lr_ptr {
+            Some(lp) => launch!(dev, modules::OPTIM, "adam_f32_devlr", cfg_1d(dev, widest);
+                t, lp, b1, b2, omb1, omb2, c.eps as f32, c.weight_decay as f32, bc.buf.ptr(), c.decoupled as i32),
+            None => launch!(dev, modules::OPTIM, "adam_f32_dev", cfg_1d(dev, widest);
+                t, c.lr as f32, b1, b2, omb1, omb2, c.eps as f32, c.weight_decay as f32, bc.buf.ptr(),
+                c.decoupled as i32),
+        }
         Ok(())
     })
 }

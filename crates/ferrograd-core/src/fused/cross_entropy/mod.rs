@@ -135,6 +135,12 @@ impl FusedOp for CrossEntropyBackward {
     }
 }
 
+/// `targets` (any integer dtype) checked against `classes` and encoded as u32 ids (`IGNORED` for
+/// the ignore index), as cross entropy's kernels and the fused classifier's take them.
+pub(crate) fn encode_targets(targets: &Tensor, classes: usize, ignore_index: Option<i64>) -> Result<Tensor> {
+    Ok(apply_all(&EncodeTargets { classes, ignore_index }, &[targets])?.remove(0))
+}
+
 impl Tensor {
     /// Cross entropy of logits `[N, C]` against class indices `[N]` (any integer dtype), averaged
     /// over the targets that are not `ignore_index`.
@@ -173,8 +179,7 @@ impl Tensor {
             return Err(Error::DeviceMismatch { op: "cross_entropy", lhs: self.device(), rhs: targets.device() });
         }
         // Checked and encoded once (u32 ids, IGNORED for an ignored row); the backward reuses them.
-        let encode = EncodeTargets { classes: self.dims()[1], ignore_index };
-        let tids = apply_all(&encode, &[targets])?.remove(0);
+        let tids = encode_targets(targets, self.dims()[1], ignore_index)?;
         apply(Arc::new(CrossEntropy { mean_dtype }), &[self, &tids])
     }
 }
