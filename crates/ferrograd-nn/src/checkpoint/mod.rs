@@ -84,8 +84,7 @@ pub fn save_tensors(
     let label = path.display().to_string();
     let blobs = tensors.iter().map(|(n, t)| Ok((*n, codec::Blob::of(t)?))).collect::<CResult<Vec<_>>>()?;
     let meta = (!metadata.is_empty()).then_some(metadata);
-    let bytes = safetensors::serialize(blobs.iter().map(|(n, b)| (*n, b)), meta)
-        .map_err(|e| CheckpointError::Corrupt { path: label.clone(), msg: format!("serialising: {e}") })?;
+    let bytes = serialize(blobs.iter().map(|(n, b)| (*n, b)), meta, &label)?;
     write_atomic(path, &bytes).map_err(|e| io_err(&label, e))
 }
 
@@ -152,8 +151,48 @@ pub fn to_bytes(
     for (k, v) in &state.extra {
         meta.insert(format!("extra.{k}"), v.clone());
     }
-    safetensors::serialize(tensors.iter().map(|(n, b)| (n.as_str(), b)), Some(meta))
-        .map_err(|e| CheckpointError::Corrupt { path: label.to_string(), msg: format!("serialising: {e}") })
+    serialize(tensors.iter().map(|(n, b)| (n.as_str(), b)), Some(meta), label)
+}
+
+/// `safetensors::serialize` with a header whose keys are sorted, so that the same tensors and
+/// metadata are always the same bytes. safetensors writes the metadata map in `HashMap` order,
+/// and every `HashMap` has its own random hasher keys: two saves of identical state (two
+/// data-parallel ranks, a run and its rerun) came out with the metadata entries permuted.
+fn serialize<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, &'a codec::Blob)>,
+    meta: Option<HashMap<String, String>>,
+    label: &str,
+) -> CResult<Vec<u8>> {
+    let corrupt = |msg: String| CheckpointError::Corrupt { path: label.to_string(), msg };
+    let mut bytes = safetensors::serialize(tensors, meta).map_err(|e| corrupt(format!("serialising: {e}")))?;
+    let n = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(|b: [u8; 8]| u64::from_le_bytes(b) as usize)
+        .filter(|&n| bytes.len() >= 8 + n)
+        .ok_or_else(|| corrupt("serialising: no header".into()))?;
+    let header: serde_json::Value =
+        serde_json::from_slice(&bytes[8..8 + n]).map_err(|e| corrupt(format!("serialising the header: {e}")))?;
+    // The same entries written compactly in another order: the same length, before the padding.
+    let mut sorted = serde_json::to_vec(&sort_keys(header)).map_err(|e| corrupt(format!("serialising: {e}")))?;
+    if sorted.len() > n {
+        return Err(corrupt(format!("serialising: the sorted header grew from {n} to {} bytes", sorted.len())));
+    }
+    sorted.resize(n, b' ');
+    bytes[8..8 + n].copy_from_slice(&sorted);
+    Ok(bytes)
+}
+
+/// `v` with every object's keys in sorted order (whatever map serde_json was built with).
+fn sort_keys(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => {
+            let sorted: BTreeMap<String, serde_json::Value> = m.into_iter().map(|(k, v)| (k, sort_keys(v))).collect();
+            serde_json::Value::Object(sorted.into_iter().collect())
+        }
+        serde_json::Value::Array(a) => serde_json::Value::Array(a.into_iter().map(sort_keys).collect()),
+        other => other,
+    }
 }
 
 /// Parse and validate the file's metadata into a `TrainState` and the optimizer entry (if any).
