@@ -304,8 +304,8 @@ def main():
         for i in range(k):
             x, y = train.next()
             # DDP all-reduces during the last micro-step's backward only.
-            sync = wrapped.no_sync() if ddp and i + 1 < k else contextlib.nullcontext()
-            with sync:
+            grad_sync = wrapped.no_sync() if ddp and i + 1 < k else contextlib.nullcontext()
+            with grad_sync:
                 with amp:
                     loss = fwd(x, y)
                 (loss / k).backward()
