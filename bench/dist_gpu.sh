@@ -9,7 +9,8 @@
 # 2. the 2-GPU tests (crates/ferrograd-cli/tests/dist_gpu.rs: every collective across
 #    processes, 2 GPUs = 1 GPU on the same global batch for plain, ZeRO-1 and two one-GPU "nodes"
 #    over 127.0.0.1, a 2-GPU checkpoint resumed on 1, a killed rank stopping the group, a
-#    rendezvous timeout naming the missing rank);
+#    rendezvous timeout naming the missing rank, `gpt train` on 2 GPUs = 1 GPU and a 2-GPU GPT
+#    checkpoint resumed on 1);
 # 3. `dist mlp` on 1 GPU, 2 GPUs and 2 GPUs with ZeRO-1: final losses and the largest relative
 #    difference of the final weights from the 1-GPU run (the same global batch, f32, 10 steps);
 # 4. `bench allreduce` beside its twin bench/torch_allreduce.py under torchrun;
@@ -137,10 +138,10 @@ print("steps:", len(steps) - len(failed), "ok;", ("failed: " + ", ".join(failed)
 t = log("tests_2gpu")
 res = re.findall(r"test result: (\w+)\. (\d+) passed; (\d+) failed", t)
 skipped = len(re.findall(r"skipped dist_gpu", t))
-print("2-GPU tests (6):", sum(int(p) for _, p, _ in res) - skipped, "passed,",
+print("2-GPU tests (7):", sum(int(p) for _, p, _ in res) - skipped, "passed,",
       sum(int(f) for _, _, f in res), "failed,", skipped, "skipped", "" if res else "(no result line)")
 for line in t.splitlines():
-    m = re.search(r"(2 GPUs vs 1|saved on 2 GPUs|stopped in|two launches)", line)
+    m = re.search(r"(2 GPUs vs 1|saved on 2 GPUs|stopped in|two launches|gpt train)", line)
     if m:
         print("   ", line[m.start():])
 u = log("tests_dist") + log("tests_monster_dp")

@@ -20,6 +20,12 @@ in the same order, the same optimizer and schedule; eager or torch.compile.
   lr to lr*min_ratio at --steps (ferrograd's LrSchedule::WarmupCosine).
 - bf16: autocast(bfloat16) with f32 weights; f32: no TF32 anywhere. Attention is
   F.scaled_dot_product_attention(is_causal=True).
+- Data parallel: under `torchrun --nproc_per_node N` (WORLD_SIZE > 1) the model is wrapped in
+  DistributedDataParallel (NCCL, default 25 MiB buckets, gradients all-reduced during backward;
+  `no_sync()` on all but the last micro-step), each rank on cuda:LOCAL_RANK, and --total-batch is
+  the global batch: k / N micro-batches per rank, rank r reading micro-batches r, r+N, ... of the
+  single-process order (ferrograd's rule, gpt/loader.rs `set_stride`). The logged loss is the mean
+  over the ranks, tokens/s counts the whole group, and rank 0 alone prints and writes the log.
 
 Output: one JSON line per logged step, {"kind": "train", "step", "loss", "lr", "grad_norm",
 "tokens_per_s", "elapsed_s"}, validation lines {"kind": "val", "step", "val_loss"} and a last
@@ -33,6 +39,7 @@ import time
 T_START = time.perf_counter()
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import glob  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -73,7 +80,8 @@ def read_shard(path):
 
 
 class Loader:
-    def __init__(self, data, split, b, t, device):
+    def __init__(self, data, split, b, t, device, rank=0, world=1):
+        self.rank, self.world = rank, world
         self.paths = shard_paths(data, split)
         self.lens = [int(np.fromfile(p, dtype=np.int32, count=3)[2]) for p in self.paths]
         self.b, self.t, self.device = b, t, device
@@ -84,14 +92,23 @@ class Loader:
     def reset(self):
         self.shard, self.pos, self.loaded = 0, 0, None
 
-    def next(self):
+    def advance(self):
+        """Where the next micro-batch of the single-process order starts; moves past it."""
         n = self.b * self.t
         while self.pos + n + 1 > self.lens[self.shard]:
             self.shard, self.pos = (self.shard + 1) % len(self.paths), 0
-        if self.loaded is None or self.loaded[0] != self.shard:
-            self.loaded = (self.shard, read_shard(self.paths[self.shard]))
-        buf = torch.from_numpy(self.loaded[1][self.pos:self.pos + n + 1].astype(np.int64))
+        at = (self.shard, self.pos)
         self.pos += n
+        return at
+
+    def next(self):
+        n = self.b * self.t
+        # Micro-batch `rank` of the next `world` (ferrograd's TokenLoader::set_stride).
+        mine = [self.advance() for _ in range(self.world)][self.rank]
+        shard, pos = mine
+        if self.loaded is None or self.loaded[0] != shard:
+            self.loaded = (shard, read_shard(self.paths[shard]))
+        buf = torch.from_numpy(self.loaded[1][pos:pos + n + 1].astype(np.int64))
         x, y = buf[:-1].view(self.b, self.t), buf[1:].view(self.b, self.t)
         if self.device.type == "cuda":
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
@@ -211,29 +228,42 @@ def main():
     ap.add_argument("--log", help="write the JSON lines here as well as to stdout")
     a = ap.parse_args()
 
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    ddp = world > 1
+    if ddp:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        a.device = f"cuda:{local}"
+        dist.init_process_group("nccl", device_id=torch.device(a.device))
     device = torch.device(a.device)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
     model, cfg = load_init(a.init, device)
     b, t = a.batch, a.context
-    total = a.total_batch or b * t
-    if total % (b * t):
-        sys.exit(f"error: --total-batch {total} is not a multiple of {b} x {t}")
-    k = total // (b * t)
+    total = a.total_batch or b * t * world
+    if total % (b * t * world):
+        sys.exit(f"error: --total-batch {total} is not a multiple of {b} x {t} x {world} rank(s)")
+    k = total // (b * t * world)
     warmup = a.warmup if a.warmup is not None else min(700, a.steps // 10)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": a.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     fused = {"fused": True} if device.type == "cuda" else {}
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, **fused)
-    fwd = torch.compile(model) if a.mode == "compile" else model
-    train = Loader(a.data, "train", b, t, device)
+    wrapped = DDP(model, device_ids=[device.index]) if ddp else model
+    fwd = torch.compile(wrapped) if a.mode == "compile" else wrapped
+    train = Loader(a.data, "train", b, t, device, rank, world)
     val = Loader(a.data, "val", b, t, device) if a.val_batches > 0 else None
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.precision == "bf16")
-    logf = open(a.log, "w") if a.log else None
+    logf = open(a.log, "w") if a.log and rank == 0 else None
 
     def emit(d):
+        if rank != 0:
+            return
         line = json.dumps(d)
         print(line, flush=True)
         if logf:
@@ -257,7 +287,8 @@ def main():
 
     emit({"kind": "start", "impl": f"pytorch {a.mode}", "torch": torch.__version__, "device": str(device),
           "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-          "micro_batch": b, "context": t, "grad_accum": k, "precision": a.precision, "config": cfg})
+          "micro_batch": b, "context": t, "grad_accum": k, "world": world, "precision": a.precision,
+          "config": cfg})
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     skip = min(max(1, min(10, a.steps // 10)), max(a.steps - 1, 0))
@@ -270,11 +301,14 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         loss_sum = torch.zeros((), device=device)
-        for _ in range(k):
+        for i in range(k):
             x, y = train.next()
-            with amp:
-                loss = fwd(x, y)
-            (loss / k).backward()
+            # DDP all-reduces during the last micro-step's backward only.
+            grad_sync = wrapped.no_sync() if ddp and i + 1 < k else contextlib.nullcontext()
+            with grad_sync:
+                with amp:
+                    loss = fwd(x, y)
+                (loss / k).backward()
             loss_sum += loss.detach().float()
         if a.clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
@@ -292,6 +326,8 @@ def main():
             sync()
             steady = (step, time.perf_counter())
         if step % a.log_every == 0 or step == a.steps:
+            if ddp:
+                dist.all_reduce(window, op=dist.ReduceOp.AVG)
             loss_v = window.item() / window_steps
             secs = time.perf_counter() - window_start
             emit({"kind": "train", "step": step, "loss": loss_v, "lr": lr, "grad_norm": norm.item(),
@@ -316,6 +352,8 @@ def main():
                     "train_s": train_s,
                     "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None})
     emit(summary)
+    if ddp:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -33,6 +33,10 @@ mod monster_dist;
 mod plot;
 mod timing;
 
+/// The data-parallel hooks `gpt train` gets under `ferrograd launch` (public for the tests that
+/// drive them with the in-process thread communicator).
+pub use gpt::dist::hooks as gpt_dp_hooks;
+
 use clap::{Args, Parser, Subcommand};
 use ferrograd_core::cuda::nvrtc::Arch;
 use ferrograd_core::{DType, Device};

@@ -218,3 +218,102 @@ fn dist_gpu_rendezvous_timeout_names_the_missing_rank() {
     assert!(err.contains("rank(s) [1] of 2 never arrived"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(60));
 }
+
+/// Token shards of LCG tokens (a skewed distribution below 300) for the GPT runs.
+fn gpt_shards(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut s: u64 = 7;
+    let mut toks = |n: usize| -> Vec<u16> {
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let r = (s >> 33) as usize % 1000;
+                (if r < 600 { r % 20 } else { r % 300 }) as u16
+            })
+            .collect()
+    };
+    ferrograd_models::gpt::shards::write_shard(&dir.join("train_000000.bin"), &toks(200_000)).unwrap();
+    ferrograd_models::gpt::shards::write_shard(&dir.join("val_000000.bin"), &toks(10_000)).unwrap();
+}
+
+/// `launch --nproc-per-node N -- ferrograd gpt train --data DATA --out OUT ARGS`.
+fn gpt(nproc: usize, k: u16, data: &Path, out: &Path, args: &[&str]) -> String {
+    let (n, p) = (nproc.to_string(), port(k));
+    let (d, o) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let mut a = vec!["launch", "--nproc-per-node", &n, "--master-port", &p, "--", "ferrograd", "gpt", "train"];
+    a.extend_from_slice(&["--data", d, "--out", o, "--progress", "lines", "--log-every", "1"]);
+    a.extend_from_slice(args);
+    ok(&ferrograd(&a, &[]))
+}
+
+/// A small GPT in f32, 4 x 64 tokens a micro-batch, 4 micro-batches a step over all ranks, a
+/// constant learning rate (so that a run cut short and resumed follows the same schedule).
+const GPT_RUN: &[&str] = &[
+    "--layers",
+    "2",
+    "--heads",
+    "2",
+    "--dim",
+    "64",
+    "--context",
+    "64",
+    "--batch",
+    "4",
+    "--total-batch",
+    "1024",
+    "--precision",
+    "f32",
+    "--lr",
+    "1e-3",
+    "--warmup",
+    "0",
+    "--min-lr-ratio",
+    "1",
+    "--val-every",
+    "0",
+    "--val-batches",
+    "2",
+];
+
+/// `max_rel` of two exported GPT models, leaving out the key third of `c_attn.bias`: its
+/// gradient is exactly zero in exact arithmetic (softmax ignores a shift shared by all keys), so
+/// Adam turns its rounding noise into steps of about lr whatever the summation order.
+fn gpt_max_rel(a: &Path, b: &Path, dim: usize) -> f64 {
+    let (a, b) = (weights(&a.join("model/model.safetensors")), weights(&b.join("model/model.safetensors")));
+    assert_eq!(a.len(), b.len());
+    let mut worst = 0.0f64;
+    for (name, x) in &a {
+        let y = &b[name];
+        let keep = |i: usize| !(name.ends_with("attn.c_attn.bias") && (dim..2 * dim).contains(&i));
+        let diff = x.iter().zip(y).enumerate().filter(|(i, _)| keep(*i)).map(|(_, (p, q))| (p - q).abs() as f64);
+        let scale = y.iter().map(|q| q.abs() as f64).fold(1e-30, f64::max);
+        worst = worst.max(diff.fold(0.0, f64::max) / scale);
+    }
+    worst
+}
+
+#[test]
+fn dist_gpu_gpt_train_on_two_gpus_matches_one() {
+    if !two_gpus("dist_gpu_gpt_train_on_two_gpus_matches_one") {
+        return;
+    }
+    let data = tmp("gpt-data");
+    gpt_shards(&data);
+    let (one, two, half) = (tmp("gpt-one"), tmp("gpt-two"), tmp("gpt-half"));
+    let with = |extra: &[&'static str]| -> Vec<&str> { GPT_RUN.iter().chain(extra).copied().collect() };
+    gpt(1, 8, &data, &one, &with(&["--steps", "10"]));
+    let out = gpt(2, 9, &data, &two, &with(&["--steps", "10"]));
+    assert!(out.contains("data parallel over 2 ranks (nccl"), "{out}");
+    // Rank 0 speaks for the group; the other says nothing.
+    assert!(!out.contains("[rank 1] step"), "{out}");
+    let e = gpt_max_rel(&two, &one, 64);
+    println!("gpt train, 2 GPUs vs 1 on the same global batch (f32, 10 steps): max rel {e:e}");
+    assert!(e <= 1e-5, "{e:e}");
+    // 5 steps on 2 GPUs, then the checkpoint resumed on 1 GPU to step 10.
+    gpt(2, 10, &data, &half, &with(&["--steps", "5"]));
+    let out = gpt(1, 11, &data, &half, &["--resume", "--steps", "10"]);
+    assert!(out.contains("resuming at step 5"), "{out}");
+    let e = gpt_max_rel(&half, &one, 64);
+    println!("gpt train, 5 steps on 2 GPUs resumed on 1 to step 10, vs 1 GPU throughout: max rel {e:e}");
+    assert!(e <= 1e-5, "{e:e}");
+}

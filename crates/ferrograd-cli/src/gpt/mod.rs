@@ -2,6 +2,7 @@
 //! trains (GPU or CPU), `sample` generates from a checkpoint, `logits` prints a checkpoint's logits
 //! for a prompt (the Hugging Face check), `plot` draws loss curves from JSON-lines logs.
 
+pub(crate) mod dist;
 mod plot;
 mod prepare;
 mod sample;

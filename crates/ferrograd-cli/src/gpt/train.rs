@@ -116,6 +116,12 @@ pub struct TrainArgs {
     pub no_graph: bool,
     #[arg(long, value_enum, default_value = "auto")]
     pub progress: ProgressArg,
+    /// Under `ferrograd launch`: gradients travel between GPUs as f32 or bf16.
+    #[arg(long, default_value = "f32", value_parser = crate::bench::allreduce::parse_dtype)]
+    pub comm_dtype: ferrograd_core::DType,
+    /// Under `ferrograd launch`: gradient bucket size in MiB (all-reduced while backward runs).
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_mib: f64,
 }
 
 fn parse_batch(s: &str) -> Result<BatchSize, String> {
@@ -229,12 +235,37 @@ fn stats_line(s: &StepStats, steps: u64) -> String {
 
 pub fn run(a: TrainArgs, out: &mut dyn Write) -> CliResult<()> {
     let started = Instant::now();
-    let (device, why) = match a.device {
-        Some(d) => (d, "--device".to_string()),
-        None => Device::best_with_reason()?,
+    if !(a.bucket_mib > 0.0 && a.bucket_mib <= (1u64 << 20) as f64) {
+        return Err(format!("--bucket-mib {} must be a positive number of MiB, at most 1048576", a.bucket_mib).into());
+    }
+    // Under `ferrograd launch`: data parallel, this process on cuda:LOCAL_RANK.
+    let pg = crate::monster_dist::group()?;
+    let (device, why) = match (&pg, a.device) {
+        (Some(pg), Some(d)) if d != pg.device() => {
+            return Err(format!(
+                "--device {d}: under launch, rank {} trains on {} (LOCAL_RANK)",
+                pg.rank(),
+                pg.device()
+            )
+            .into())
+        }
+        (Some(pg), _) => (pg.device(), format!("rank {} of {}, data parallel", pg.rank(), pg.world_size())),
+        (None, Some(d)) => (d, "--device".to_string()),
+        (None, None) => Device::best_with_reason()?,
     };
-    let (cfg, notes) = config(&a, device)?;
-    for n in &notes {
+    let (mut cfg, notes) = config(&a, device)?;
+    let main_rank = pg.as_ref().is_none_or(|p| p.is_main());
+    if let Some(pg) = &pg {
+        let dp = ferrograd_dist::DpConfig {
+            bucket_bytes: (a.bucket_mib * (1 << 20) as f64) as usize,
+            comm_dtype: a.comm_dtype,
+            zero: 0,
+        };
+        cfg.dist = Some(super::dist::hooks(pg.comm(), dp));
+    }
+    // Other ranks say nothing but errors: rank 0 speaks for the group.
+    let a = if main_rank { a } else { TrainArgs { progress: ProgressArg::Quiet, ..a } };
+    for n in notes.iter().filter(|_| main_rank) {
         writeln!(out, "{n}")?;
     }
     let steps = cfg.steps;
@@ -265,12 +296,13 @@ pub fn run(a: TrainArgs, out: &mut dyn Write) -> CliResult<()> {
         Event::Started(info) => {
             bar.set_position(info.start_step);
             let mut s = format!(
-                "gpt train on {} ({why}): {:.1}M parameters, micro-batch {} x {} (x{} accumulation = {} tokens/step), {}",
+                "gpt train on {} ({why}): {:.1}M parameters, micro-batch {} x {} (x{} accumulation{} = {} tokens/step), {}",
                 info.device,
                 info.parameters as f64 / 1e6,
                 info.micro_batch,
-                info.tokens_per_step / (info.micro_batch * info.grad_accum).max(1),
+                info.tokens_per_step / (info.micro_batch * info.grad_accum * info.world).max(1),
                 info.grad_accum,
+                if info.world > 1 { format!(" x {} GPUs", info.world) } else { String::new() },
                 info.tokens_per_step,
                 if precision == Precision::Bf16 { "bf16 autocast" } else { "f32" },
             );
@@ -307,6 +339,9 @@ pub fn run(a: TrainArgs, out: &mut dyn Write) -> CliResult<()> {
         return Err(e.into());
     }
     let s = summary?;
+    if !main_rank {
+        return Ok(());
+    }
     if mode == ProgressArg::Bar {
         // The bar showed the lines as they came; keep the record on stdout too.
         for l in &lines {

@@ -120,6 +120,18 @@ impl DataParallel {
         Self::build(comm, params, cfg, |_, _| Ok(Mode::Replicated(inner)))
     }
 
+    /// Gradient averaging only, for a training loop that keeps its own optimizer (GPT's two-group
+    /// AdamW): `backward` and `reduce_grads` as always, then the caller's optimizer steps on the
+    /// averaged gradients, then `step` here, which updates nothing and ends the step (the next
+    /// last micro-step may communicate again). Broadcasts `params` from rank 0 like `new`.
+    pub fn grad_sync(
+        comm: Arc<dyn Communicator>,
+        params: Vec<(String, Tensor)>,
+        cfg: DpConfig,
+    ) -> DistResult<DataParallel> {
+        Self::new(comm, Box::new(NoUpdate { params }), cfg)
+    }
+
     /// ZeRO-1: AdamW (or Adam, per `adam.decoupled`) with its moments sharded over the ranks.
     pub fn zero1(
         comm: Arc<dyn Communicator>,
@@ -504,5 +516,39 @@ impl Optimizer for DataParallel {
 
     fn clip_grad_norm(&mut self, grads: &mut GradStore, max_norm: f64) -> Result<Tensor> {
         Ok(self.dp_clip(grads, max_norm)?)
+    }
+}
+
+/// The inner "optimizer" of [`DataParallel::grad_sync`]: it owns the parameter list (for the
+/// buckets) and updates nothing; the caller's optimizer does.
+struct NoUpdate {
+    params: Vec<(String, Tensor)>,
+}
+
+impl Optimizer for NoUpdate {
+    fn step(&mut self, _grads: &GradStore) -> Result<()> {
+        Ok(())
+    }
+    fn lr(&self) -> f64 {
+        0.0
+    }
+    fn set_lr(&mut self, _lr: f64) {}
+    fn params(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
+    fn step_count(&self) -> u64 {
+        0
+    }
+    fn kind(&self) -> &'static str {
+        "grad-sync"
+    }
+    fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        vec![]
+    }
+    fn state_meta(&self) -> serde_json::Value {
+        serde_json::json!({})
+    }
+    fn load_state_meta(&mut self, _meta: &serde_json::Value) -> Result<()> {
+        Ok(())
     }
 }

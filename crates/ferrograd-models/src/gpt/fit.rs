@@ -2,6 +2,7 @@
 //! `log_every` steps, throughput and MFU, validation and checkpoints between steps, the JSON-lines
 //! log (`out/log.jsonl`), and the exported model at the end.
 
+use super::dp::{mean_over_ranks, writes_files};
 use super::hf;
 use super::train::{Precision, Run, RunInfo, TrainConfig};
 use ferrograd_core::cuda::CudaDevice;
@@ -93,14 +94,18 @@ fn json_err(e: serde_json::Error) -> Error {
     Error::InvalidArgument(e.to_string())
 }
 
-/// Appends JSON lines to `out/log.jsonl`.
+/// Appends JSON lines to `out/log.jsonl` (data parallel: on rank 0 only; `file` is `None` on
+/// the others).
 struct JsonLog {
-    file: std::fs::File,
+    file: Option<std::fs::File>,
     path: PathBuf,
 }
 
 impl JsonLog {
-    fn open(out: &Path, append: bool) -> Result<JsonLog> {
+    fn open(out: &Path, append: bool, enabled: bool) -> Result<JsonLog> {
+        if !enabled {
+            return Ok(JsonLog { file: None, path: out.join("log.jsonl") });
+        }
         std::fs::create_dir_all(out)
             .map_err(|e| Error::File { path: out.display().to_string(), msg: format!("creating: {e}") })?;
         let path = out.join("log.jsonl");
@@ -111,11 +116,12 @@ impl JsonLog {
             .truncate(!append)
             .open(&path)
             .map_err(|e| Error::File { path: path.display().to_string(), msg: format!("opening the log: {e}") })?;
-        Ok(JsonLog { file, path })
+        Ok(JsonLog { file: Some(file), path })
     }
 
     fn write(&mut self, v: serde_json::Value) -> Result<()> {
-        writeln!(self.file, "{v}")
+        let Some(file) = self.file.as_mut() else { return Ok(()) };
+        writeln!(file, "{v}")
             .map_err(|e| Error::File { path: self.path.display().to_string(), msg: format!("writing the log: {e}") })
     }
 }
@@ -124,7 +130,8 @@ impl JsonLog {
 /// the startup time).
 pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<'_>)) -> Result<Summary> {
     let mut run = Run::new(cfg)?;
-    if let Some(p) = &run.cfg.save_init {
+    let writer = writes_files(run.cfg.dist.as_ref());
+    if let (Some(p), true) = (&run.cfg.save_init, writer) {
         if run.step != 0 {
             return Err(Error::InvalidArgument(
                 "--save-init writes the initial weights; it cannot follow --resume".into(),
@@ -134,7 +141,7 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
         run.info.notes.push(format!("initial weights written to {}", p.display()));
     }
     on_event(Event::Started(&run.info));
-    let mut log = JsonLog::open(&run.cfg.out, run.cfg.resume)?;
+    let mut log = JsonLog::open(&run.cfg.out, run.cfg.resume, writer)?;
     log.write(serde_json::json!({ "kind": "start", "settings": run.settings(), "info": &run.info }))?;
     let mut summary = Summary { log: log.path.clone(), ..Default::default() };
     let device = run.cfg.device;
@@ -169,7 +176,8 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
         }
         let last = step == steps;
         if step.is_multiple_of(run.cfg.log_every) || last {
-            let sum = window.take().map(|w| w.item_f64()).transpose()?.unwrap_or(f64::NAN);
+            let mean = window.take().map(|w| mean_over_ranks(run.cfg.dist.as_ref(), w)).transpose()?;
+            let sum = mean.map(|w| w.item_f64()).transpose()?.unwrap_or(f64::NAN);
             let secs = window_start.elapsed().as_secs_f64();
             let tps = (window_steps as usize * tokens_per_step) as f64 / secs.max(1e-9);
             let mem = memory(device);
@@ -238,7 +246,7 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
     }
     summary.mfu = run.info.peak_flops.map(|p| summary.tokens_per_s * flops_per_token / p);
     summary.peak_mem_bytes = memory(device).map(|m| m.1);
-    if run.step > 0 {
+    if run.step > 0 && writer {
         let dir = run.cfg.out.join("model");
         hf::save_pretrained(&run.model, &dir)?;
         summary.exported = Some(dir);

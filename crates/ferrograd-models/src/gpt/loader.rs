@@ -9,6 +9,11 @@
 //!
 //! No shuffling: the order is a pure function of the position `(shard, p)`, which checkpoints
 //! record, so a resumed run sees exactly the batches the uninterrupted run would have.
+//!
+//! Data parallel (`set_stride(rank, world)`): rank `r` of `N` takes micro-batches `r, r + N, ...`
+//! of that order (each call walks `N` micro-batches and reads the `r`-th), so the ranks read
+//! disjoint batches, N ranks together read what one process would, and the position stays the same
+//! on every rank (it is the single-process position after the group's micro-batches).
 
 use super::shards::{list_shards, read_shard, shard_len};
 use ferrograd_core::{Error, Result, Tensor};
@@ -28,6 +33,8 @@ pub struct TokenLoader {
     b: usize,
     t: usize,
     at: LoaderPos,
+    /// `(rank, world)`: which micro-batch of each group of `world` this loader reads.
+    stride: (usize, usize),
     /// The tokens of `shards[loaded.0]`.
     loaded: Option<(usize, Vec<u16>)>,
 }
@@ -60,7 +67,7 @@ impl TokenLoader {
                 ),
             });
         }
-        Ok(TokenLoader { shards, lens, b, t, at: LoaderPos::default(), loaded: None })
+        Ok(TokenLoader { shards, lens, b, t, at: LoaderPos::default(), stride: (0, 1), loaded: None })
     }
 
     pub fn position(&self) -> LoaderPos {
@@ -78,6 +85,27 @@ impl TokenLoader {
         Ok(())
     }
 
+    /// Read micro-batches `rank, rank + world, ...` of the single-process order from now on.
+    pub fn set_stride(&mut self, rank: usize, world: usize) -> Result<()> {
+        if world == 0 || rank >= world {
+            return Err(Error::InvalidArgument(format!("rank {rank} of a world of {world}")));
+        }
+        self.stride = (rank, world);
+        Ok(())
+    }
+
+    /// Where the next micro-batch of the single-process order starts; moves past it.
+    fn advance(&mut self) -> LoaderPos {
+        let n = self.b * self.t;
+        // Move on while the current shard cannot hold the batch (terminates: one shard can).
+        while self.at.pos + n + 1 > self.lens[self.at.shard] {
+            self.at = LoaderPos { shard: (self.at.shard + 1) % self.shards.len(), pos: 0 };
+        }
+        let at = self.at;
+        self.at.pos += n;
+        at
+    }
+
     /// Total tokens over the split's shards.
     pub fn total_tokens(&self) -> usize {
         self.lens.iter().sum()
@@ -90,11 +118,15 @@ impl TokenLoader {
     /// The next micro-batch's `(x, y)`, each `B*T` token ids, row-major `[B, T]`.
     pub fn next_batch(&mut self) -> Result<(Vec<u32>, Vec<u32>)> {
         let n = self.b * self.t;
-        // Move on while the current shard cannot hold the batch (terminates: one shard can).
-        while self.at.pos + n + 1 > self.lens[self.at.shard] {
-            self.at = LoaderPos { shard: (self.at.shard + 1) % self.shards.len(), pos: 0 };
+        let (rank, world) = self.stride;
+        let mut mine = self.at;
+        for i in 0..world {
+            let at = self.advance();
+            if i == rank {
+                mine = at;
+            }
         }
-        let s = self.at.shard;
+        let s = mine.shard;
         if self.loaded.as_ref().map(|(i, _)| *i) != Some(s) {
             let toks = read_shard(&self.shards[s])?;
             if toks.len() != self.lens[s] {
@@ -106,10 +138,9 @@ impl TokenLoader {
             self.loaded = Some((s, toks));
         }
         let toks = self.loaded.as_ref().map(|(_, t)| t.as_slice()).unwrap_or(&[]);
-        let buf = &toks[self.at.pos..self.at.pos + n + 1];
+        let buf = &toks[mine.pos..mine.pos + n + 1];
         let x = buf[..n].iter().map(|&v| v as u32).collect();
         let y = buf[1..].iter().map(|&v| v as u32).collect();
-        self.at.pos += n;
         Ok((x, y))
     }
 }

@@ -7,11 +7,13 @@
 //! - `tokenizer`, `shards`, `prepare`, `loader`: text to llm.c token shards to batches.
 //! - `optim`: AdamW in two groups (decay on matrices only).
 //! - `train`: one run's state and step (accumulation, schedule, clipping, validation,
-//!   checkpoints, resume); `fit`: the loop, its log and summary; `autobatch`: `--batch auto`.
+//!   checkpoints, resume); `fit`: the loop, its log and summary; `autobatch`: `--batch auto`;
+//!   `dp`: data parallel over several GPUs (hooks from `ferrograd-dist`).
 //! - `sample`: generation with a KV cache, temperature and top-k.
 
 mod autobatch;
 pub mod config;
+pub mod dp;
 mod fit;
 pub mod hf;
 pub mod loader;

@@ -12,6 +12,7 @@
 //! device running sum; validation, checkpoints and the log happen between steps.
 
 use super::config::GptConfig;
+use super::dp::{rank_world, writes_files, GptDist};
 use super::hf;
 use super::loader::{LoaderPos, StepInputs, TokenLoader};
 use super::model::{Gpt, HfView};
@@ -125,6 +126,8 @@ pub struct TrainConfig {
     /// On CUDA, capture the step as a CUDA graph after [`GRAPH_WARMUP`] eager steps and replay it
     /// (`--no-graph`: every step eager). Ignored on the CPU.
     pub graph: bool,
+    /// Data parallel over the ranks of a launch (`gpt/dp.rs`); `None`: one process.
+    pub dist: Option<GptDist>,
 }
 
 /// Eager steps (on the graph's side stream and pool) before the step is captured: kernels loaded,
@@ -158,6 +161,7 @@ impl TrainConfig {
             init: None,
             save_init: None,
             graph: true,
+            dist: None,
         }
     }
 
@@ -182,6 +186,8 @@ pub struct RunSettings {
     pub model: GptConfig,
     pub micro_batch: usize,
     pub context: usize,
+    /// Micro-batches per optimizer step over all ranks (so a checkpoint resumes on any number of
+    /// GPUs that divides it).
     pub grad_accum: usize,
     pub steps: u64,
     pub lr: f64,
@@ -198,7 +204,11 @@ pub struct RunSettings {
 pub struct RunInfo {
     pub parameters: usize,
     pub micro_batch: usize,
+    /// Micro-batches per step on each rank.
     pub grad_accum: usize,
+    /// Ranks training together (1: a single process).
+    pub world: usize,
+    /// Tokens per optimizer step over all ranks.
     pub tokens_per_step: usize,
     pub train_tokens: usize,
     pub val_tokens: Option<usize>,
@@ -251,6 +261,8 @@ pub struct Run {
     pub val: Option<TokenLoader>,
     pub inputs: StepInputs,
     accum: GradAccumulator,
+    /// Data parallel: averages the gradients over the ranks (`GptDist::grad_sync`).
+    sync: Option<Box<dyn Optimizer>>,
     pub step: u64,
     pub micro_batch: usize,
     pub grad_accum: usize,
@@ -307,32 +319,49 @@ impl Run {
         }
         let opt = GptAdamW::new(&model, cfg.lr, cfg.weight_decay)?;
         let t = cfg.context;
+        let (rank, world) = rank_world(cfg.dist.as_ref());
         let (micro_batch, auto_note) = match cfg.batch {
             BatchSize::Fixed(0) => return Err(Error::InvalidArgument("--batch must be positive".into())),
             BatchSize::Fixed(b) => (b, None),
             BatchSize::Auto => {
                 let limit = match cfg.total_batch {
-                    Some(total) if total.is_multiple_of(t) => total / t,
+                    Some(total) if total.is_multiple_of(t * world) => total / (t * world),
                     Some(total) => {
                         return Err(Error::InvalidArgument(format!(
-                            "--total-batch {total} is not a multiple of --context {t}"
+                            "--total-batch {total} is not a multiple of --context {t} x {world} rank(s)"
                         )))
                     }
                     None => 512,
                 };
                 let (b, note) = super::autobatch::find_micro_batch(&model, &cfg, limit)?;
-                (b, Some(note))
+                match &cfg.dist {
+                    // Every rank must take the same micro-batch: the smallest any rank fits.
+                    Some(d) => {
+                        let agreed = (d.min)(b)?;
+                        (agreed, Some(format!("{note}; {agreed} on every rank (the smallest any fits)")))
+                    }
+                    None => (b, Some(note)),
+                }
             }
         };
         let per_micro = micro_batch * t;
-        let total = cfg.total_batch.unwrap_or(per_micro);
-        if total == 0 || !total.is_multiple_of(per_micro) {
+        let total = cfg.total_batch.unwrap_or(per_micro * world);
+        if total == 0 || !total.is_multiple_of(per_micro * world) {
+            let ranks = if world > 1 { format!(" on each of {world} ranks") } else { String::new() };
             return Err(Error::InvalidArgument(format!(
-                "--total-batch {total} tokens is not a multiple of one micro-batch ({micro_batch} x {t} = {per_micro})"
+                "--total-batch {total} tokens is not a multiple of one micro-batch ({micro_batch} x {t} = {per_micro}){ranks}"
             )));
         }
-        let grad_accum = total / per_micro;
-        let train = TokenLoader::new(&cfg.data, "train", micro_batch, t)?;
+        let grad_accum = total / (per_micro * world);
+        let mut train = TokenLoader::new(&cfg.data, "train", micro_batch, t)?;
+        train.set_stride(rank, world)?;
+        if let Some(d) = &cfg.dist {
+            notes.push(format!(
+                "data parallel over {world} ranks ({}): rank r reads micro-batches r, r+{world}, ... of the \
+                 single-GPU order; {grad_accum} micro-batch(es) per rank per step",
+                d.describe
+            ));
+        }
         let val = match TokenLoader::new(&cfg.data, "val", micro_batch, t) {
             Ok(v) => Some(v),
             Err(e) => {
@@ -345,13 +374,18 @@ impl Run {
             parameters: cfg.model.num_parameters(),
             micro_batch,
             grad_accum,
+            world,
             tokens_per_step: total,
             train_tokens: train.total_tokens(),
             val_tokens: val.as_ref().map(|v| v.total_tokens()),
             start_step: 0,
             device: device_name(cfg.device),
             peak_flops: match cfg.device {
-                Device::Cuda(o) => CudaDevice::get(o).ok().and_then(|d| peak_flops(&d.info.name, cfg.precision)),
+                // The group's peak: every rank's GPU is the same kind.
+                Device::Cuda(o) => CudaDevice::get(o)
+                    .ok()
+                    .and_then(|d| peak_flops(&d.info.name, cfg.precision))
+                    .map(|p| p * world as f64),
                 Device::Cpu => None,
             },
             auto_batch: auto_note,
@@ -359,7 +393,8 @@ impl Run {
         };
         let schedule = cfg.schedule();
         let step_graph = match cfg.device {
-            Device::Cuda(o) if cfg.graph => {
+            // Data parallel runs eagerly: its collectives are issued from backward hooks.
+            Device::Cuda(o) if cfg.graph && cfg.dist.is_none() => {
                 Some(StepGraph { capture: Capture::new(&CudaDevice::get(o)?)?, warmups: 0, graph: None })
             }
             _ => None,
@@ -374,6 +409,7 @@ impl Run {
             val,
             inputs,
             accum: GradAccumulator::new(),
+            sync: None,
             step: 0,
             micro_batch,
             grad_accum,
@@ -381,6 +417,10 @@ impl Run {
         };
         if run.cfg.resume {
             run.resume()?;
+        }
+        if let Some(d) = &run.cfg.dist {
+            // Broadcasts rank 0's parameters: every rank starts from the same weights.
+            run.sync = Some((d.grad_sync)(run.model.params())?);
         }
         Ok(run)
     }
@@ -390,7 +430,7 @@ impl Run {
             model: self.cfg.model,
             micro_batch: self.micro_batch,
             context: self.cfg.context,
-            grad_accum: self.grad_accum,
+            grad_accum: self.grad_accum * self.info.world,
             steps: self.cfg.steps,
             lr: self.cfg.lr,
             min_lr_ratio: self.cfg.min_lr_ratio,
@@ -416,6 +456,48 @@ impl Run {
     /// then on is one replay. The returned tensors of a replayed step are overwritten by the next.
     pub fn compute_step(&mut self) -> Result<(Tensor, Tensor)> {
         self.opt.set_lr(self.schedule.lr_at(self.step));
+        if self.sync.is_some() {
+            // Data parallel: the bucket all-reduces start during the last micro-batch's backward,
+            // on the host's schedule, so this step runs eagerly (no CUDA graph) with the loss-based
+            // backward and the host-scheduled AdamW.
+            self.accum.zero_grad();
+            let k = self.grad_accum;
+            let mut total: Option<Tensor> = None;
+            {
+                let _ac = precision_guard(self.cfg.precision)?;
+                for i in 0..k {
+                    let loss = self.model.loss(&self.inputs.x[i], &self.inputs.y[i])?;
+                    match self.sync.as_deref_mut() {
+                        // Data parallel: averaging starts during the last micro-batch's backward.
+                        Some(s) => self.accum.backward_with(s, &loss.mul_scalar(1.0 / k as f64)?, i + 1 == k)?,
+                        None => self.accum.backward_scaled(&loss, 1.0 / k as f64)?,
+                    }
+                    let l = loss.detach();
+                    total = Some(match total {
+                        Some(s) => s.add(&l)?,
+                        None => l,
+                    });
+                }
+            }
+            if let Some(s) = self.sync.as_deref_mut() {
+                s.reduce_grads(self.accum.grads_mut())?;
+            }
+            let params: Vec<Tensor> = self.opt.params().iter().map(|(_, t)| t.clone()).collect();
+            let norm = if self.cfg.grad_clip > 0.0 {
+                clip_grad_norm(self.accum.grads_mut(), &params, self.cfg.grad_clip)?
+            } else {
+                grad_norm(self.accum.grads(), &params)?
+            };
+            self.opt.step(self.accum.grads())?;
+            if let Some(s) = self.sync.as_deref_mut() {
+                // Ends the data-parallel step (updates nothing).
+                s.step(self.accum.grads())?;
+            }
+            self.accum.zero_grad();
+            let loss = total.ok_or_else(|| Error::InvalidArgument("no micro-batches".into()))?;
+            self.step += 1;
+            return Ok((if k > 1 { loss.mul_scalar(1.0 / k as f64)? } else { loss }, norm));
+        }
         let on_device = self.cfg.device.is_cuda();
         if on_device {
             self.opt.prepare_device_step()?;
@@ -477,8 +559,21 @@ impl Run {
     }
 
     /// Write `out/checkpoint.safetensors` atomically: weights (Hugging Face names), AdamW moments,
-    /// step, loader position and the run's settings.
+    /// step, loader position and the run's settings. Data parallel: rank 0 writes (every rank
+    /// holds the same state), the others wait until it has.
     pub fn save_checkpoint(&self) -> Result<PathBuf> {
+        let written = self.write_checkpoint();
+        if let Some(d) = &self.cfg.dist {
+            // Also when rank 0 failed: it reports its error, the others go on to the same end.
+            (d.barrier)()?;
+        }
+        written
+    }
+
+    fn write_checkpoint(&self) -> Result<PathBuf> {
+        if !writes_files(self.cfg.dist.as_ref()) {
+            return Ok(Self::checkpoint_path(&self.cfg.out));
+        }
         std::fs::create_dir_all(&self.cfg.out).map_err(|e| Error::File {
             path: self.cfg.out.display().to_string(),
             msg: format!("creating the output directory: {e}"),

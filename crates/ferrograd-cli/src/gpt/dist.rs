@@ -1,0 +1,37 @@
+//! `gpt train` under `ferrograd launch` (or torchrun, or srun): the data-parallel hooks of
+//! `ferrograd_models::gpt::dp` built from a communicator. Gradients are averaged by
+//! `ferrograd_dist::DataParallel::grad_sync` (buckets all-reduced on the communication stream
+//! while backward runs, f32 or bf16 on the wire); GPT's own two-group AdamW then steps on them.
+
+use ferrograd_core::{DType, Tensor};
+use ferrograd_dist::{Communicator, DataParallel, DpConfig, ReduceOp};
+use ferrograd_models::gpt::dp::GptDist;
+use std::sync::Arc;
+
+/// The hooks over `comm`, averaging gradients as `dp` says (ZeRO must be 0: GPT keeps its own
+/// optimizer).
+pub fn hooks(comm: Arc<dyn Communicator>, dp: DpConfig) -> GptDist {
+    let describe = format!(
+        "{}, {} gradients in {:.0} MiB buckets",
+        comm.backend(),
+        dp.comm_dtype,
+        dp.bucket_bytes as f64 / (1 << 20) as f64
+    );
+    let (c1, c2, c3, c4) = (comm.clone(), comm.clone(), comm.clone(), comm.clone());
+    GptDist {
+        rank: comm.rank(),
+        world: comm.world_size(),
+        grad_sync: Arc::new(move |params| {
+            let d = DataParallel::grad_sync(c1.clone(), params, dp.clone())?;
+            Ok(Box::new(d) as Box<dyn ferrograd_nn::optim::Optimizer>)
+        }),
+        all_reduce_mean: Arc::new(move |t| Ok(c2.all_reduce(t, ReduceOp::Avg)?.wait()?)),
+        min: Arc::new(move |v| {
+            let t = Tensor::full(v as f64, 1, DType::F64, c3.device())?;
+            c3.all_reduce(&t, ReduceOp::Min)?.wait()?;
+            Ok(t.item_f64()? as usize)
+        }),
+        barrier: Arc::new(move || Ok(c4.barrier()?)),
+        describe,
+    }
+}
