@@ -5,7 +5,7 @@
 
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
 use ferrograd_nn::checkpoint::{self, LoadOptions, TrainState};
-use ferrograd_nn::{Linear, LinearActivation, Module};
+use ferrograd_nn::{Linear, Module};
 use std::path::Path;
 
 #[derive(Clone, Debug)]
@@ -109,11 +109,10 @@ impl Module for Autoencoder {
         let mut h = x.clone();
         let last = self.layers.len().saturating_sub(1);
         for (i, l) in self.layers.iter().enumerate() {
-            // Hidden layers as one fused op each: on CUDA bias and ReLU run in the matmul's
-            // epilogue and the backward forms dz and db in one kernel (3 kernels fewer per layer
-            // in the replayed step than matmul, add, relu).
-            let act = if i < last { LinearActivation::Relu } else { LinearActivation::None };
-            h = l.forward_act(&h, act)?;
+            h = l.forward(&h)?;
+            if i < last {
+                h = h.relu()?;
+            }
         }
         Ok(h)
     }
