@@ -54,9 +54,9 @@ if [ "${BF16_COMM:-1}" = 1 ]; then
     --comm-dtype bf16 --progress lines
 fi
 run torch_1gpu python3 "$py_dir/gpt2_torch.py" --init "$out/init.safetensors" --data "$data" "${common[@]}" \
-  --mode eager --log "$out/torch_1gpu.jsonl"
+  --mode eager --jsonl "$out/torch_1gpu.jsonl"
 run torch_ddp_2gpu python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29633 "$py_dir/gpt2_torch.py" \
-  --init "$out/init.safetensors" --data "$data" "${common[@]}" --mode eager --log "$out/torch_ddp_2gpu.jsonl"
+  --init "$out/init.safetensors" --data "$data" "${common[@]}" --mode eager --jsonl "$out/torch_ddp_2gpu.jsonl"
 
 python3 - "$out" "$steps" "$global" <<'PY' | tee "$out/summary.txt"
 import json, os, sys

@@ -225,7 +225,9 @@ def main():
     ap.add_argument("--log-every", type=int, default=1)
     ap.add_argument("--val-every", type=int, default=0)
     ap.add_argument("--val-batches", type=int, default=20)
-    ap.add_argument("--log", help="write the JSON lines here as well as to stdout")
+    # --jsonl too: under torchrun a bare --log is an ambiguous prefix of its own --log-dir/--logs-specs
+    # (argparse classifies every option string, even those after the script).
+    ap.add_argument("--log", "--jsonl", dest="log", help="write the JSON lines here as well as to stdout")
     a = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
