@@ -5,7 +5,7 @@
 
 use super::config::GptConfig;
 use super::ops::{
-    attention, causal_mask, linear, lm_logits, lm_logits_padded, lm_loss, mlp, residual_norm, to_matmul_dtype,
+    attention, causal_mask, linear, lm_logits, lm_logits_padded, lm_loss, mlp, residual_norm, self_attention,
 };
 use ferrograd_core::fused::classifier::ClassifierOpts;
 use ferrograd_core::{shape_err, DType, Device, Error, Result, Rng, Tensor};
@@ -236,14 +236,9 @@ impl Gpt {
         // (the attention kernels read them in place).
         let qkv = linear(&a, &blk.c_attn_w, Some(&blk.c_attn_b))?.reshape((b, t, 3, h, d))?;
         let part = |qkv: &Tensor, i: usize| qkv.narrow(2, i, 1)?.squeeze(2); // [B, T, H, D]
+        // [B, T, H, D]
         let y = match cache {
-            None => {
-                // Under autocast the GEMM wrote the buffer in the low dtype already (a no-op then);
-                // otherwise one cast of the whole buffer, not one per view.
-                let qkv = to_matmul_dtype(&qkv)?;
-                let [q, k, v] = [0, 1, 2].map(|i| part(&qkv, i).and_then(|p| p.permute(&[0, 2, 1, 3])));
-                attention(&q?, &k?, &v?, 0, || self.train_mask(t))?
-            }
+            None => self_attention(&qkv, || self.train_mask(t))?,
             Some(kv) => {
                 if b != 1 {
                     return Err(shape_err!("gpt decode", "the KV cache holds one sequence, got batch {b}"));
@@ -255,11 +250,10 @@ impl Gpt {
                 let keys = kv.k.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
                 let vals = kv.v.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
                 let q = part(&qkv, 0)?.permute(&[0, 2, 1, 3])?;
-                attention(&q, &keys, &vals, kv.start, || causal_mask(t, kv.start, self.device()))?
+                attention(&q, &keys, &vals, kv.start, || causal_mask(t, kv.start, self.device()))?.permute(&[0, 2, 1, 3])?
             }
         };
-        // [B, H, T, D] -> [B, T, C]
-        let y = y.permute(&[0, 2, 1, 3])?.reshape((b, t, c))?;
+        let y = y.reshape((b, t, c))?;
         let proj = linear(&y, &blk.attn_proj_w, Some(&blk.attn_proj_b))?;
         let (x, m) = residual_norm(&x, Some(&proj), &blk.ln_2_w, &blk.ln_2_b, eps)?;
         let out = mlp(&m, &blk.c_fc_w, &blk.c_fc_b, &blk.mlp_proj_w, &blk.mlp_proj_b)?;

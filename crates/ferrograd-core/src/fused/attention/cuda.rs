@@ -268,6 +268,7 @@ pub(super) fn backward(
     o: Operand,
     dout: Operand,
     lse: Operand,
+    packed: bool,
 ) -> Result<FusedOutputs<CudaStorage>> {
     let dtype = q.0.dtype();
     let (sfx, m) = (suffix(dtype)?, module(pb.d)?);
@@ -280,9 +281,7 @@ pub(super) fn backward(
             rhs: lse.0.dtype(),
         });
     }
-    let dq = CudaStorage::uninit(&dev, b * tq * h * d, dtype)?;
-    let dk = CudaStorage::uninit(&dev, b * tk * h * d, dtype)?;
-    let dv = CudaStorage::uninit(&dev, b * tk * h * d, dtype)?;
+    let out = grad_out(&dev, pb, dtype, packed)?;
     let tc = dtype != DType::F32;
     if b * h * tk > 0 {
         let (qp, qs, _qc) = operand(q.0, q.1, false, tc)?;
@@ -301,9 +300,9 @@ pub(super) fn backward(
             v: vs,
             o: os,
             dout: gs,
-            dq: bthd_strides(tq, h, d),
-            dk: bthd_strides(tk, h, d),
-            dv: bthd_strides(tk, h, d),
+            dq: out.strides[0],
+            dk: out.strides[1],
+            dv: out.strides[2],
             ..params(pb)
         };
         if rows > 0 {
@@ -314,15 +313,52 @@ pub(super) fn backward(
         let (_, name) = kernel_names(d, dtype, &t)?;
         allow_smem(&dev, m, &name, t.bwd_smem)?;
         let c = cfg((b * h, tk.div_ceil(t.bwd_bkv)), 128, t.bwd_smem);
-        launch!(dev, *m, name, c; qp, kp, vp, gp, lp, delta.buf.ptr(), dq_acc.buf.ptr(), dk.buf.ptr(), dv.buf.ptr(), p);
+        launch!(dev, *m, name, c; qp, kp, vp, gp, lp, delta.buf.ptr(), dq_acc.buf.ptr(), out.ptrs[1], out.ptrs[2], p);
         if rows > 0 {
             let c = cfg_1d(&dev, rows * d);
-            launch!(dev, *m, format!("fg_attn_dq_d{d}_{sfx}"), c; dq_acc.buf.ptr(), dq.buf.ptr(), p);
+            launch!(dev, *m, format!("fg_attn_dq_d{d}_{sfx}"), c; dq_acc.buf.ptr(), out.ptrs[0], p);
         }
     }
-    Ok(vec![
-        (dq, Shape::from(vec![b, tq, h, d])),
-        (dk, Shape::from(vec![b, tk, h, d])),
-        (dv, Shape::from(vec![b, tk, h, d])),
-    ])
+    Ok(out.outs)
+}
+
+/// Where one backward writes dq, dk and dv: the outputs that hold them, each one's first element
+/// and its `[B, H, T, D]` strides.
+pub(super) struct GradOut {
+    pub outs: FusedOutputs<CudaStorage>,
+    pub ptrs: [u64; 3],
+    pub strides: [Stride4; 3],
+}
+
+/// Three `[B, T, H, D]` buffers, or (`packed`, the packed-QKV op's gradient, Tq == Tk) one
+/// `[B, T, 3, H, D]` buffer that dq, dk and dv are interleaved into, as the forward's QKV was.
+pub(super) fn grad_out(dev: &Arc<CudaDevice>, pb: &Problem, dtype: DType, packed: bool) -> Result<GradOut> {
+    let Problem { b, h, tq, tk, d, .. } = *pb;
+    if packed {
+        if tq != tk {
+            return Err(shape_err!(OP, "a packed QKV buffer needs as many queries as keys, got {tq} and {tk}"));
+        }
+        let row = 3 * h * d;
+        let s = CudaStorage::uninit(dev, b * tq * row, dtype)?;
+        let base = s.buf.ptr();
+        let part = (h * d * dtype.size_in_bytes()) as u64;
+        let st = Stride4 { b: (tq * row) as i64, h: d as i64, t: row as i64, d: 1 };
+        return Ok(GradOut {
+            outs: vec![(s, Shape::from(vec![b, tq, 3, h, d]))],
+            ptrs: [base, base + part, base + 2 * part],
+            strides: [st; 3],
+        });
+    }
+    let dq = CudaStorage::uninit(dev, b * tq * h * d, dtype)?;
+    let dk = CudaStorage::uninit(dev, b * tk * h * d, dtype)?;
+    let dv = CudaStorage::uninit(dev, b * tk * h * d, dtype)?;
+    Ok(GradOut {
+        ptrs: [dq.buf.ptr(), dk.buf.ptr(), dv.buf.ptr()],
+        strides: [bthd_strides(tq, h, d), bthd_strides(tk, h, d), bthd_strides(tk, h, d)],
+        outs: vec![
+            (dq, Shape::from(vec![b, tq, h, d])),
+            (dk, Shape::from(vec![b, tk, h, d])),
+            (dv, Shape::from(vec![b, tk, h, d])),
+        ],
+    })
 }

@@ -11,6 +11,8 @@
 //! - `select.rs`: which of them runs on CUDA (`FERROGRAD_ATTENTION=flash|cudnn|math`, default
 //!   cuDNN where it can run the case, our kernels otherwise), and counters of what ran.
 //! - `math.rs`: the composed definition (`FERROGRAD_ATTENTION=math`).
+//! - `packed.rs`: the same op over one packed `[B, T, 3, H, D]` QKV buffer
+//!   ([`Tensor::attention_packed`]), whose backward writes one packed gradient.
 //! - `bench.rs`: the workload of `ferrograd bench attention` (twin: `bench/torch_attention.py`).
 //!
 //! The forward keeps only the output and the per-row log-sum-exp (`[B, H, Tq]`, f32, f64 for f64
@@ -24,6 +26,7 @@ mod cpu;
 mod cuda;
 pub mod cudnn;
 mod math;
+mod packed;
 pub mod select;
 
 use super::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
@@ -320,14 +323,14 @@ impl FusedOp for SdpaBackward {
     fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
         let x = three(inputs, 6, self.name())?;
         if wants_cudnn(&self.0, x[0].0.dtype())? {
-            if let Some(out) = cudnn::backward(&self.0, x[0], x[1], x[2], x[3], x[4], x[5])? {
+            if let Some(out) = cudnn::backward(&self.0, x[0], x[1], x[2], x[3], x[4], x[5], false)? {
                 count(|c| c.cudnn_bwd += 1);
                 return Ok(out);
             }
             count(|c| c.cudnn_fallbacks += 1);
         }
         count(|c| c.flash_bwd += 1);
-        cuda::backward(&self.0, x[0], x[1], x[2], x[3], x[4], x[5])
+        cuda::backward(&self.0, x[0], x[1], x[2], x[3], x[4], x[5], false)
     }
 }
 

@@ -30,7 +30,7 @@ mod desc;
 mod graph;
 mod lib;
 
-use super::cuda::{operand, Stride4};
+use super::cuda::{grad_out, operand, Stride4};
 use super::select::log_once;
 use super::Problem;
 use crate::backend::BackendStorage;
@@ -321,6 +321,7 @@ pub(super) fn backward(
     o: Operand,
     dout: Operand,
     lse: Operand,
+    packed: bool,
 ) -> Result<Option<FusedOutputs<CudaStorage>>> {
     let dtype = q.0.dtype();
     let dev = q.0.dev().clone();
@@ -344,26 +345,31 @@ pub(super) fn backward(
     let (gp, gs, _gc) = operand(dout.0, dout.1, true, true)?;
     let lse_c = if lse.1.is_contiguous() { None } else { Some(lse.0.copy_strided(lse.1)?) };
     let lp = lse_c.as_ref().map_or_else(|| lse.0.buf.ptr_at(lse.1.offset()), |c| c.buf.ptr());
-    let (dqs, dks) = (bthd(tq, h, d), bthd(tk, h, d));
+    // Where dq, dk, dv go (three [B, T, H, D] buffers or one packed [B, T, 3, H, D]) decides
+    // their strides, part of the plan's key; the buffers themselves are made once a plan exists.
+    let [dqs, dks, dvs] = if packed {
+        let row = (3 * h * d) as i64;
+        [[tq as i64 * row, d as i64, row, 1]; 3]
+    } else {
+        [bthd(tq, h, d), bthd(tk, h, d), bthd(tk, h, d)]
+    };
     let sh = shape(pb, dtype);
     let key = Key {
         shape: sh,
         backward: true,
-        strides: [strides(qs), strides(ks), strides(vs), strides(os), strides(gs), dqs, dks, dks],
+        strides: [strides(qs), strides(ks), strides(vs), strides(os), strides(gs), dqs, dks, dvs],
         scale: (pb.scale as f32).to_bits(),
     };
     let padded = graph::backward_needs_padding(st.lib.version, sh.tq, sh.tk);
     let Some(plan) = plan_for(&dev, &st, key, |g| {
-        g.sdpa_backward(&sh, padded, strides(qs), strides(ks), strides(vs), strides(os), strides(gs), dqs, dks, dks)
+        g.sdpa_backward(&sh, padded, strides(qs), strides(ks), strides(vs), strides(os), strides(gs), dqs, dks, dvs)
     })?
     else {
         return Ok(None);
     };
     // The workaround's sequence lengths (all full), uploaded once per problem and kept.
     let seq_lens = if padded { Some(seq_lens(&dev, b, tq, tk)?) } else { None };
-    let dq = CudaStorage::uninit(&dev, b * tq * h * d, dtype)?;
-    let dk = CudaStorage::uninit(&dev, b * tk * h * d, dtype)?;
-    let dv = CudaStorage::uninit(&dev, b * tk * h * d, dtype)?;
+    let out = grad_out(&dev, pb, dtype, packed)?;
     let softmax_sum = CudaStorage::uninit(&dev, b * h * tq, DType::F32)?;
     let dq_accum = CudaStorage::uninit(&dev, b * h * tq * d, DType::F32)?;
     let (scale, neg_inf, one) = (pb.scale as f32, f32::NEG_INFINITY, 1f32);
@@ -378,9 +384,9 @@ pub(super) fn backward(
             (uid::O, op),
             (uid::DO, gp),
             (uid::STATS, lp),
-            (uid::DQ, dq.buf.ptr()),
-            (uid::DK, dk.buf.ptr()),
-            (uid::DV, dv.buf.ptr()),
+            (uid::DQ, out.ptrs[0]),
+            (uid::DK, out.ptrs[1]),
+            (uid::DV, out.ptrs[2]),
             (uid::SOFTMAX_SUM, softmax_sum.buf.ptr()),
             (uid::DQ_ACCUM, dq_accum.buf.ptr()),
             (uid::SEQ_LEN_Q, seq_lens.as_ref().map_or(0, |s| s.0)),
@@ -388,11 +394,7 @@ pub(super) fn backward(
         ],
         &[(uid::SCALE, &scale), (uid::NEG_INF, &neg_inf), (uid::NEG_INF_PAD, &neg_inf), (uid::ONE, &one)],
     )?;
-    Ok(Some(vec![
-        (dq, TShape::from(vec![b, tq, h, d])),
-        (dk, TShape::from(vec![b, tk, h, d])),
-        (dv, TShape::from(vec![b, tk, h, d])),
-    ]))
+    Ok(Some(out.outs))
 }
 
 #[cfg(test)]
