@@ -101,15 +101,23 @@ fn bad_inputs_are_typed_errors() -> Result<()> {
 /// `[rows, c]` made contiguous, transposed (`[c, rows]` stored) or narrowed (columns of a wider row).
 fn parity(dev: Device, dtype: DType, rows: usize, c: usize, layout: &str) -> Result<()> {
     let mut rng = Rng::new((rows * 131 + c) as u64);
-    let x = match layout {
-        "transposed" => randn(&mut rng, &[c, rows], dtype).t()?,
-        "narrowed" => randn(&mut rng, &[rows, c + 3], dtype).narrow(1, 2, c)?,
+    // The stored buffer (scaled first: an op on a view returns a contiguous tensor), then the view
+    // taken on each device, so the kernel reads the layout under test.
+    let base = match layout {
+        "transposed" => randn(&mut rng, &[c, rows], dtype),
+        "narrowed" => randn(&mut rng, &[rows, c + 3], dtype),
         _ => randn(&mut rng, &[rows, c], dtype),
     }
     .mul_scalar(2.0)?;
+    let view = |t: &Tensor| match layout {
+        "transposed" => t.t(),
+        "narrowed" => t.narrow(1, 2, c),
+        _ => Ok(t.clone()),
+    };
+    let x = view(&base)?;
     let (b, dy) = (randn(&mut rng, &[c], dtype), randn(&mut rng, &[rows, c], dtype));
     let (y, dx, db) = value_and_grads(&x, &b, &dy, true)?;
-    let xd = if layout == "transposed" { on(&x.t()?, dev).t()? } else { on(&x, dev) };
+    let xd = view(&on(&base, dev))?;
     assert_eq!(xd.is_contiguous(), layout == "contiguous");
     let (yd, dxd, dbd) = value_and_grads(&xd, &on(&b, dev), &on(&dy, dev), true)?;
     let what = format!("bias_gelu {dtype} {rows}x{c} {layout}");

@@ -576,7 +576,8 @@ fn run_steps(cfg: TrainConfig, steps: usize) -> Result<(Values, Vec<f64>)> {
 fn gpt_cuda_graph_replay_equals_eager_steps() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let dir = text_shards(300);
-    for (model, batch, context, exact) in [(small_vocab(), 1, 1, true), (cuda_small(72), 2, 16, false)] {
+    // GPT-2 token ids (the shards hold real BPE ids, 50256 included): a 50257-entry vocabulary.
+    for (model, batch, context, exact) in [(small_vocab_gpt2_tokens(), 1, 1, true), (cuda_small(50257), 2, 16, false)] {
         let base = TrainConfig {
             device: dev,
             total_batch: Some(2 * batch * context),
