@@ -123,3 +123,51 @@ FG_KERNEL sgd_f32(OptTable t, float lr, float mu, float dampening, float wd, int
     }
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Clipping by global norm in three launches whatever the tensor count (CPU twin: the composed
+// `clip_grad_norm` of ferrograd-nn, optim/clip.rs): the sum of squares in two passes whose order
+// does not depend on timing (no atomics: a replayed step is bit-identical), the clip factor on the
+// device, then the scaled copies. The `g` pointers are the tensors read, `p` the outputs.
+// ---------------------------------------------------------------------------------------------
+
+// Pass 1: block b of the launch for table `slot` writes the sum of squares of its grid-stride share
+// of the table's tensors to part[slot * gridDim.x + b].
+FG_KERNEL sq_norm_part_f32(OptTable t, float* part, unsigned int slot) {
+  __shared__ float sh[32];
+  const fg_u64 tid = fg_tid(), stride = fg_nthreads();
+  float acc = 0.0f;
+  for (unsigned int k = 0; k < t.count; ++k) {
+    const float* g = (const float*)t.g[k];
+    for (fg_u64 i = tid; i < t.n[k]; i += stride) acc = fmaf(g[i], g[i], acc);
+  }
+  acc = fg_block_reduce(acc, FgSum(), sh);
+  if (threadIdx.x == 0) part[(fg_u64)slot * gridDim.x + blockIdx.x] = acc;
+}
+
+// Pass 2, one block: out = [norm, factor], norm = sqrt(sum of the n partials, added in f64) and
+// factor = min(1, max_norm * (1 / (norm + 1e-6))) as the composed CPU twin forms it (PyTorch's
+// clip_grad_norm_ formula); a NaN norm gives a NaN factor, as there.
+FG_KERNEL sq_norm_finish(const float* part, fg_u64 n, float max_norm, float* out) {
+  __shared__ double sh[32];
+  double acc = 0.0;
+  for (fg_u64 i = threadIdx.x; i < n; i += blockDim.x) acc += (double)part[i];
+  acc = fg_block_reduce(acc, FgSum(), sh);
+  if (threadIdx.x == 0) {
+    const float norm = sqrtf((float)acc);
+    const float ratio = max_norm * (1.0f / (norm + 1e-6f));
+    out[0] = norm;
+    out[1] = ratio >= 1.0f ? 1.0f : ratio;
+  }
+}
+
+// p_k = g_k * f[0] for every tensor of the table.
+FG_KERNEL scale_dev_f32(OptTable t, const float* f) {
+  const fg_u64 tid = fg_tid(), stride = fg_nthreads();
+  const float s = f[0];
+  for (unsigned int k = 0; k < t.count; ++k) {
+    float* p = (float*)t.p[k];
+    const float* g = (const float*)t.g[k];
+    for (fg_u64 i = tid; i < t.n[k]; i += stride) p[i] = g[i] * s;
+  }
+}

@@ -257,3 +257,40 @@ pub fn sgd_step(params: &[Tensor], grads: &[Tensor], bufs: &[Tensor], c: &SgdCon
     }
     Ok(())
 }
+
+/// The CUDA device all of `tensors` live on as contiguous f32 buffers, if they do (the fused
+/// norm and scale kernels' domain).
+fn fused_domain(tensors: &[Tensor]) -> Result<Option<std::sync::Arc<crate::cuda::CudaDevice>>> {
+    let Some(crate::Device::Cuda(o)) = tensors.first().map(|t| t.device()) else { return Ok(None) };
+    let fits = |t: &Tensor| t.device() == crate::Device::Cuda(o) && t.dtype() == DType::F32 && t.is_contiguous();
+    if !tensors.iter().all(fits) {
+        return Ok(None);
+    }
+    Ok(Some(crate::cuda::CudaDevice::get(o)?))
+}
+
+/// The joint L2 norm of `tensors` (a 0-d f32 tensor on their device), computed by the fused,
+/// deterministic multi-tensor kernels where every tensor is a contiguous f32 CUDA buffer of one
+/// device (`None` otherwise: compose it from `sqr` and `sum_all`). No host synchronization.
+pub fn global_norm_fused(tensors: &[Tensor]) -> Result<Option<Tensor>> {
+    let Some(dev) = fused_domain(tensors)? else { return Ok(None) };
+    let nf = crate::cuda::ops::optim::norm_and_clip_factor(&dev, tensors, 0.0)?;
+    let nf = Tensor::from_storage(Storage::Cuda(nf), 2, None);
+    Ok(Some(nf.narrow(0, 0, 1)?.squeeze(0)?))
+}
+
+/// PyTorch's `clip_grad_norm_` on the device in three fused launches (plus one per 40 tensors):
+/// the joint norm of `tensors` (0-d f32) and each tensor times `min(1, max_norm / (norm + 1e-6))`
+/// (new tensors), where every tensor is a contiguous f32 CUDA buffer of one device; `None`
+/// otherwise. The norm's summation order does not depend on timing, so replays are bit-identical.
+pub fn clip_global_norm_fused(tensors: &[Tensor], max_norm: f64) -> Result<Option<(Tensor, Vec<Tensor>)>> {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        return Err(Error::InvalidArgument(format!("clip_grad_norm: max_norm {max_norm} < 0")));
+    }
+    let Some(dev) = fused_domain(tensors)? else { return Ok(None) };
+    let nf = crate::cuda::ops::optim::norm_and_clip_factor(&dev, tensors, max_norm as f32)?;
+    let factor = nf.buf.ptr_at(1);
+    let scaled = crate::cuda::ops::optim::scale_all(&dev, tensors, factor)?;
+    let nf = Tensor::from_storage(Storage::Cuda(nf), 2, None);
+    Ok(Some((nf.narrow(0, 0, 1)?.squeeze(0)?, scaled)))
+}

@@ -121,3 +121,42 @@ pub(crate) fn sgd(
         Ok(())
     })
 }
+
+/// `[norm, factor]` (f32, on the device) of `tensors` (contiguous f32, on `dev`): their joint L2
+/// norm and the clip factor `min(1, max_norm / (norm + 1e-6))`, in three launches at most per 40
+/// tensors plus one, deterministic (see `kernels/optim.cu`).
+pub(crate) fn norm_and_clip_factor(dev: &Arc<CudaDevice>, tensors: &[Tensor], max_norm: f32) -> Result<CudaStorage> {
+    let cfg = cfg_1d(dev, usize::MAX);
+    let blocks = cfg.grid_dim.0 as usize;
+    let part = CudaStorage::uninit(dev, blocks * tensors.len().div_ceil(MAX).max(1), DType::F32)?;
+    if tensors.is_empty() {
+        launch!(dev, modules::COPY, "fill_b32", cfg_1d(dev, part.len()); part.buf.ptr(), 0u64, part.len() as u64);
+    }
+    let mut slot = 0u32;
+    batches([tensors, tensors, &[], &[]], |t, _| {
+        launch!(dev, modules::OPTIM, "sq_norm_part_f32", cfg; t, part.buf.ptr(), slot);
+        slot += 1;
+        Ok(())
+    })?;
+    let out = CudaStorage::uninit(dev, 2, DType::F32)?;
+    let one = cudarc::driver::LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    launch!(dev, modules::OPTIM, "sq_norm_finish", one; part.buf.ptr(), part.len() as u64, max_norm, out.buf.ptr());
+    Ok(out)
+}
+
+/// `g * factor` for every tensor (contiguous f32 on `dev`), `factor` one f32 on the device, in one
+/// launch per 40 tensors; the outputs are new tensors.
+pub(crate) fn scale_all(dev: &Arc<CudaDevice>, tensors: &[Tensor], factor: u64) -> Result<Vec<Tensor>> {
+    let outs = tensors
+        .iter()
+        .map(|t| {
+            let s = CudaStorage::uninit(dev, t.elem_count(), DType::F32)?;
+            Ok(Tensor::from_storage(Storage::Cuda(s), t.shape().clone(), None))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    batches([&outs, tensors, &[], &[]], |t, widest| {
+        launch!(dev, modules::OPTIM, "scale_dev_f32", cfg_1d(dev, widest); t, factor);
+        Ok(())
+    })?;
+    Ok(outs)
+}
