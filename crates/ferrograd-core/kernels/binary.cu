@@ -116,7 +116,23 @@ static __device__ __forceinline__ void fg_binary(const Layout& al, const T* __re
   FG_KERNEL binary_##SUF(Layout al, const T* a, Layout bl, const T* b, T* y, fg_u64 n, int op) { \
     fg_binary<T>(al, a, bl, b, y, n, op);                                                      \
   }
-FG_FOR_ALL(FG_BINARY)
+// Which kernels this module holds (`-D FG_BINARY_PART=<n>`, cuda/modules.rs BINARY*): one module
+// of all 20 took 5 s of NVRTC; three parts (binary f32 / f64, binary f16 / bf16, the integer
+// binaries with every cmp and where) compile in parallel, and a run compiles only what it
+// launches. cuda/ops/binary.rs `module` picks the part.
+#if !defined(FG_BINARY_PART)
+#error "FG_BINARY_PART comes from Rust (src/cuda/modules.rs)"
+#elif FG_BINARY_PART == 0
+FG_BINARY(f32, float)
+FG_BINARY(f64, double)
+#elif FG_BINARY_PART == 1
+FG_BINARY(f16, __half)
+FG_BINARY(bf16, __nv_bfloat16)
+#elif FG_BINARY_PART == 2
+FG_FOR_INT(FG_BINARY)
+#else
+#error "FG_BINARY_PART is 0..2"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // cmp_{dt}: y = (a op b) as u8. The CPU compares the exact f64 values; comparing in the native
@@ -169,7 +185,9 @@ static __device__ __forceinline__ void fg_cmp(const Layout& al, const T* __restr
   FG_KERNEL cmp_##SUF(Layout al, const T* a, Layout bl, const T* b, unsigned char* y, fg_u64 n, int op) { \
     fg_cmp<T>(al, a, bl, b, y, n, op);                                                         \
   }
+#if FG_BINARY_PART == 2
 FG_FOR_ALL(FG_CMP)
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // where_{b8,b16,b32,b64}: y[i] = c[i] != 0 ? t[i] : f[i], each operand read through its layout
@@ -198,4 +216,6 @@ static __device__ __forceinline__ void fg_where(const Layout& cl, const unsigned
                         T* y, fg_u64 n) {                                                      \
     fg_where<T>(cl, c, tl, t, fl, f, y, n);                                                    \
   }
+#if FG_BINARY_PART == 2
 FG_FOR_WIDTH(FG_WHERE)
+#endif

@@ -494,20 +494,22 @@ fn bench_workload_checks_on_the_cpu() -> Result<()> {
 #[test]
 fn kernels_compile_for_sm80_and_sm90() {
     use ferrograd_core::cuda::nvrtc::{compile_cubin, find_cuda_include, nvrtc_info, Arch};
-    use ferrograd_core::fused::selective_scan::MODULE;
+    use ferrograd_core::fused::selective_scan::MODULES;
     if let Err(e) = nvrtc_info() {
         assert!(std::env::var_os("FERROGRAD_REQUIRE_NVRTC").is_none_or(|v| v != "1"), "NVRTC required: {e}");
         println!("skipping: {e}");
         return;
     }
     let include = find_cuda_include().unwrap_or_else(|e| panic!("{e}"));
-    for arch in [Arch::SM80, Arch::SM90] {
-        let cubin = compile_cubin(&MODULE.source(), arch, &include)
-            .unwrap_or_else(|e| panic!("{} for {arch}: {e}", MODULE.name));
-        assert!(cubin.len() > 1000, "{arch}: {} bytes", cubin.len());
-        if let Some(dir) = std::env::var_os("FERROGRAD_DUMP_CUBIN") {
-            let path = std::path::Path::new(&dir).join(format!("{}_{arch}.cubin", MODULE.name));
-            std::fs::write(&path, &cubin).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for m in MODULES {
+        for arch in [Arch::SM80, Arch::SM90] {
+            let cubin =
+                compile_cubin(&m.source(), arch, &include).unwrap_or_else(|e| panic!("{} for {arch}: {e}", m.name));
+            assert!(cubin.len() > 1000, "{} {arch}: {} bytes", m.name, cubin.len());
+            if let Some(dir) = std::env::var_os("FERROGRAD_DUMP_CUBIN") {
+                let path = std::path::Path::new(&dir).join(format!("{}_{arch}.cubin", m.name));
+                std::fs::write(&path, &cubin).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
         }
     }
 }

@@ -889,6 +889,17 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
                  ad);                                                                                       \
   }
 
+// One NVRTC module per precision (`-D MLP_PREC=<PREC_*>`, persistent/trainer.rs MODULES): the
+// three kernels in one module took 6-8 s of NVRTC, the longest pole of a cold precompile; apart
+// they compile in parallel, and a run compiles only its own precision.
+#if !defined(MLP_PREC)
+#error "MLP_PREC comes from Rust (src/persistent/trainer.rs MODULES)"
+#elif MLP_PREC == PREC_F32
 MLP_KERNEL(mlp_persistent_f32, PREC_F32)
+#elif MLP_PREC == PREC_TF32
 MLP_KERNEL(mlp_persistent_tf32, PREC_TF32)
+#elif MLP_PREC == PREC_BF16
 MLP_KERNEL(mlp_persistent_bf16, PREC_BF16)
+#else
+#error "MLP_PREC is PREC_F32, PREC_TF32 or PREC_BF16"
+#endif

@@ -9,4 +9,9 @@ use ferrograd_core::cuda::modules::Module;
 
 /// The models' own kernel modules (the core's are `ferrograd_core::cuda::modules::ALL`): what
 /// `ferrograd kernels --precompile` compiles beside the core's and the compile test walks.
-pub const MODULES: &[&Module] = &[&monster_walk::fused::MODULE, &persistent::trainer::MODULE];
+pub const MODULES: &[&Module] = &[
+    &monster_walk::fused::MODULE,
+    persistent::trainer::MODULES[0],
+    persistent::trainer::MODULES[1],
+    persistent::trainer::MODULES[2],
+];

@@ -2,7 +2,8 @@
 //! found (FERROGRAD_REQUIRE_NVRTC=1 turns a skip into a failure, as in the core's compile test).
 //! FERROGRAD_DUMP_CUBIN=DIR also writes each cubin there, for cuobjdump.
 
-use ferrograd_core::cuda::nvrtc::{compile_cubin, find_cuda_include, nvrtc_info, Arch};
+use ferrograd_core::cuda::nvrtc::{compile_cubin, find_cuda_include, kernel_names, nvrtc_info, Arch};
+use ferrograd_models::persistent::{trainer, Precision};
 
 #[test]
 fn model_kernels_compile_for_sm80_and_sm90() {
@@ -24,5 +25,22 @@ fn model_kernels_compile_for_sm80_and_sm90() {
                 std::fs::write(&path, &cubin).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             }
         }
+    }
+}
+
+/// Each precision's launch finds its kernel in the module `trainer::module` picks.
+#[test]
+fn each_precision_finds_its_kernel_in_its_module() {
+    if let Err(e) = nvrtc_info() {
+        assert!(std::env::var_os("FERROGRAD_REQUIRE_NVRTC").is_none_or(|v| v != "1"), "NVRTC required: {e}");
+        println!("skipping: {e}");
+        return;
+    }
+    for p in [Precision::F32, Precision::Tf32, Precision::Bf16] {
+        let m = trainer::module(p);
+        assert!(ferrograd_models::MODULES.contains(&m), "{} is not in MODULES", m.name);
+        let cubin = ferrograd_core::cuda::nvrtc::get_or_compile(&m.source(), Arch::SM90)
+            .unwrap_or_else(|e| panic!("{}: {e}", m.name));
+        assert_eq!(kernel_names(&cubin.cubin), [p.kernel()], "{}", m.name);
     }
 }

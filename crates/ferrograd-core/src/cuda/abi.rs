@@ -42,7 +42,10 @@ fn c_name(variant: &str) -> String {
 /// Every named `enum Fg... { A = 0, B, ... };` in the kernel sources, values resolved.
 fn cu_enums() -> BTreeMap<String, Vec<(String, i32)>> {
     let mut out = BTreeMap::new();
-    let texts = ALL.iter().map(|m| m.src).chain(headers::ALL.iter().map(|h| h.src));
+    // A source built as several modules (parts) is read once.
+    let mut texts: Vec<&str> = ALL.iter().map(|m| m.src).chain(headers::ALL.iter().map(|h| h.src)).collect();
+    texts.sort_unstable();
+    texts.dedup();
     for text in texts {
         let mut rest = text;
         while let Some(i) = rest.find("enum Fg") {

@@ -48,21 +48,34 @@ pub mod headers {
 
 use headers::{ACC_MATH, COMMON, ERROR_FLAG};
 
+// `; ms N`: the module's measured NVRTC time (`Module::cost_ms`), which orders a cold precompile.
 macro_rules! core_module {
-    ($id:ident, $name:literal, $headers:expr $(, $defines:expr)?) => {
+    ($id:ident, $name:literal, $headers:expr $(, $defines:expr)? $(; ms $ms:literal)?) => {
         pub const $id: Module = Module::new($name, include_str!(concat!("../../kernels/", $name, ".cu")))
-            .with_headers($headers) $(.with_defines($defines))?;
+            .with_headers($headers) $(.with_defines($defines))? $(.with_cost_ms($ms))?;
     };
 }
 
-core_module!(COPY, "copy", &[COMMON]);
-core_module!(CAST, "cast", &[COMMON]);
-core_module!(UNARY, "unary", &[COMMON, ACC_MATH]);
-core_module!(BINARY, "binary", &[COMMON]);
-core_module!(REDUCE, "reduce", &[COMMON]);
-core_module!(INDEX, "index", &[COMMON, ERROR_FLAG], &[Define::uint("FG_ID_NONE", super::ops::index::NO_ID)]);
-core_module!(RNG, "rng", &[COMMON]);
-core_module!(OPTIM, "optim", &[COMMON], &[Define::int("FG_OPT_MAX", super::ops::optim::MAX as i64)]);
+core_module!(COPY, "copy", &[COMMON]; ms 300);
+core_module!(CAST, "cast", &[COMMON]; ms 2500);
+core_module!(UNARY, "unary", &[COMMON, ACC_MATH]; ms 2500);
+// binary.cu in three parts that compile in parallel (`FG_BINARY_PART`; ops/binary.rs `module`
+// picks one): `binary_{f32,f64}`; `binary_{f16,bf16}`; the integer binaries, `cmp_*`, `where_*`.
+macro_rules! binary_part {
+    ($id:ident, $name:literal, $part:literal, $ms:literal) => {
+        pub const $id: Module = Module::new($name, include_str!("../../kernels/binary.cu"))
+            .with_headers(&[COMMON])
+            .with_defines(&[Define::int("FG_BINARY_PART", $part)])
+            .with_cost_ms($ms);
+    };
+}
+binary_part!(BINARY, "binary", 0, 1100);
+binary_part!(BINARY_HALF, "binary_half", 1, 1400);
+binary_part!(BINARY_REST, "binary_rest", 2, 2200);
+core_module!(REDUCE, "reduce", &[COMMON]; ms 1100);
+core_module!(INDEX, "index", &[COMMON, ERROR_FLAG], &[Define::uint("FG_ID_NONE", super::ops::index::NO_ID)]; ms 600);
+core_module!(RNG, "rng", &[COMMON]; ms 500);
+core_module!(OPTIM, "optim", &[COMMON], &[Define::int("FG_OPT_MAX", super::ops::optim::MAX as i64)]; ms 150);
 
 /// Every module of the library, fused ops' included: one line per module. What
 /// `ferrograd kernels --precompile` and the NVRTC compile test walk.
@@ -71,6 +84,8 @@ pub const ALL: &[&Module] = &[
     &CAST,
     &UNARY,
     &BINARY,
+    &BINARY_HALF,
+    &BINARY_REST,
     &REDUCE,
     &INDEX,
     &RNG,
@@ -82,14 +97,29 @@ pub const ALL: &[&Module] = &[
     &crate::fused::classifier::MODULE,
     &crate::fused::cross_entropy::MODULE,
     &crate::fused::linear::MODULE,
-    // src/fused/attention: one module per head dim.
+    // src/fused/attention: one module per head dim and dtype.
     crate::fused::attention::MODULES[0],
     crate::fused::attention::MODULES[1],
     crate::fused::attention::MODULES[2],
     crate::fused::attention::MODULES[3],
     crate::fused::attention::MODULES[4],
-    // src/fused/selective_scan.
-    &crate::fused::selective_scan::MODULE,
+    crate::fused::attention::MODULES[5],
+    crate::fused::attention::MODULES[6],
+    crate::fused::attention::MODULES[7],
+    crate::fused::attention::MODULES[8],
+    crate::fused::attention::MODULES[9],
+    crate::fused::attention::MODULES[10],
+    crate::fused::attention::MODULES[11],
+    crate::fused::attention::MODULES[12],
+    crate::fused::attention::MODULES[13],
+    crate::fused::attention::MODULES[14],
+    // src/fused/selective_scan: forward per dtype, backward per dtype and chunk length.
+    crate::fused::selective_scan::MODULES[0],
+    crate::fused::selective_scan::MODULES[1],
+    crate::fused::selective_scan::MODULES[2],
+    crate::fused::selective_scan::MODULES[3],
+    crate::fused::selective_scan::MODULES[4],
+    crate::fused::selective_scan::MODULES[5],
 ];
 
 /// Compile every module for `arch`, and `extra` (other crates' modules, such as
@@ -98,6 +128,29 @@ pub const ALL: &[&Module] = &[
 pub fn precompile(arch: super::nvrtc::Arch, extra: &[&Module]) -> crate::Result<super::nvrtc::PrecompileReport> {
     let sources: Vec<_> = ALL.iter().chain(extra).map(|m| m.source()).collect();
     Ok(super::nvrtc::precompile(arch, &sources)?)
+}
+
+/// Test support for a module split into parts: every `(kernel, part)` a launch site would pick is
+/// in that part's CUBIN (compiled for sm_90 through the global cache), and every part is picked
+/// by some launch. `None` (and a printed line) where NVRTC is missing and not required.
+#[cfg(test)]
+pub(crate) fn check_routes(parts: &[&Module], routes: &[(String, &'static Module)]) -> Option<()> {
+    use crate::cuda::nvrtc::{get_or_compile, kernel_names, nvrtc_info, Arch};
+    if let Err(e) = nvrtc_info() {
+        assert!(std::env::var_os("FERROGRAD_REQUIRE_NVRTC").is_none_or(|v| v != "1"), "NVRTC required: {e}");
+        println!("skipping: {e}");
+        return None;
+    }
+    for part in parts {
+        let cubin = get_or_compile(&part.source(), Arch::SM90).unwrap_or_else(|e| panic!("{}: {e}", part.name));
+        let names = kernel_names(&cubin.cubin);
+        let mine: Vec<&String> = routes.iter().filter(|(_, m)| m.name == part.name).map(|(k, _)| k).collect();
+        assert!(!mine.is_empty(), "no launch picks module {}", part.name);
+        for k in mine {
+            assert!(names.contains(k), "{k} is launched from module {}, which holds {names:?}", part.name);
+        }
+    }
+    Some(())
 }
 
 #[cfg(test)]
@@ -126,7 +179,8 @@ mod tests {
     }
 
     /// Every fused op folder (`src/fused/<op>/` with a `.cu` file) has its kernels in [`ALL`]:
-    /// a module named after the folder, or `<op>_<variant>` (attention's per-head-dim modules).
+    /// a module named after the folder, or `<op>_<part>` (a module split in parts, such as attention's
+    /// per head dim and dtype).
     #[test]
     fn every_fused_op_folder_is_registered() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/fused");
@@ -147,6 +201,15 @@ mod tests {
             );
         }
         assert!(folders >= 8, "found {folders} fused op folders under {}", root.display());
+    }
+
+    /// Every part of a module split in several (by dtype, direction, head dim) is in [`ALL`].
+    #[test]
+    fn every_part_of_a_split_module_is_registered() {
+        let parts = crate::fused::attention::MODULES.iter().chain(&crate::fused::selective_scan::MODULES);
+        for m in parts.chain(&[&BINARY, &BINARY_HALF, &BINARY_REST]) {
+            assert!(ALL.contains(m), "{} is not in cuda/modules.rs ALL", m.name);
+        }
     }
 
     /// Module names are unique (the device caches loaded modules by name), and every

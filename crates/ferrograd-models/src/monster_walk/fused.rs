@@ -11,7 +11,7 @@ use ferrograd_core::{DType, Device, Error, Result, Tensor};
 use std::ffi::c_void;
 use std::sync::Arc;
 
-pub const MODULE: Module = Module::new("monster_walk", include_str!("../../kernels/monster_walk.cu"));
+pub const MODULE: Module = Module::new("monster_walk", include_str!("../../kernels/monster_walk.cu")).with_cost_ms(200);
 
 /// Parameters of the autoencoder (the kernel's MW_P).
 pub const PARAMS: usize = 9_690;

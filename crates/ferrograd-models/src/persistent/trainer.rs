@@ -4,7 +4,7 @@
 
 use super::layout::{Layout, BAR_WORDS, THREADS};
 use super::{HostWeights, MlpSpec, Precision};
-use ferrograd_core::cuda::modules::Module;
+use ferrograd_core::cuda::modules::{Define, Module};
 use ferrograd_core::cuda::{CudaDevice, MappedF32};
 use ferrograd_core::optim::AdamConfig;
 use ferrograd_core::{DType, Device, Error, Result, Tensor};
@@ -12,7 +12,31 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub const MODULE: Module = Module::new("mlp_persistent", include_str!("../../kernels/mlp_persistent.cu"));
+/// `kernels/mlp_persistent.cu`, one module per precision (`-D MLP_PREC`, the kernel's `PREC_*`):
+/// the three kernels in one module were the longest NVRTC compile of a cold precompile (6-8 s);
+/// apart they compile in parallel, and a run compiles only its own. [`module`] picks one.
+macro_rules! mlp_module {
+    ($id:ident, $name:literal, $prec:literal, $ms:literal) => {
+        pub const $id: Module = Module::new($name, include_str!("../../kernels/mlp_persistent.cu"))
+            .with_defines(&[Define::int("MLP_PREC", $prec)])
+            .with_cost_ms($ms);
+    };
+}
+mlp_module!(MODULE_F32, "mlp_persistent_f32", 0, 2800);
+mlp_module!(MODULE_TF32, "mlp_persistent_tf32", 1, 2600);
+mlp_module!(MODULE_BF16, "mlp_persistent_bf16", 2, 2500);
+
+/// Every precision's module (for `ferrograd_models::MODULES`).
+pub const MODULES: [&Module; 3] = [&MODULE_F32, &MODULE_TF32, &MODULE_BF16];
+
+/// The module that holds `precision`'s kernel ([`Precision::kernel`]).
+pub fn module(precision: Precision) -> &'static Module {
+    match precision {
+        Precision::F32 => &MODULE_F32,
+        Precision::Tf32 => &MODULE_TF32,
+        Precision::Bf16 => &MODULE_BF16,
+    }
+}
 
 /// A NaN the kernel never writes: a ring slot still holding it has not been reached yet.
 const PENDING: u32 = 0x7fba_dbad;
@@ -134,8 +158,12 @@ impl PersistentMlp {
                 limit / 1024
             )));
         }
-        let occ =
-            dev.max_active_blocks_per_sm(&MODULE, precision.kernel(), THREADS as u32, layout.smem_bytes as u32)?;
+        let occ = dev.max_active_blocks_per_sm(
+            module(precision),
+            precision.kernel(),
+            THREADS as u32,
+            layout.smem_bytes as u32,
+        )?;
         if occ == 0 {
             return Ok(Err(format!(
                 "a block of {THREADS} threads with {} KiB of shared memory does not fit on an SM of {}",
@@ -371,7 +399,7 @@ impl PersistentMlp {
         // u32 counters (BAR_WORDS), the ring `steps` mapped floats, prof grid x 8 u64.
         unsafe {
             dev.launch_cooperative_raw(
-                &MODULE,
+                module(self.precision),
                 self.precision.kernel(),
                 grid as u32,
                 THREADS as u32,

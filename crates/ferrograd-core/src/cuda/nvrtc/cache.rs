@@ -181,9 +181,10 @@ impl KernelCache {
         let next = std::sync::atomic::AtomicUsize::new(0);
         let results: Vec<Mutex<Option<Result<CompiledKernel, KernelError>>>> =
             kernels.iter().map(|_| Mutex::new(None)).collect();
-        // Largest sources first, so that the longest compile starts at once.
+        // Longest expected compile first (LPT scheduling): a long module started last would
+        // finish alone while the other threads sit idle.
         let mut order: Vec<usize> = (0..kernels.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(kernels[i].source_len()));
+        order.sort_by_key(|&i| std::cmp::Reverse(kernels[i].expected_ms()));
         std::thread::scope(|s| {
             for _ in 0..threads {
                 s.spawn(|| loop {
@@ -213,6 +214,7 @@ impl KernelCache {
             cache_dir: self.disk.as_ref().map(|d| d.dir().to_path_buf()),
             kernels: entries,
             elapsed: start.elapsed(),
+            threads,
         })
     }
 }

@@ -209,6 +209,26 @@ pub(crate) fn compile_checked(
     Ok(cubin)
 }
 
+/// The entry points of a CUBIN, sorted: the names of its `.text.<kernel>` sections (read from the
+/// ELF section-name table as text, which is enough for the CUBINs NVRTC writes). Lets tests check
+/// that the module a launch picks holds the kernel it names, without a GPU.
+pub fn kernel_names(cubin: &[u8]) -> Vec<String> {
+    const TEXT: &[u8] = b"\0.text.";
+    let mut names: Vec<String> = cubin
+        .windows(TEXT.len())
+        .enumerate()
+        .filter(|(_, w)| *w == TEXT)
+        .filter_map(|(i, _)| {
+            let rest = &cubin[i + TEXT.len()..];
+            let end = rest.iter().position(|&b| b == 0)?;
+            std::str::from_utf8(&rest[..end]).ok().filter(|n| !n.is_empty()).map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 fn program_log(prog: &Program) -> Result<String, String> {
     let mut size: usize = 0;
     // SAFETY: prog is a live program; size is valid for writes.

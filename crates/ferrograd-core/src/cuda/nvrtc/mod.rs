@@ -49,7 +49,7 @@ mod testutil;
 
 pub use arch::Arch;
 pub use cache::{get_or_compile, global, precompile, CompiledKernel, KernelCache, Origin};
-pub use compiler::{compile_cubin, nvrtc_info, NvrtcInfo, NvrtcVersion};
+pub use compiler::{compile_cubin, kernel_names, nvrtc_info, NvrtcInfo, NvrtcVersion};
 pub use disk::{CachedCubin, DiskCache, Lookup, CACHE_DIR_ENV, HEADER_LEN};
 pub use error::KernelError;
 pub use include::{cuda_include_candidates, find_cuda_include, CUDA_INCLUDE_ENV};

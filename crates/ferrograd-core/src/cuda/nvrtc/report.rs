@@ -19,6 +19,8 @@ pub struct PrecompileReport {
     pub cache_dir: Option<PathBuf>,
     pub kernels: Vec<PrecompileEntry>,
     pub elapsed: Duration,
+    /// Threads that compiled in parallel.
+    pub threads: usize,
 }
 
 impl PrecompileReport {
@@ -42,6 +44,11 @@ impl PrecompileReport {
 
     pub fn is_ok(&self) -> bool {
         self.failures() == 0
+    }
+
+    /// The module whose NVRTC compile took longest, and how long: the floor of a cold precompile.
+    pub fn longest(&self) -> Option<(&str, Duration)> {
+        self.ok().filter(|k| !k.from_cache).max_by_key(|k| k.compile_time).map(|k| (k.name.as_str(), k.compile_time))
     }
 
     /// NVRTC time the next start no longer spends on these kernels.
@@ -81,13 +88,18 @@ impl fmt::Display for PrecompileReport {
         }
         write!(
             f,
-            "{} hit, {} compiled, {} failed in {}; a start now skips {} of NVRTC",
+            "{} hit, {} compiled, {} failed in {} on {} threads; a start now skips {} of NVRTC",
             self.hits(),
             self.misses(),
             self.failures(),
             fmt_duration(self.elapsed),
+            self.threads,
             fmt_duration(self.compile_time_saved())
-        )
+        )?;
+        if let Some((name, t)) = self.longest() {
+            write!(f, "; longest {name} {}", fmt_duration(t))?;
+        }
+        Ok(())
     }
 }
 
@@ -134,11 +146,13 @@ mod tests {
                 },
             ],
             elapsed: Duration::from_millis(305),
+            threads: 2,
         };
         assert_eq!((report.hits(), report.misses(), report.failures()), (1, 1, 1));
         assert!(!report.is_ok());
         assert_eq!(report.compile_time_saved(), Duration::from_millis(500));
         let text = report.to_string();
         assert!(text.contains("hit (disk)") && text.contains("FAILED") && text.contains("500.0 ms"), "{text}");
+        assert!(text.contains("on 2 threads") && text.contains("longest unary 300.0 ms"), "{text}");
     }
 }

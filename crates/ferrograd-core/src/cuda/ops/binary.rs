@@ -8,13 +8,22 @@ use crate::cuda::storage::CudaStorage;
 use crate::op::{BinaryOp, CmpOp};
 use crate::{DType, Layout, Result};
 
+/// The part of binary.cu holding `binary_<dtype>` (`cmp_*` and `where_*` are in `BINARY_REST`).
+fn module(dtype: DType) -> &'static modules::Module {
+    match dtype {
+        DType::F32 | DType::F64 => &modules::BINARY,
+        DType::F16 | DType::BF16 => &modules::BINARY_HALF,
+        _ => &modules::BINARY_REST,
+    }
+}
+
 pub(super) fn binary(a: &CudaStorage, l: &Layout, b: &CudaStorage, rl: &Layout, op: BinaryOp) -> Result<CudaStorage> {
     same_dtype(op.name(), a, b)?;
     let n = l.elem_count();
     let dev = a.dev();
     let out = CudaStorage::uninit(dev, n, a.dtype())?;
     if n > 0 {
-        launch!(dev, modules::BINARY, format!("binary_{}", a.dtype()), cfg_1d(dev, n);
+        launch!(dev, *module(a.dtype()), format!("binary_{}", a.dtype()), cfg_1d(dev, n);
             KLayout::new(l)?, a.buf.ptr(), KLayout::new(rl)?, b.buf.ptr(), out.buf.ptr(), n as u64, op as i32);
     }
     Ok(out)
@@ -26,7 +35,7 @@ pub(super) fn cmp(a: &CudaStorage, l: &Layout, b: &CudaStorage, rl: &Layout, op:
     let dev = a.dev();
     let out = CudaStorage::uninit(dev, n, DType::U8)?;
     if n > 0 {
-        launch!(dev, modules::BINARY, format!("cmp_{}", a.dtype()), cfg_1d(dev, n);
+        launch!(dev, modules::BINARY_REST, format!("cmp_{}", a.dtype()), cfg_1d(dev, n);
             KLayout::new(l)?, a.buf.ptr(), KLayout::new(rl)?, b.buf.ptr(), out.buf.ptr(), n as u64, op as i32);
     }
     Ok(out)
@@ -53,9 +62,26 @@ pub(super) fn where_cond(
     let cptr = mask.as_ref().map_or(c.buf.ptr(), |m| m.buf.ptr());
     let out = CudaStorage::uninit(dev, n, t.dtype())?;
     if n > 0 {
-        launch!(dev, modules::BINARY, format!("where_{}", width_suffix(t.dtype())), cfg_1d(dev, n);
+        launch!(dev, modules::BINARY_REST, format!("where_{}", width_suffix(t.dtype())), cfg_1d(dev, n);
             KLayout::new(&ml)?, cptr, KLayout::new(tl)?, t.buf.ptr(), KLayout::new(fl)?, f.buf.ptr(),
             out.buf.ptr(), n as u64);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel the launches above can name is in the part they pick.
+    #[test]
+    fn each_launch_finds_its_kernel_in_the_module_it_picks() {
+        let mut routes = vec![];
+        for dtype in DType::ALL {
+            routes.push((format!("binary_{dtype}"), module(dtype)));
+            routes.push((format!("cmp_{dtype}"), &modules::BINARY_REST));
+            routes.push((format!("where_{}", width_suffix(dtype)), &modules::BINARY_REST));
+        }
+        modules::check_routes(&[&modules::BINARY, &modules::BINARY_HALF, &modules::BINARY_REST], &routes);
+    }
 }

@@ -22,8 +22,9 @@ use crate::op::{BinaryOp, Op};
 use crate::{shape_err, Error, Layout, Result, Shape, Tensor};
 
 /// The kernel: `add_layer_norm_fwd_{dt}`.
-pub const MODULE: Module =
-    Module::new("add_layer_norm", include_str!("add_layer_norm.cu")).with_headers(&[COMMON, VEC_LOAD]);
+pub const MODULE: Module = Module::new("add_layer_norm", include_str!("add_layer_norm.cu"))
+    .with_headers(&[COMMON, VEC_LOAD])
+    .with_cost_ms(800);
 
 /// Inputs `x, residual, [weight], [bias]`; outputs `y, h, mean, rstd` (`h = x + residual` rounded to
 /// the dtype, `y` the layer norm of that `h`; mean and rstd per row in the accumulation dtype). Only

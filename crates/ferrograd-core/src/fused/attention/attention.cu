@@ -101,10 +101,18 @@ static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_a
     fg_attn_dq<T, FG_ATTN_D>(dq_acc, dq, p);                                                               \
   }
 
+// One NVRTC module per head dim and dtype (`-D FG_ATTN_DTYPE`: 0 bf16, 1 f16, 2 f32; mod.rs
+// `attention_module!`): a head dim's twelve kernels in one module took 3-7 s of NVRTC; its three
+// dtypes compile in parallel, and a run compiles only the dtype it launches.
+#if !defined(FG_ATTN_DTYPE)
+#error "FG_ATTN_DTYPE comes from Rust (src/fused/attention/mod.rs)"
+#elif FG_ATTN_DTYPE == 0
 FG_ATTN_TILES(bf16, __nv_bfloat16)
-FG_ATTN_TILES(f16, __half)
 FG_ATTN_COMMON(bf16, __nv_bfloat16)
+#elif FG_ATTN_DTYPE == 1
+FG_ATTN_TILES(f16, __half)
 FG_ATTN_COMMON(f16, __half)
+#elif FG_ATTN_DTYPE == 2
 FG_ATTN_COMMON(f32, float)
 
 extern "C" __global__ void __launch_bounds__(256) FG_ATTN_NAME(fg_attn_fwd_d, FG_ATTN_D, f32)(
@@ -116,3 +124,6 @@ extern "C" __global__ void __launch_bounds__(128) FG_ATTN_NAME(fg_attn_bwd_d, FG
     float* dq_acc, float* dk, float* dv, FgAttnParams p) {
   fg_attn_bwd_simt<FG_ATTN_D>(q, k, v, dout, lse, delta, dq_acc, dk, dv, p);
 }
+#else
+#error "FG_ATTN_DTYPE is 0 (bf16), 1 (f16) or 2 (f32)"
+#endif

@@ -124,13 +124,20 @@ fn suffix(dtype: DType) -> Result<&'static str> {
     }
 }
 
-fn module(d: usize) -> Result<&'static Module> {
-    CUDA_HEAD_DIMS.iter().position(|&x| x == d).map(|i| MODULES[i]).ok_or_else(|| {
+/// The module holding the kernels of head dim `d` and `dtype` (`mod.rs` `MODULES`).
+fn module(d: usize, dtype: DType) -> Result<&'static Module> {
+    let j = match suffix(dtype)? {
+        "bf16" => 0,
+        "f16" => 1,
+        _ => 2,
+    };
+    let i = CUDA_HEAD_DIMS.iter().position(|&x| x == d).ok_or_else(|| {
         shape_err!(
             OP,
             "head dim {d} is not supported on CUDA (supported: {CUDA_HEAD_DIMS:?}; any head dim runs on the CPU)"
         )
-    })
+    })?;
+    Ok(MODULES[3 * i + j])
 }
 
 /// The largest grid dimension y the launches use is ceil(T / 32) (65535 at most).
@@ -138,8 +145,7 @@ const MAX_T: usize = 65535 * 32;
 
 /// What the CUDA kernels accept, checked before anything is recorded.
 pub(super) fn check(dtype: DType, b: usize, h: usize, tq: usize, tk: usize, d: usize) -> Result<()> {
-    suffix(dtype)?;
-    module(d)?;
+    module(d, dtype)?;
     if b * h > i32::MAX as usize || tq > MAX_T || tk > MAX_T {
         return Err(shape_err!(
             OP,
@@ -238,7 +244,7 @@ type Operand<'a> = (&'a CudaStorage, &'a Layout);
 /// Outputs: O `[B, Tq, H, D]`, the log-sum-exp `[B, H, Tq]` (f32).
 pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Result<FusedOutputs<CudaStorage>> {
     let dtype = q.0.dtype();
-    let m = module(pb.d)?;
+    let m = module(pb.d, dtype)?;
     let dev = q.0.dev().clone();
     let Problem { b, h, tq, d, .. } = *pb;
     let o = CudaStorage::uninit(&dev, b * tq * h * d, dtype)?;
@@ -271,7 +277,7 @@ pub(super) fn backward(
     packed: bool,
 ) -> Result<FusedOutputs<CudaStorage>> {
     let dtype = q.0.dtype();
-    let (sfx, m) = (suffix(dtype)?, module(pb.d)?);
+    let (sfx, m) = (suffix(dtype)?, module(pb.d, dtype)?);
     let dev = q.0.dev().clone();
     let Problem { b, h, tq, tk, d, .. } = *pb;
     if lse.0.dtype() != DType::F32 {
@@ -361,4 +367,27 @@ pub(super) fn grad_out(dev: &Arc<CudaDevice>, pb: &Problem, dtype: DType, packed
             (dv, Shape::from(vec![b, tk, h, d])),
         ],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel the launches can name is in the module `module` picks for its head dim and dtype.
+    #[test]
+    fn each_launch_finds_its_kernel_in_the_module_it_picks() {
+        let mut routes = vec![];
+        for d in CUDA_HEAD_DIMS {
+            for dtype in [DType::BF16, DType::F16, DType::F32] {
+                let m = module(d, dtype).unwrap();
+                let (fwd, bwd) = kernel_names(d, dtype, &tiles(d, dtype)).unwrap();
+                let sfx = suffix(dtype).unwrap();
+                for name in [fwd, bwd, format!("fg_attn_bwd_pre_d{d}_{sfx}"), format!("fg_attn_dq_d{d}_{sfx}")] {
+                    routes.push((name, m));
+                }
+            }
+        }
+        assert!(module(48, DType::F32).is_err() && module(64, DType::F64).is_err());
+        crate::cuda::modules::check_routes(&MODULES, &routes);
+    }
 }

@@ -72,22 +72,54 @@ const ATTN_COMMON: Header = Header::new("attention_common.cuh", include_str!("at
 const ATTN_TC: Header = Header::new("attention_tc.cu", include_str!("attention_tc.cu"));
 const ATTN_SIMT: Header = Header::new("attention_simt.cu", include_str!("attention_simt.cu"));
 
+/// One module per head dim and dtype (`-D FG_ATTN_D=<d> -D FG_ATTN_DTYPE=<0 bf16, 1 f16, 2 f32>`):
+/// a head dim's twelve kernels in one module took 3-7 s of NVRTC, the longest poles of a cold
+/// precompile; apart they compile in parallel in under 2 s each, and a run compiles only the head
+/// dim and dtype it launches. `cuda.rs` `module` picks one.
 macro_rules! attention_module {
-    ($id:ident, $name:literal, $d:literal) => {
+    ($id:ident, $name:literal, $d:literal, $dtype:literal, $ms:literal) => {
         pub const $id: Module = Module::new($name, include_str!("attention.cu"))
             .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT])
-            .with_defines(&[Define::int("FG_ATTN_D", $d)]);
+            .with_defines(&[Define::int("FG_ATTN_D", $d), Define::int("FG_ATTN_DTYPE", $dtype)])
+            .with_cost_ms($ms);
     };
 }
 
-attention_module!(ATTENTION_D32, "attention_d32", 32);
-attention_module!(ATTENTION_D64, "attention_d64", 64);
-attention_module!(ATTENTION_D80, "attention_d80", 80);
-attention_module!(ATTENTION_D96, "attention_d96", 96);
-attention_module!(ATTENTION_D128, "attention_d128", 128);
+attention_module!(ATTENTION_D32_BF16, "attention_d32_bf16", 32, 0, 1000);
+attention_module!(ATTENTION_D32_F16, "attention_d32_f16", 32, 1, 1000);
+attention_module!(ATTENTION_D32_F32, "attention_d32_f32", 32, 2, 630);
+attention_module!(ATTENTION_D64_BF16, "attention_d64_bf16", 64, 0, 1250);
+attention_module!(ATTENTION_D64_F16, "attention_d64_f16", 64, 1, 1250);
+attention_module!(ATTENTION_D64_F32, "attention_d64_f32", 64, 2, 700);
+attention_module!(ATTENTION_D80_BF16, "attention_d80_bf16", 80, 0, 1400);
+attention_module!(ATTENTION_D80_F16, "attention_d80_f16", 80, 1, 1400);
+attention_module!(ATTENTION_D80_F32, "attention_d80_f32", 80, 2, 750);
+attention_module!(ATTENTION_D96_BF16, "attention_d96_bf16", 96, 0, 1550);
+attention_module!(ATTENTION_D96_F16, "attention_d96_f16", 96, 1, 1550);
+attention_module!(ATTENTION_D96_F32, "attention_d96_f32", 96, 2, 800);
+attention_module!(ATTENTION_D128_BF16, "attention_d128_bf16", 128, 0, 1800);
+attention_module!(ATTENTION_D128_F16, "attention_d128_f16", 128, 1, 1800);
+attention_module!(ATTENTION_D128_F32, "attention_d128_f32", 128, 2, 850);
 
-/// The kernel modules, one per head dim of [`CUDA_HEAD_DIMS`] (for `cuda::modules::ALL`).
-pub const MODULES: [&Module; 5] = [&ATTENTION_D32, &ATTENTION_D64, &ATTENTION_D80, &ATTENTION_D96, &ATTENTION_D128];
+/// The kernel modules (for `cuda::modules::ALL`), head dim by head dim as in [`CUDA_HEAD_DIMS`],
+/// each as bf16, f16, f32.
+pub const MODULES: [&Module; 15] = [
+    &ATTENTION_D32_BF16,
+    &ATTENTION_D32_F16,
+    &ATTENTION_D32_F32,
+    &ATTENTION_D64_BF16,
+    &ATTENTION_D64_F16,
+    &ATTENTION_D64_F32,
+    &ATTENTION_D80_BF16,
+    &ATTENTION_D80_F16,
+    &ATTENTION_D80_F32,
+    &ATTENTION_D96_BF16,
+    &ATTENTION_D96_F16,
+    &ATTENTION_D96_F32,
+    &ATTENTION_D128_BF16,
+    &ATTENTION_D128_F16,
+    &ATTENTION_D128_F32,
+];
 
 /// Dropout of one call: which Philox numbers it reads and how it decides.
 ///

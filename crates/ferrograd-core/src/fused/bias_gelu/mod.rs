@@ -18,8 +18,9 @@ use crate::{shape_err, Error, Layout, Result, Tensor};
 use std::sync::Arc;
 
 /// The kernels: `bias_gelu_fwd_{dt}`, `bias_gelu_bwd_{dt}`, `bias_gelu_colsum_{dt}`.
-pub const MODULE: Module =
-    Module::new("bias_gelu", include_str!("bias_gelu.cu")).with_headers(&[COMMON, ACC_MATH, COL_SUMS]);
+pub const MODULE: Module = Module::new("bias_gelu", include_str!("bias_gelu.cu"))
+    .with_headers(&[COMMON, ACC_MATH, COL_SUMS])
+    .with_cost_ms(300);
 
 /// The forward: inputs `x [.., C]`, `b [C]`; output `y`, the shape of `x`.
 struct BiasGelu;

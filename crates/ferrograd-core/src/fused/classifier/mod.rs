@@ -40,7 +40,8 @@ pub(crate) use super::cross_entropy::IGNORED;
 /// The kernels: `classifier_count_{dt}` and `classifier_{dt}`.
 pub const MODULE: Module = Module::new("classifier", include_str!("classifier.cu"))
     .with_headers(&[COMMON, ACC_MATH, ONLINE_SOFTMAX])
-    .with_defines(&[Define::uint("FG_CL_IGNORED", IGNORED)]);
+    .with_defines(&[Define::uint("FG_CL_IGNORED", IGNORED)])
+    .with_cost_ms(700);
 
 /// What [`Tensor::classifier_loss_grad`] computes.
 #[derive(Debug, Clone, Copy)]

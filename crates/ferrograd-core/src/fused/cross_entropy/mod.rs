@@ -29,7 +29,8 @@ pub(crate) const WARP_COLS: usize = 1024;
 /// The kernels: `cross_entropy_fwd_{dt}` and `cross_entropy_bwd_{dt}`.
 pub const MODULE: Module = Module::new("cross_entropy", include_str!("cross_entropy.cu"))
     .with_headers(&[COMMON, ACC_MATH, ONLINE_SOFTMAX])
-    .with_defines(&[Define::int("FG_CE_WARP_COLS", WARP_COLS as i64), Define::uint("FG_CE_IGNORED", IGNORED)]);
+    .with_defines(&[Define::int("FG_CE_WARP_COLS", WARP_COLS as i64), Define::uint("FG_CE_IGNORED", IGNORED)])
+    .with_cost_ms(700);
 
 /// Input: integer targets `[N]`; output: the encoded ids (u32 `[N]`). A target outside
 /// `[0, classes)` that is not the ignore index is `Error::IndexOutOfRange`: at once on the CPU, at

@@ -16,8 +16,9 @@ use std::sync::Arc;
 
 /// The kernels: `layer_norm_fwd_{dt}` (any row), `layer_norm_fwd_rows_{dt}` (the row in
 /// registers) and `layer_norm_bwd_{dt}`.
-pub const MODULE: Module =
-    Module::new("layer_norm", include_str!("layer_norm.cu")).with_headers(&[COMMON, ROW_REDUCE, VEC_LOAD]);
+pub const MODULE: Module = Module::new("layer_norm", include_str!("layer_norm.cu"))
+    .with_headers(&[COMMON, ROW_REDUCE, VEC_LOAD])
+    .with_cost_ms(2000);
 
 /// Inputs `x, [weight], [bias]`; outputs `y, mean, rstd` (mean and rstd saved for the backward:
 /// one per row, in the accumulation dtype).

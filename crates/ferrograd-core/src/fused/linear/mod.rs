@@ -37,7 +37,8 @@ pub use mlp::mlp;
 
 /// The backward's activation-gradient kernels (`linear.cu`): `linear_{dgelu,drelu}[_db]_{dt}` and
 /// `linear_colsum_{dt}`. The matmuls themselves are cuBLASLt's (`cuda/blaslt`).
-pub const MODULE: Module = Module::new("linear", include_str!("linear.cu")).with_headers(&[COMMON, ACC_MATH, COL_SUMS]);
+pub const MODULE: Module =
+    Module::new("linear", include_str!("linear.cu")).with_headers(&[COMMON, ACC_MATH, COL_SUMS]).with_cost_ms(1700);
 
 /// The activation fused after the matmul and bias.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

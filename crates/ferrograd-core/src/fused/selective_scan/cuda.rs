@@ -5,9 +5,10 @@
 //! input's dtype afterwards. Everything is enqueued on `CudaDevice::stream()` with no host
 //! synchronization.
 
-use super::{Inputs, Problem, MAX_CUDA_STATE, MODULE, OP};
+use super::{Inputs, Problem, MAX_CUDA_STATE, OP};
 use crate::backend::BackendStorage;
 use crate::cuda::launch::launch;
+use crate::cuda::modules::Module;
 use crate::cuda::CudaStorage;
 use crate::fused::FusedOutputs;
 use crate::{shape_err, DType, Error, Layout, Result, Shape};
@@ -68,6 +69,20 @@ fn config(len: usize, backward: bool) -> (usize, usize) {
     } else {
         (nt, k)
     }
+}
+
+/// The module (`mod.rs` `MODULES`) that holds the kernel of this direction, dtype and block size.
+pub(super) fn module(backward: bool, dtype: DType, threads: usize) -> Result<&'static Module> {
+    use super::{BWD_BF16_LONG, BWD_BF16_SHORT, BWD_F32_LONG, BWD_F32_SHORT, FWD_BF16, FWD_F32};
+    // The backward's short chunks are the 32-thread configurations (`config`).
+    Ok(match (backward, suffix(dtype)?, threads <= 32) {
+        (false, "f32", _) => &FWD_F32,
+        (false, _, _) => &FWD_BF16,
+        (true, "f32", true) => &BWD_F32_SHORT,
+        (true, "f32", false) => &BWD_F32_LONG,
+        (true, _, true) => &BWD_BF16_SHORT,
+        (true, _, false) => &BWD_BF16_LONG,
+    })
 }
 
 fn suffix(dtype: DType) -> Result<&'static str> {
@@ -168,7 +183,8 @@ pub(super) fn forward(pb: &Problem, x: &Inputs<Operand>) -> Result<FusedOutputs<
     if n_x > 0 {
         let p = ptrs(x, dtype)?;
         let (c, tag) = cfg(pb, false);
-        launch!(dev, MODULE, format!("fg_sscan_fwd_{tag}_{sfx}"), c;
+        let m = module(false, dtype, c.block_dim.0 as usize)?;
+        launch!(dev, *m, format!("fg_sscan_fwd_{tag}_{sfx}"), c;
             p.u, p.delta, p.a, p.b, p.c, p.d, p.z, p.bias, out.buf.ptr(), states.buf.ptr(), params(pb));
     }
     Ok(vec![
@@ -221,7 +237,8 @@ pub(super) fn backward(
         let (gp, _gc) = contig(dout, dtype)?;
         let ptr_or_null = |s: &CudaStorage, present: bool| if present { s.buf.ptr() } else { 0 };
         let (c, tag) = cfg(pb, true);
-        launch!(dev, MODULE, format!("fg_sscan_bwd_{tag}_{sfx}"), c;
+        let m = module(true, dtype, c.block_dim.0 as usize)?;
+        launch!(dev, *m, format!("fg_sscan_bwd_{tag}_{sfx}"), c;
             p.u, p.delta, p.a, p.b, p.c, p.d, p.z, p.bias, sp, gp,
             du.buf.ptr(), ddelta.buf.ptr(), da.buf.ptr(), db.buf.ptr(), dc.buf.ptr(),
             ptr_or_null(&dd, pb.has_d), ptr_or_null(&dz, pb.has_z), ptr_or_null(&dbias, pb.has_bias), params(pb));
@@ -262,5 +279,26 @@ mod tests {
             assert!(chunk >= len.min(super::super::CHUNK) && chunk <= super::super::CHUNK, "len {len}");
             assert_eq!(len.div_ceil(chunk).max(1), len.div_ceil(super::super::CHUNK).max(1), "len {len}");
         }
+    }
+
+    /// Every kernel a launch can name is in the part `module` picks for it.
+    #[test]
+    fn each_launch_finds_its_kernel_in_the_module_it_picks() {
+        let mut routes = vec![];
+        for dtype in [DType::F32, DType::BF16] {
+            for len in [1, 200, 400, 1000, 5000] {
+                for backward in [false, true] {
+                    let (nt, k) = config(len, backward);
+                    let name = format!(
+                        "fg_sscan_{}_{nt}x{k}_{}",
+                        if backward { "bwd" } else { "fwd" },
+                        suffix(dtype).unwrap()
+                    );
+                    routes.push((name, module(backward, dtype, nt).unwrap()));
+                }
+            }
+        }
+        assert!(module(false, DType::F16, 32).is_err());
+        crate::cuda::modules::check_routes(&super::super::MODULES, &routes);
     }
 }

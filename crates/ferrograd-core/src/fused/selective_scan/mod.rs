@@ -28,10 +28,32 @@ use crate::cuda::CudaStorage;
 use crate::{shape_err, DType, Error, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
-/// The kernels, `fg_sscan_{fwd,bwd}_{NT}x{K}_{f32,bf16}` (`selective_scan.cu` documents them).
-pub const MODULE: Module = Module::new("selective_scan", include_str!("selective_scan.cu"))
-    .with_headers(&[COMMON])
-    .with_defines(&[Define::int("FG_SSCAN_MAX_STATE", MAX_CUDA_STATE as i64)]);
+/// The kernels, `fg_sscan_{fwd,bwd}_{NT}x{K}_{f32,bf16}` (`selective_scan.cu` documents them), in
+/// six NVRTC modules built from the one source (`-D FG_SSCAN_PART=<n>`): the forward per dtype, the
+/// backward per dtype and short / long chunks. One module of all 20 took 9 s of NVRTC, the longest
+/// pole of a cold `ferrograd kernels --precompile`; the parts compile in parallel in about 1.5-2.5 s
+/// each, and a run compiles only the parts it launches. `cuda.rs` `module` picks the part.
+macro_rules! sscan_module {
+    ($id:ident, $name:literal, $part:literal, $ms:literal) => {
+        pub const $id: Module = Module::new($name, include_str!("selective_scan.cu"))
+            .with_headers(&[COMMON])
+            .with_defines(&[
+                Define::int("FG_SSCAN_MAX_STATE", MAX_CUDA_STATE as i64),
+                Define::int("FG_SSCAN_PART", $part),
+            ])
+            .with_cost_ms($ms);
+    };
+}
+
+sscan_module!(FWD_F32, "selective_scan_fwd_f32", 0, 1750);
+sscan_module!(FWD_BF16, "selective_scan_fwd_bf16", 1, 1850);
+sscan_module!(BWD_F32_SHORT, "selective_scan_bwd_f32_short", 2, 1450);
+sscan_module!(BWD_F32_LONG, "selective_scan_bwd_f32_long", 3, 2500);
+sscan_module!(BWD_BF16_SHORT, "selective_scan_bwd_bf16_short", 4, 1300);
+sscan_module!(BWD_BF16_LONG, "selective_scan_bwd_bf16_long", 5, 2600);
+
+/// Every part (for `cuda::modules::ALL`).
+pub const MODULES: [&Module; 6] = [&FWD_F32, &FWD_BF16, &BWD_F32_SHORT, &BWD_F32_LONG, &BWD_BF16_SHORT, &BWD_BF16_LONG];
 
 /// The most states the CUDA kernels carry (`FG_SSCAN_MAX_STATE`: shared memory per block).
 pub const MAX_CUDA_STATE: usize = 256;

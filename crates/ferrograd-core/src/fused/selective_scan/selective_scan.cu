@@ -378,17 +378,37 @@ static __device__ __forceinline__ void fg_sscan_bwd(
 // The backward keeps eight K-step arrays in registers: with K = 16 it needs all 255 registers
 // (ptxas, sm_90), so its long chunks run twice the threads with K = 8 (same chunk lengths as the
 // forward's, which the saved states require).
-#define FG_SSCAN_CONFIGS(SUF, T)                                                                \
+#define FG_SSCAN_FWDS(SUF, T)                                                                   \
   FG_SSCAN_FWD(SUF, T, 32, 4)                                                                   \
   FG_SSCAN_FWD(SUF, T, 32, 8)                                                                   \
   FG_SSCAN_FWD(SUF, T, 32, 16)                                                                  \
   FG_SSCAN_FWD(SUF, T, 64, 16)                                                                  \
-  FG_SSCAN_FWD(SUF, T, 128, 16)                                                                 \
+  FG_SSCAN_FWD(SUF, T, 128, 16)
+#define FG_SSCAN_BWDS_SHORT(SUF, T)                                                             \
   FG_SSCAN_BWD(SUF, T, 32, 4)                                                                   \
-  FG_SSCAN_BWD(SUF, T, 32, 8)                                                                   \
+  FG_SSCAN_BWD(SUF, T, 32, 8)
+#define FG_SSCAN_BWDS_LONG(SUF, T)                                                              \
   FG_SSCAN_BWD(SUF, T, 64, 8)                                                                   \
   FG_SSCAN_BWD(SUF, T, 128, 8)                                                                  \
   FG_SSCAN_BWD(SUF, T, 256, 8)
 
-FG_SSCAN_CONFIGS(f32, float)
-FG_SSCAN_CONFIGS(bf16, __nv_bfloat16)
+// Which entry points this NVRTC module holds (`-D FG_SSCAN_PART=<n>`, mod.rs `MODULES`): all 20
+// in one module took 9 s of NVRTC, the longest pole of a cold precompile; six parts compile in
+// parallel, and a run compiles only the parts it launches.
+#if !defined(FG_SSCAN_PART)
+#error "FG_SSCAN_PART comes from Rust (src/fused/selective_scan/mod.rs MODULES)"
+#elif FG_SSCAN_PART == 0
+FG_SSCAN_FWDS(f32, float)
+#elif FG_SSCAN_PART == 1
+FG_SSCAN_FWDS(bf16, __nv_bfloat16)
+#elif FG_SSCAN_PART == 2
+FG_SSCAN_BWDS_SHORT(f32, float)
+#elif FG_SSCAN_PART == 3
+FG_SSCAN_BWDS_LONG(f32, float)
+#elif FG_SSCAN_PART == 4
+FG_SSCAN_BWDS_SHORT(bf16, __nv_bfloat16)
+#elif FG_SSCAN_PART == 5
+FG_SSCAN_BWDS_LONG(bf16, __nv_bfloat16)
+#else
+#error "FG_SSCAN_PART is 0..5 (mod.rs MODULES)"
+#endif
