@@ -4,9 +4,9 @@
 //! produce identical tensors from the same seed.
 //!
 //! Mapping (shared by every backend): element `i` reads block `offset + i / 4`, lane `i % 4`.
-//! Uniform: `(u >> 8) * 2^-24` in [0, 1). Normal: Box-Muller on lane pairs (0,1) and (2,3) of a
+//! Uniform: `(u >> 8) * 2^-24` in `[0, 1)`. Normal: Box-Muller on lane pairs (0,1) and (2,3) of a
 //! block, computed in f64: `r = sqrt(-2 ln u_a)`, `θ = 2π u_b`, even lanes take `r cos θ`, odd
-//! lanes `r sin θ`, with `u_a = ((x >> 8) + 1) 2^-24` in (0, 1] so the log is finite.
+//! lanes `r sin θ`, with `u_a = ((x >> 8) + 1) 2^-24` in `(0, 1]` so the log is finite.
 
 const M0: u32 = 0xD251_1F53;
 const M1: u32 = 0xCD9E_8D57;

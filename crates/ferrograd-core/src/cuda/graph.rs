@@ -184,6 +184,7 @@ impl Graph {
         self.pool.id
     }
 
+    /// The device the graph runs on.
     pub fn device(&self) -> &Arc<CudaDevice> {
         &self.pool.dev
     }

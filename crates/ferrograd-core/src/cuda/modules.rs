@@ -15,6 +15,7 @@ pub mod headers {
 
     macro_rules! header {
         ($id:ident, $name:literal $(, $defines:expr)?) => {
+            /// One of the shared headers of `kernels/include/`.
             pub const $id: Header =
                 Header::new($name, include_str!(concat!("../../kernels/include/", $name))) $(.with_defines($defines))?;
         };
@@ -50,6 +51,7 @@ use headers::{ACC_MATH, COMMON, ERROR_FLAG};
 
 macro_rules! core_module {
     ($id:ident, $name:literal, $headers:expr $(, $defines:expr)?) => {
+        /// One of core's kernel modules (`kernels/NAME.cu`).
         pub const $id: Module = Module::new($name, include_str!(concat!("../../kernels/", $name, ".cu")))
             .with_headers($headers) $(.with_defines($defines))?;
     };
