@@ -23,8 +23,9 @@ macro_rules! binary_fns {
             ///
             /// Elementwise with NumPy broadcasting: the result has the operands' common shape.
             /// Both operands must have the same dtype and device (any dtype; CPU and CUDA);
-            /// otherwise [`Error::DTypeMismatch`], [`Error::DeviceMismatch`] or
-            /// [`Error::Broadcast`]. Differentiable in both operands.
+            /// otherwise [`Error::DTypeMismatch`], [`Error::DeviceMismatch`], or
+            /// [`Error::ShapeMismatch`] for shapes that do not broadcast. Differentiable in both
+            /// operands.
             pub fn $name(&self, rhs: &Tensor) -> Result<Tensor> { self.binary_op(rhs, $op) }
         )*
     };
@@ -111,7 +112,7 @@ impl Tensor {
     }
 
     /// Both operands broadcast to their common shape (`torch.broadcast_tensors`), as views;
-    /// `op` names the caller in the [`Error::Broadcast`] it may return.
+    /// `op` names the caller in the [`Error::ShapeMismatch`] returned when they do not broadcast.
     pub fn broadcast_pair(&self, rhs: &Tensor, op: &'static str) -> Result<(Tensor, Tensor)> {
         if self.shape() == rhs.shape() {
             return Ok((self.clone(), rhs.clone())); // the common case, without building a shape
