@@ -64,7 +64,8 @@ impl FusedOp for Softplus {
 fn composed<S: BackendStorage>(x: &S, l: &Layout) -> Result<S> {
     let c = Layout::contiguous(l.shape().clone()); // every op returns a contiguous result
     let neg_abs = x.unary(l, UnaryOp::Abs)?.unary(&c, UnaryOp::Affine { mul: -1.0, add: 0.0 })?;
-    let log1p = neg_abs.unary(&c, UnaryOp::Exp)?.unary(&c, UnaryOp::Affine { mul: 1.0, add: 1.0 })?.unary(&c, UnaryOp::Log)?;
+    let log1p =
+        neg_abs.unary(&c, UnaryOp::Exp)?.unary(&c, UnaryOp::Affine { mul: 1.0, add: 1.0 })?.unary(&c, UnaryOp::Log)?;
     x.unary(l, UnaryOp::Relu)?.binary(&c, &log1p, &c, BinaryOp::Add)
 }
 

@@ -71,7 +71,10 @@ fn train(pg: &ProcessGroup, steps: usize) -> Result<Vec<f64>> {
     for step in 0..steps {
         let x = Tensor::randn_with(&mut data_rng, 0.0, 1.0, (GLOBAL_BATCH, 8), DType::F32, Device::Cpu)?;
         let y = x.sin()?.sum(1, true)?; // a smooth target of shape [B, 1]
-        let (x, y) = (x.narrow(0, mine.start, mine.len())?.to_device(dev)?, y.narrow(0, mine.start, mine.len())?.to_device(dev)?);
+        let (x, y) = (
+            x.narrow(0, mine.start, mine.len())?.to_device(dev)?,
+            y.narrow(0, mine.start, mine.len())?.to_device(dev)?,
+        );
 
         let loss = model.forward(&x)?.mse_loss(&y)?;
         let mut grads = GradStore::default();

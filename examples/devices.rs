@@ -23,7 +23,13 @@ fn main() -> Result<()> {
         Ok(list) => {
             for d in list {
                 let (major, minor) = d.compute_capability;
-                println!("  cuda:{} {} sm_{major}{minor}, {} SMs, {:.1} GiB", d.ordinal, d.name, d.multiprocessors, d.total_memory as f64 / (1u64 << 30) as f64);
+                println!(
+                    "  cuda:{} {} sm_{major}{minor}, {} SMs, {:.1} GiB",
+                    d.ordinal,
+                    d.name,
+                    d.multiprocessors,
+                    d.total_memory as f64 / (1u64 << 30) as f64
+                );
             }
         }
         Err(e) => println!("  no CUDA: {e}"),
@@ -59,7 +65,8 @@ fn main() -> Result<()> {
         let sum = arrived.sum_all()?.item_f64()? + busy.mean_all()?.item_f64()?; // reads wait for both
         println!("matmul + overlapped {mb} MiB copy: {:.1} ms (checksum {sum:.3})", 1e3 * t.elapsed().as_secs_f64());
         // Several small tensors: one coalesced copy instead of one per tensor.
-        let parts: Vec<Tensor> = (0..8).map(|i| Tensor::full(i as f64, 1000, DType::F32, Device::Cpu)).collect::<Result<_>>()?;
+        let parts: Vec<Tensor> =
+            (0..8).map(|i| Tensor::full(i as f64, 1000, DType::F32, Device::Cpu)).collect::<Result<_>>()?;
         let moved = Tensor::to_device_many(&parts, dev)?;
         println!("to_device_many: {} tensors on {}", moved.len(), moved[0].device());
     }

@@ -32,7 +32,9 @@ fn main() -> Result<()> {
             println!("wrote a tiny random GPT-2 to {}", dir.display());
             dir
         }
-        (None, false) => return Err(Error::InvalidArgument("pass --model DIR (a save_pretrained directory) or --tiny".into())),
+        (None, false) => {
+            return Err(Error::InvalidArgument("pass --model DIR (a save_pretrained directory) or --tiny".into()))
+        }
     };
 
     // config.json gives the shape; model.safetensors the weights (Hugging Face names and layouts).

@@ -16,7 +16,7 @@ fn main() -> Result<()> {
     let a = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], (2, 3), dev)?;
     let zeros = Tensor::zeros((2, 3), DType::F32, dev)?;
     let steps = Tensor::arange(0.0, 3.0, 1.0, DType::F32, dev)?; // [0, 1, 2]
-    // Random tensors come from a Philox generator: the same numbers on the CPU and on a GPU.
+                                                                 // Random tensors come from a Philox generator: the same numbers on the CPU and on a GPU.
     let mut rng = Rng::new(42);
     let noise = Tensor::randn_with(&mut rng, 0.0, 1.0, (2, 3), DType::F32, dev)?;
     println!("a = {a:?}, zeros {:?}, noise {:?}", zeros.dims(), noise.dims());
@@ -54,11 +54,8 @@ fn main() -> Result<()> {
     let grads = loss.backward()?;
     let dx = grads.get(&x).ok_or(Error::Backward("no gradient for x".into()))?;
     // d/dx tanh(x w) = w (1 - tanh^2(x w)): check it by hand.
-    let want: Vec<f32> = [0.5f32, -1.0, 2.0]
-        .iter()
-        .zip([1f32, 2., 3.])
-        .map(|(x, w)| w * (1.0 - (x * w).tanh().powi(2)))
-        .collect();
+    let want: Vec<f32> =
+        [0.5f32, -1.0, 2.0].iter().zip([1f32, 2., 3.]).map(|(x, w)| w * (1.0 - (x * w).tanh().powi(2))).collect();
     println!("dloss/dx = {:?} (by hand {want:?})", dx.to_vec::<f32>()?);
 
     // Work that needs no gradient (evaluation, updates) runs under `no_grad`: nothing is recorded.

@@ -67,15 +67,18 @@ fn main() -> Result<()> {
     // is a GPU and copies the next batch while the current step runs.
     let (x, y) = rings(samples, &mut Rng::new(0))?;
     let dataset = Arc::new(TensorDataset::new(vec![x, y])?);
-    let cfg = LoaderConfig { batch_size: batch, shuffle: true, seed: 1, drop_last: true, device: dev, ..Default::default() };
+    let cfg =
+        LoaderConfig { batch_size: batch, shuffle: true, seed: 1, drop_last: true, device: dev, ..Default::default() };
     let loader = DataLoader::new(dataset, cfg)?;
 
     // ---- one run from start to end ---------------------------------------------------------------
+    println!("-- an uninterrupted run");
     let mut full = new_run(&s, dev)?;
     train(&mut full, &s, &loader, steps)?;
 
     // ---- the same run, stopped halfway and resumed from a checkpoint -----------------------------
     let path = std::env::temp_dir().join(format!("ferrograd-train-mlp-{}.safetensors", std::process::id()));
+    println!("-- the same run, stopped halfway");
     let mut first = new_run(&s, dev)?;
     train(&mut first, &s, &loader, steps / 2)?;
     save(&first, &path)?;
@@ -84,7 +87,7 @@ fn main() -> Result<()> {
     // A fresh model and optimizer (their initial values do not matter: loading overwrites them).
     let mut resumed = new_run(&s, dev)?;
     load(&mut resumed, &path)?;
-    println!("resumed from {} at step {}", path.display(), resumed.step);
+    println!("-- resumed in a fresh model and optimizer from {} at step {}", path.display(), resumed.step);
     train(&mut resumed, &s, &loader, steps)?;
     let _ = std::fs::remove_file(&path);
 
@@ -99,7 +102,9 @@ fn main() -> Result<()> {
     let acc = accuracy(&full.model, &loader)?;
     println!("accuracy {:.1}%; resumed vs uninterrupted weights: max |difference| = {max_diff:e}", 100.0 * acc);
     if max_diff != 0.0 {
-        return Err(Error::InvalidArgument(format!("the resumed run differs from the uninterrupted one by {max_diff:e}")));
+        return Err(Error::InvalidArgument(format!(
+            "the resumed run differs from the uninterrupted one by {max_diff:e}"
+        )));
     }
     Ok(())
 }
@@ -175,7 +180,8 @@ fn save(run: &Run, path: &std::path::Path) -> Result<()> {
 
 fn load(run: &mut Run, path: &std::path::Path) -> Result<()> {
     let state = checkpoint::load(path, &run.model, Some(&mut run.opt))?;
-    let get = |k: &str| state.extra.get(k).cloned().ok_or_else(|| Error::InvalidArgument(format!("checkpoint lacks {k}")));
+    let get =
+        |k: &str| state.extra.get(k).cloned().ok_or_else(|| Error::InvalidArgument(format!("checkpoint lacks {k}")));
     let bad = |k: &str| Error::InvalidArgument(format!("checkpoint entry {k} is malformed"));
     run.step = state.step;
     run.epoch = get("epoch")?.parse().map_err(|_| bad("epoch"))?;
