@@ -82,7 +82,7 @@ fn train(pg: &ProcessGroup, steps: usize) -> Result<Vec<f64>> {
         // backward (with gradient accumulation, pass false for the earlier micro-batches).
         opt.backward(&loss, &mut grads, true)?;
         opt.step(&grads)?;
-        if pg.is_main() && (step + 1) % 10 == 0 {
+        if pg.is_main() && (step + 1).is_multiple_of(10) {
             println!("step {:3}  loss (rank 0's slice) {:.5}", step + 1, loss.item_f64()?);
         }
     }

@@ -159,7 +159,7 @@ fn train(run: &mut Run, s: &Settings, loader: &DataLoader, until: u64) -> Result
         run.scaler.step(&mut run.opt, &mut grads)?; // skips the step if a gradient overflowed
         run.step += 1;
 
-        if run.step % 50 == 0 || run.step == s.steps {
+        if run.step.is_multiple_of(50) || run.step == s.steps {
             // Reading the loss waits for the device: do it only when printing.
             println!("step {:4}  lr {:.5}  loss {:.4}", run.step, run.opt.lr(), loss.item_f64()?);
         }
