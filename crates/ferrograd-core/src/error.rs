@@ -81,7 +81,7 @@ pub enum Error {
         rank: usize,
     },
 
-    /// An index (in `narrow`, `index_select`, an embedding lookup, a target class, ...) outside
+    /// An index (in `index_select`, `gather`, an embedding lookup, a target class, ...) outside
     /// `0..size`.
     #[error("{op}: index {index} out of range for size {size}")]
     IndexOutOfRange {
@@ -93,7 +93,7 @@ pub enum Error {
         size: usize,
     },
 
-    /// A buffer or reshape whose element count does not match the shape.
+    /// A buffer (`from_vec`, file data) whose element count does not match the shape.
     #[error("{op}: expected {expected} elements, got {got}")]
     ElementCount {
         /// The operation.

@@ -135,7 +135,7 @@ impl CpuStorage {
         cpu_dispatch!(self, v => bytemuck::cast_slice(v))
     }
 
-    /// The elements' bytes, writable (file readers fill storages through it).
+    /// The elements' bytes, writable.
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         cpu_dispatch!(self, v => bytemuck::cast_slice_mut(v))
     }

@@ -10,8 +10,8 @@ use ferrograd_core::cuda::{CudaDevice, GpuTimer};
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
 use serde::Serialize;
 
-/// The synthetic step of the transfer/compute overlap benchmark (`ferrograd bench transfer`'s
-/// overlap row): a few square matmuls beside one host-to-device copy.
+/// The synthetic step of the transfer/compute overlap benchmark (`ferrograd bench overlap`): a
+/// few square matmuls beside one host-to-device copy.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OverlapConfig {
     /// Side of the square matmul operands.
