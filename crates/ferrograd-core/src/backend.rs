@@ -10,22 +10,33 @@ use crate::{DType, Device, Layout, Result};
 /// Sizes of a (batched) matrix product: `batch` products of `[m, k] x [k, n]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatmulDims {
+    /// Number of independent products.
     pub batch: usize,
+    /// Rows of the left operand and of the result.
     pub m: usize,
+    /// Columns of the right operand and of the result.
     pub n: usize,
+    /// The contracted dimension.
     pub k: usize,
 }
 
+/// The ops every backend's storage implements (CPU: [`CpuStorage`](crate::cpu::CpuStorage), CUDA:
+/// [`CudaStorage`](crate::cuda::CudaStorage)). Users call [`Tensor`](crate::Tensor) methods; this
+/// trait is what a new backend would implement.
 pub trait BackendStorage: Sized {
+    /// The element type held.
     fn dtype(&self) -> DType;
+    /// The device the elements live on.
     fn device(&self) -> Device;
 
     /// A contiguous copy of the viewed elements.
     fn copy_strided(&self, l: &Layout) -> Result<Self>;
     /// Copy the viewed elements into `dst` (contiguous) starting at element `dst_offset`.
     fn copy_strided_into(&self, l: &Layout, dst: &mut Self, dst_offset: usize) -> Result<()>;
+    /// The viewed elements converted to `dtype`.
     fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Self>;
 
+    /// An elementwise map of the viewed elements.
     fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self>;
     /// Both layouts have the output's shape (broadcasting is done by the caller with stride-0 views).
     fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self>;

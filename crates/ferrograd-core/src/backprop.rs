@@ -13,6 +13,8 @@ thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
 }
 
+/// Whether ops on this thread are recorded for autograd (`torch.is_grad_enabled()`); false inside
+/// [`no_grad`] / [`with_no_grad`].
 pub fn is_grad_enabled() -> bool {
     GRAD_ENABLED.with(|g| g.get())
 }
@@ -47,27 +49,36 @@ pub(crate) fn track(inputs: &[&Tensor]) -> bool {
 pub struct GradStore(HashMap<TensorId, Tensor>);
 
 impl GradStore {
+    /// The gradient of `t` (same shape, dtype and device), if `t` is a leaf the loss depends on.
     pub fn get(&self, t: &Tensor) -> Option<&Tensor> {
         self.0.get(&t.id())
     }
+    /// The gradient stored under a tensor id.
     pub fn get_id(&self, id: TensorId) -> Option<&Tensor> {
         self.0.get(&id)
     }
+    /// Take `t`'s gradient out of the store.
     pub fn remove(&mut self, t: &Tensor) -> Option<Tensor> {
         self.0.remove(&t.id())
     }
+    /// Set `t`'s gradient (returns the one it replaces); how gradients from elsewhere (an all-reduce,
+    /// a hand-written backward) are put back for an optimizer.
     pub fn insert(&mut self, t: &Tensor, g: Tensor) -> Option<Tensor> {
         self.0.insert(t.id(), g)
     }
+    /// The number of gradients held.
     pub fn len(&self) -> usize {
         self.0.len()
     }
+    /// Whether no gradient is held.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+    /// Drop every gradient (PyTorch's `zero_grad(set_to_none=True)`).
     pub fn clear(&mut self) {
         self.0.clear()
     }
+    /// The ids of the tensors that have a gradient.
     pub fn ids(&self) -> impl Iterator<Item = &TensorId> {
         self.0.keys()
     }

@@ -4,10 +4,21 @@
 use crate::{Error, Result};
 use std::fmt;
 
+/// Where a tensor lives: the host CPU or a CUDA GPU by ordinal (`torch.device`). Parses from
+/// `"cpu"`, `"cuda"`/`"gpu"` (GPU 0) and `"cuda:N"`; displays as `cpu` / `cuda:N`.
+/// ```
+/// use ferrograd_core::Device;
+/// let d: Device = "cuda:1".parse()?;
+/// assert_eq!(d, Device::Cuda(1));
+/// assert_eq!(Device::Cpu.to_string(), "cpu");
+/// # Ok::<(), ferrograd_core::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Device {
+    /// Host memory; ops run on rayon threads.
     #[default]
     Cpu,
+    /// CUDA device `N` (after `CUDA_VISIBLE_DEVICES`).
     Cuda(usize),
 }
 
@@ -39,9 +50,11 @@ impl std::str::FromStr for Device {
 }
 
 impl Device {
+    /// Whether this is [`Device::Cpu`].
     pub fn is_cpu(&self) -> bool {
         matches!(self, Device::Cpu)
     }
+    /// Whether this is a CUDA device.
     pub fn is_cuda(&self) -> bool {
         matches!(self, Device::Cuda(_))
     }
@@ -72,6 +85,8 @@ impl Device {
         })
     }
 
+    /// [`Device::best_with_reason`] without the reason: `FERROGRAD_DEVICE` if set, else `cuda:0` if
+    /// usable, else the CPU. Errors only when `FERROGRAD_DEVICE` is set to something unusable.
     pub fn best() -> Result<Device> {
         Ok(Self::best_with_reason()?.0)
     }

@@ -4,22 +4,35 @@
 use crate::cpu::CpuStorage;
 use half::{bf16, f16};
 
+/// Element types. Ops never promote: both operands of a binary op must have the same dtype
+/// (cast with [`Tensor::to_dtype`](crate::Tensor::to_dtype)). Reductions and fused ops accumulate
+/// in [`DType::acc`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// 32-bit float (`torch.float32`), the default for parameters.
     F32,
+    /// 64-bit float (`torch.float64`): gradchecks.
     F64,
+    /// IEEE half (`torch.float16`).
     F16,
+    /// bfloat16 (`torch.bfloat16`): autocast on GPUs.
     BF16,
+    /// 32-bit signed integer (`torch.int32`).
     I32,
+    /// 32-bit unsigned integer: token ids, `argmax` results.
     U32,
+    /// 8-bit unsigned integer (`torch.uint8`): masks and comparison results.
     U8,
+    /// 8-bit signed integer (`torch.int8`).
     I8,
 }
 
 impl DType {
+    /// Every dtype, for tests and tables.
     pub const ALL: [DType; 8] =
         [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::U32, DType::U8, DType::I8];
 
+    /// Bytes per element (`t.element_size()`).
     pub fn size_in_bytes(self) -> usize {
         match self {
             DType::F64 => 8,
@@ -29,6 +42,7 @@ impl DType {
         }
     }
 
+    /// Whether this is f32, f64, f16 or bf16 (`dtype.is_floating_point`).
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
@@ -54,6 +68,7 @@ impl DType {
         }
     }
 
+    /// The short name (`"f32"`, `"bf16"`, ...), also what `Display` and `FromStr` use.
     pub fn as_str(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -88,10 +103,15 @@ impl std::str::FromStr for DType {
 pub trait WithDType:
     Copy + Send + Sync + PartialOrd + std::fmt::Debug + std::fmt::Display + bytemuck::Pod + 'static
 {
+    /// The dtype of `Self`.
     const DTYPE: DType;
+    /// Convert from f64 (Rust's `as` for integers: truncating, saturating).
     fn from_f64(v: f64) -> Self;
+    /// Convert to f64 (exact for every dtype).
     fn to_f64(self) -> f64;
+    /// Wrap a vector as CPU storage.
     fn to_cpu_storage(data: Vec<Self>) -> CpuStorage;
+    /// The storage's elements when it holds `Self`.
     fn cpu_slice(s: &CpuStorage) -> Option<&[Self]>;
 }
 

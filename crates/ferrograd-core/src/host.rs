@@ -18,6 +18,7 @@ pub const HOST_MEMORY_LIMIT_ENV: &str = "FERROGRAD_HOST_MEMORY_LIMIT";
 /// made (reading it costs tens of microseconds; filling this much memory costs milliseconds).
 pub const CHECK_ABOVE_BYTES: usize = 256 << 20;
 
+/// Host memory figures from [`host_memory`] (the cgroup limit when one applies, else the machine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostMemory {
     /// Bytes this process can still allocate without swapping or being killed (an estimate).

@@ -4,6 +4,7 @@
 
 use crate::{shape_err, Error, Result, Shape};
 
+/// Shape, strides (in elements) and start offset of a tensor's view of its storage.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     shape: Shape,
@@ -12,9 +13,11 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// A row-major layout of `shape` at offset 0.
     pub fn contiguous<S: Into<Shape>>(shape: S) -> Self {
         Self::contiguous_with_offset(shape, 0)
     }
+    /// A row-major layout of `shape` starting at element `offset`.
     pub fn contiguous_with_offset<S: Into<Shape>>(shape: S, offset: usize) -> Self {
         let shape = shape.into();
         let strides = shape.contiguous_strides();
@@ -25,18 +28,23 @@ impl Layout {
     pub fn new(shape: Shape, strides: Vec<usize>, offset: usize) -> Self {
         Layout { shape, strides, offset }
     }
+    /// The shape.
     pub fn shape(&self) -> &Shape {
         &self.shape
     }
+    /// The sizes of the dims.
     pub fn dims(&self) -> &[usize] {
         self.shape.dims()
     }
+    /// Element strides per dim (0 for a broadcast dim).
     pub fn strides(&self) -> &[usize] {
         &self.strides
     }
+    /// Index of the first element in the storage.
     pub fn offset(&self) -> usize {
         self.offset
     }
+    /// Number of elements viewed.
     pub fn elem_count(&self) -> usize {
         self.shape.elem_count()
     }
@@ -78,6 +86,7 @@ impl Layout {
         }
     }
 
+    /// The layout with dims `d0` and `d1` swapped.
     pub fn transpose(&self, d0: usize, d1: usize) -> Result<Layout> {
         let mut perm: Vec<usize> = (0..self.shape.rank()).collect();
         if d0 >= perm.len() || d1 >= perm.len() {
@@ -88,6 +97,8 @@ impl Layout {
         self.permute(&perm)
     }
 
+    /// The layout with dims reordered (`perm[i]` becomes dim `i`); errors unless `perm` is a
+    /// permutation of `0..rank`.
     pub fn permute(&self, perm: &[usize]) -> Result<Layout> {
         let rank = self.shape.rank();
         let mut seen = vec![false; rank];
@@ -105,6 +116,7 @@ impl Layout {
         Ok(Layout { shape: dims.into(), strides, offset: self.offset })
     }
 
+    /// The layout of elements `start..start + len` of `dim`; errors when out of range.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Layout> {
         let size = *self.dims().get(dim).ok_or(Error::DimOutOfRange {
             op: "narrow",

@@ -12,6 +12,8 @@
 //! # Ok::<(), ferrograd_core::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod backprop;
 pub mod cpu;

@@ -20,7 +20,9 @@ fn renamed(e: Error, op: &'static str) -> Error {
 }
 
 impl Tensor {
-    /// Mean squared error; shapes must match.
+    /// Mean squared error, `mean((self - target)^2)`, a 0-d tensor (`F.mse_loss`, reduction
+    /// `mean`). Shapes must match exactly ([`Error::ShapeMismatch`]; no broadcasting), as must
+    /// dtype and device. Float dtypes, CPU and CUDA, differentiable in both.
     pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
         if self.dims() != target.dims() {
             return Err(Error::ShapeMismatch {
@@ -32,7 +34,10 @@ impl Tensor {
         self.sub(target)?.sqr()?.mean_all()
     }
 
-    /// Inverted dropout: zero each element with probability `p`, scale the rest by `1/(1-p)`.
+    /// Inverted dropout (`F.dropout(x, p, training)`): when `train`, zero each element with
+    /// probability `p` (in `[0, 1)`, else [`Error::InvalidArgument`]) and scale the rest by
+    /// `1/(1-p)`; otherwise `self`. The mask comes from `rng`'s Philox stream (the same mask on
+    /// every device). Float dtypes, differentiable.
     pub fn dropout_with(&self, rng: &mut Rng, p: f64, train: bool) -> Result<Tensor> {
         if !(0.0..1.0).contains(&p) {
             return Err(Error::InvalidArgument(format!("dropout probability {p} not in [0, 1)")));
@@ -45,14 +50,17 @@ impl Tensor {
         self.mul(&mask)?.mul_scalar(1.0 / (1.0 - p))
     }
 
-    /// Dropout drawing from the default generator.
+    /// [`Tensor::dropout_with`] drawing from the default generator ([`crate::manual_seed`]).
     pub fn dropout(&self, p: f64, train: bool) -> Result<Tensor> {
         crate::rng::with_global_rng(|r| self.dropout_with(r, p, train))
     }
 
     // ---- structure ----------------------------------------------------------------------------
 
-    /// Concatenate along `dim`; all other dims must agree.
+    /// Concatenate along `dim` (`torch.cat`); all other dims, the dtype and the device must agree
+    /// ([`Error::ShapeMismatch`], [`Error::DTypeMismatch`], [`Error::DeviceMismatch`]); an empty
+    /// list is an [`Error::Shape`]. Differentiable (each input gets its slice of the
+    /// gradient).
     pub fn cat<D: Dim>(tensors: &[Tensor], dim: D) -> Result<Tensor> {
         let first = tensors.first().ok_or_else(|| shape_err!("cat", "needs at least one tensor"))?;
         let d = dim.to_index(first.rank(), "cat")?;
@@ -100,7 +108,7 @@ impl Tensor {
         Ok(Tensor::from_storage(s, dims, rec))
     }
 
-    /// Stack equal-shaped tensors along a new dim.
+    /// Stack equal-shaped tensors along a new dim `dim` (`torch.stack`); as [`Tensor::cat`].
     pub fn stack(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
         let v = tensors.iter().map(|t| t.unsqueeze(dim)).collect::<Result<Vec<_>>>()?;
         let first = v.first().ok_or_else(|| shape_err!("stack", "needs at least one tensor"))?;
@@ -108,7 +116,7 @@ impl Tensor {
         Self::cat(&v, d as usize)
     }
 
-    /// Split into `n` pieces along `dim` (the last may be smaller), as views.
+    /// Split into `n` pieces along `dim` (the last may be smaller), as views (`torch.chunk`).
     pub fn chunk<D: Dim>(&self, n: usize, dim: D) -> Result<Vec<Tensor>> {
         let d = dim.to_index(self.rank(), "chunk")?;
         if n == 0 {
@@ -131,7 +139,9 @@ impl Tensor {
         Ok(())
     }
 
-    /// Slices along `dim` picked by a 1-D integer index tensor.
+    /// Slices along `dim` picked by a 1-D integer index tensor (`torch.index_select`): the result
+    /// has `ids.len()` in place of that dim. An index out of range is [`Error::IndexOutOfRange`]
+    /// (on CUDA reported at the next host read). Differentiable in `self`.
     pub fn index_select<D: Dim>(&self, ids: &Tensor, dim: D) -> Result<Tensor> {
         let d = dim.to_index(self.rank(), "index_select")?;
         Self::check_ids(ids, "index_select", self.device())?;
@@ -145,7 +155,8 @@ impl Tensor {
         Ok(Tensor::from_storage(s, dims, track(&[self]).then(|| Op::IndexSelect(self.clone(), ids.detach(), d))))
     }
 
-    /// Rows of this `[V, D]` table for indices of any shape: output `ids.shape + [D]`.
+    /// Rows of this `[V, D]` table for integer indices of any shape: output `ids.shape + [D]`
+    /// (`F.embedding(ids, table)`). Differentiable in the table.
     pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
         if self.rank() != 2 {
             return Err(shape_err!("embedding", "table must be [V, D], got {:?}", self.dims()));
@@ -159,7 +170,8 @@ impl Tensor {
             .reshape(dims)
     }
 
-    /// PyTorch's gather: `out[i][j] = self[i][ids[i][j]]` for dim 1; output has the index shape.
+    /// PyTorch's gather (`torch.gather(self, dim, ids)`): `out[i][j] = self[i][ids[i][j]]` for dim
+    /// 1; output has the index shape. Differentiable in `self`.
     pub fn gather<D: Dim>(&self, dim: D, ids: &Tensor) -> Result<Tensor> {
         let d = dim.to_index(self.rank(), "gather")?;
         Self::check_ids(ids, "gather", self.device())?;
@@ -171,7 +183,8 @@ impl Tensor {
         ))
     }
 
-    /// `self` with `src` added at the slices `ids` select along `dim` (not differentiable).
+    /// `self` with `src` added at the slices `ids` select along `dim` (`torch.index_add`; not
+    /// differentiable).
     pub fn index_add<D: Dim>(&self, ids: &Tensor, src: &Tensor, dim: D) -> Result<Tensor> {
         let d = dim.to_index(self.rank(), "index_add")?;
         Self::check_ids(ids, "index_add", self.device())?;
@@ -181,7 +194,8 @@ impl Tensor {
         Ok(Tensor::from_storage(s, self.shape().clone(), None))
     }
 
-    /// `self` with `src[i][j]` added at `[i][ids[i][j]]` for dim 1 (not differentiable).
+    /// `self` with `src[i][j]` added at `[i][ids[i][j]]` for dim 1 (`torch.scatter_add`; not
+    /// differentiable).
     pub fn scatter_add<D: Dim>(&self, dim: D, ids: &Tensor, src: &Tensor) -> Result<Tensor> {
         let d = dim.to_index(self.rank(), "scatter_add")?;
         Self::check_ids(ids, "scatter_add", self.device())?;

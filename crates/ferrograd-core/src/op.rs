@@ -10,31 +10,54 @@ use crate::Tensor;
 /// Elementwise maps. The `*Grad` variants are derivatives used by backward rules.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum UnaryOp {
+    /// `-x`.
     Neg,
+    /// `|x|`.
     Abs,
+    /// `x * x`.
     Sqr,
+    /// -1, 0 or 1.
     Sign,
+    /// `max(x, 0)`.
     Relu,
+    /// `e^x`.
     Exp,
+    /// Natural log.
     Log,
+    /// Square root.
     Sqrt,
+    /// `1 / sqrt(x)`.
     Rsqrt,
+    /// `1 / x`.
     Recip,
+    /// Hyperbolic tangent.
     Tanh,
+    /// `1 / (1 + e^-x)`.
     Sigmoid,
+    /// GELU, tanh approximation.
     GeluTanh,
+    /// GELU, exact (erf).
     GeluErf,
+    /// `x * sigmoid(x)`.
     Silu,
+    /// Sine.
     Sin,
+    /// Cosine.
     Cos,
     /// `x * mul + add`
     Affine {
+        /// Factor.
         mul: f64,
+        /// Offset.
         add: f64,
     },
+    /// `x^e`.
     Powf(f64),
+    /// Limit to `[min, max]`.
     Clamp {
+        /// Lower bound.
         min: f64,
+        /// Upper bound.
         max: f64,
     },
     /// d/dx gelu_tanh(x)
@@ -50,32 +73,56 @@ pub enum UnaryOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
 pub enum UnaryCode {
+    /// Kernel code of [`UnaryOp::Neg`].
     Neg = 0,
+    /// Kernel code of [`UnaryOp::Abs`].
     Abs = 1,
+    /// Kernel code of [`UnaryOp::Sqr`].
     Sqr = 2,
+    /// Kernel code of [`UnaryOp::Sign`].
     Sign = 3,
+    /// Kernel code of [`UnaryOp::Relu`].
     Relu = 4,
+    /// Kernel code of [`UnaryOp::Exp`].
     Exp = 5,
+    /// Kernel code of [`UnaryOp::Log`].
     Log = 6,
+    /// Kernel code of [`UnaryOp::Sqrt`].
     Sqrt = 7,
+    /// Kernel code of [`UnaryOp::Rsqrt`].
     Rsqrt = 8,
+    /// Kernel code of [`UnaryOp::Recip`].
     Recip = 9,
+    /// Kernel code of [`UnaryOp::Tanh`].
     Tanh = 10,
+    /// Kernel code of [`UnaryOp::Sigmoid`].
     Sigmoid = 11,
+    /// Kernel code of [`UnaryOp::GeluTanh`].
     GeluTanh = 12,
+    /// Kernel code of [`UnaryOp::GeluErf`].
     GeluErf = 13,
+    /// Kernel code of [`UnaryOp::Silu`].
     Silu = 14,
+    /// Kernel code of [`UnaryOp::Sin`].
     Sin = 15,
+    /// Kernel code of [`UnaryOp::Cos`].
     Cos = 16,
+    /// Kernel code of [`UnaryOp::Affine`].
     Affine = 17,
+    /// Kernel code of [`UnaryOp::Powf`].
     Powf = 18,
+    /// Kernel code of [`UnaryOp::Clamp`].
     Clamp = 19,
+    /// Kernel code of [`UnaryOp::GeluTanhGrad`].
     GeluTanhGrad = 20,
+    /// Kernel code of [`UnaryOp::GeluErfGrad`].
     GeluErfGrad = 21,
+    /// Kernel code of [`UnaryOp::SiluGrad`].
     SiluGrad = 22,
 }
 
 impl UnaryCode {
+    /// Every variant, in kernel-code order.
     pub const ALL: [UnaryCode; 23] = [
         UnaryCode::Neg,
         UnaryCode::Abs,
@@ -133,6 +180,7 @@ impl UnaryOp {
         }
     }
 
+    /// The op's name in error messages and kernel names.
     pub fn name(&self) -> &'static str {
         match self {
             UnaryOp::Neg => "neg",
@@ -285,11 +333,17 @@ impl UnaryOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
 pub enum BinaryOp {
+    /// `a + b`.
     Add = 0,
+    /// `a - b`.
     Sub = 1,
+    /// `a * b`.
     Mul = 2,
+    /// `a / b` (integers truncate).
     Div = 3,
+    /// The larger of `a` and `b`.
     Maximum = 4,
+    /// The smaller of `a` and `b`.
     Minimum = 5,
     /// Floored remainder (sign of the divisor), as Python's `%` and `torch.remainder`.
     Rem = 6,
@@ -300,6 +354,7 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// Every variant, in kernel-code order.
     pub const ALL: [BinaryOp; 8] = [
         BinaryOp::Add,
         BinaryOp::Sub,
@@ -311,6 +366,7 @@ impl BinaryOp {
         BinaryOp::MaskPositive,
     ];
 
+    /// The op's name in error messages and kernel names.
     pub fn name(&self) -> &'static str {
         match self {
             BinaryOp::Add => "add",
@@ -329,15 +385,22 @@ impl BinaryOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
 pub enum CmpOp {
+    /// `a == b`.
     Eq = 0,
+    /// `a != b`.
     Ne = 1,
+    /// `a < b`.
     Lt = 2,
+    /// `a <= b`.
     Le = 3,
+    /// `a > b`.
     Gt = 4,
+    /// `a >= b`.
     Ge = 5,
 }
 
 impl CmpOp {
+    /// Every variant, in kernel-code order.
     pub const ALL: [CmpOp; 6] = [CmpOp::Eq, CmpOp::Ne, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge];
 }
 
@@ -345,12 +408,16 @@ impl CmpOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
 pub enum ReduceOp {
+    /// Sum.
     Sum = 0,
+    /// Maximum.
     Max = 1,
+    /// Minimum.
     Min = 2,
 }
 
 impl ReduceOp {
+    /// Every variant, in kernel-code order.
     pub const ALL: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min];
 }
 
@@ -358,11 +425,14 @@ impl ReduceOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
 pub enum ArgReduceOp {
+    /// Index of the maximum.
     ArgMax = 0,
+    /// Index of the minimum.
     ArgMin = 1,
 }
 
 impl ArgReduceOp {
+    /// Every variant, in kernel-code order.
     pub const ALL: [ArgReduceOp; 2] = [ArgReduceOp::ArgMax, ArgReduceOp::ArgMin];
 }
 
@@ -370,6 +440,7 @@ impl ArgReduceOp {
 /// output is dropped; backward drops intermediate gradients as soon as they have been propagated.
 #[derive(Clone)]
 pub enum Op {
+    /// An elementwise map of the input.
     Unary(Tensor, UnaryOp),
     /// Operands already broadcast to the output shape (their `Broadcast` ops reduce the gradient).
     Binary(Tensor, Tensor, BinaryOp),
@@ -377,15 +448,25 @@ pub enum Op {
     WhereCond(Tensor, Tensor, Tensor),
     /// Output keeps the reduced dims as size 1.
     Reduce(Tensor, ReduceOp, Vec<usize>),
+    /// A (batched) matrix product of operands already broadcast.
     Matmul(Tensor, Tensor),
+    /// A reshape of the input.
     Reshape(Tensor),
+    /// A permutation of the input's dims.
     Permute(Tensor, Vec<usize>),
+    /// A slice of the input: dim and start.
     Narrow(Tensor, usize, usize),
+    /// A broadcast view of the input.
     Broadcast(Tensor),
+    /// A contiguous copy of the input.
     Copy(Tensor),
+    /// A cast of the input (between float dtypes).
     ToDType(Tensor),
+    /// A concatenation of the inputs along a dim.
     Cat(Vec<Tensor>, usize),
+    /// Rows of the source (first) picked by the index tensor (second) along a dim.
     IndexSelect(Tensor, Tensor, usize),
+    /// Elements of the source (first) picked by the index tensor (second) along a dim.
     Gather(Tensor, Tensor, usize),
     /// A fused op (`src/fused/`): its own forward per device and its own backward.
     Fused(crate::fused::FusedRecord),

@@ -6,21 +6,38 @@ use crate::op::{ArgReduceOp, BinaryOp, CmpOp, Op, ReduceOp, UnaryOp};
 use crate::{shape_err, DType, Dims, Error, Result, Shape, Tensor};
 
 macro_rules! unary_fns {
-    ($($name:ident => $op:expr),* $(,)?) => {
-        $(pub fn $name(&self) -> Result<Tensor> { self.unary_op($op) })*
+    ($($doc:literal $name:ident => $op:expr),* $(,)?) => {
+        $(
+            #[doc = $doc]
+            ///
+            /// Elementwise; same shape, dtype and device as `self`; CPU and CUDA; differentiable.
+            pub fn $name(&self) -> Result<Tensor> { self.unary_op($op) }
+        )*
     };
 }
 
 macro_rules! binary_fns {
-    ($($name:ident => $op:expr),* $(,)?) => {
-        $(pub fn $name(&self, rhs: &Tensor) -> Result<Tensor> { self.binary_op(rhs, $op) })*
+    ($($doc:literal $name:ident => $op:expr),* $(,)?) => {
+        $(
+            #[doc = $doc]
+            ///
+            /// Elementwise with NumPy broadcasting: the result has the operands' common shape.
+            /// Both operands must have the same dtype and device (any dtype; CPU and CUDA);
+            /// otherwise [`Error::DTypeMismatch`], [`Error::DeviceMismatch`], or
+            /// [`Error::ShapeMismatch`] for shapes that do not broadcast. Differentiable in both
+            /// operands.
+            pub fn $name(&self, rhs: &Tensor) -> Result<Tensor> { self.binary_op(rhs, $op) }
+        )*
     };
 }
 
 macro_rules! cmp_fns {
-    ($($name:ident => $op:expr),* $(,)?) => {
+    ($($doc:literal $name:ident => $op:expr),* $(,)?) => {
         $(
-            /// Elementwise comparison with broadcasting; the result is u8 (0 or 1).
+            #[doc = $doc]
+            ///
+            /// Elementwise comparison with broadcasting; the result is u8 (0 or 1) and carries no
+            /// gradient. Same dtype and device required, as for [`Tensor::add`].
             pub fn $name(&self, rhs: &Tensor) -> Result<Tensor> { self.cmp_op(rhs, $op) }
         )*
     };
@@ -33,31 +50,50 @@ impl Tensor {
     }
 
     unary_fns! {
-        neg => UnaryOp::Neg, abs => UnaryOp::Abs, sqr => UnaryOp::Sqr, sign => UnaryOp::Sign,
-        relu => UnaryOp::Relu, exp => UnaryOp::Exp, log => UnaryOp::Log, sqrt => UnaryOp::Sqrt,
-        rsqrt => UnaryOp::Rsqrt, recip => UnaryOp::Recip, tanh => UnaryOp::Tanh,
-        sigmoid => UnaryOp::Sigmoid, silu => UnaryOp::Silu, sin => UnaryOp::Sin, cos => UnaryOp::Cos,
-        gelu_tanh => UnaryOp::GeluTanh,
+        "`-x` (`torch.neg`); integer dtypes too." neg => UnaryOp::Neg,
+        "`|x|` (`torch.abs`); integer dtypes too." abs => UnaryOp::Abs,
+        "`x * x` (`torch.square`); integer dtypes too." sqr => UnaryOp::Sqr,
+        "-1, 0 or 1 (`torch.sign`); integer dtypes too; its gradient is 0." sign => UnaryOp::Sign,
+        "`max(x, 0)` (`torch.relu`); integer dtypes too." relu => UnaryOp::Relu,
+        "`e^x` (`torch.exp`); float dtypes only ([`Error::UnsupportedDType`] otherwise)." exp => UnaryOp::Exp,
+        "Natural log (`torch.log`); float dtypes only." log => UnaryOp::Log,
+        "Square root (`torch.sqrt`); float dtypes only." sqrt => UnaryOp::Sqrt,
+        "`1 / sqrt(x)` (`torch.rsqrt`); float dtypes only." rsqrt => UnaryOp::Rsqrt,
+        "`1 / x` (`torch.reciprocal`); float dtypes only." recip => UnaryOp::Recip,
+        "Hyperbolic tangent (`torch.tanh`); float dtypes only." tanh => UnaryOp::Tanh,
+        "`1 / (1 + e^-x)` (`torch.sigmoid`); float dtypes only." sigmoid => UnaryOp::Sigmoid,
+        "`x * sigmoid(x)` (`torch.nn.functional.silu`); float dtypes only." silu => UnaryOp::Silu,
+        "Sine (`torch.sin`); float dtypes only." sin => UnaryOp::Sin,
+        "Cosine (`torch.cos`); float dtypes only." cos => UnaryOp::Cos,
+        "GELU, tanh approximation (`F.gelu(x, approximate=\"tanh\")`, GPT-2's); float dtypes only." gelu_tanh => UnaryOp::GeluTanh,
     }
 
-    /// GELU, exact (erf) form: PyTorch's default.
+    /// GELU, exact (erf) form: PyTorch's default (`F.gelu`). Elementwise, float dtypes, CPU and
+    /// CUDA, differentiable.
     pub fn gelu(&self) -> Result<Tensor> {
         self.unary_op(UnaryOp::GeluErf)
     }
 
-    /// `self * mul + add`
+    /// `self * mul + add`, elementwise; any dtype (for integers computed in f64 and converted back), CPU and CUDA,
+    /// differentiable.
     pub fn affine(&self, mul: f64, add: f64) -> Result<Tensor> {
         self.unary_op(UnaryOp::Affine { mul, add })
     }
+    /// `self + v` (`t + v` in PyTorch); see [`Tensor::affine`].
     pub fn add_scalar(&self, v: f64) -> Result<Tensor> {
         self.affine(1.0, v)
     }
+    /// `self * v` (`t * v` in PyTorch); see [`Tensor::affine`].
     pub fn mul_scalar(&self, v: f64) -> Result<Tensor> {
         self.affine(v, 0.0)
     }
+    /// `x^e` for a float exponent (`torch.pow(t, e)`); float dtypes only, differentiable.
     pub fn powf(&self, e: f64) -> Result<Tensor> {
         self.unary_op(UnaryOp::Powf(e))
     }
+    /// Each element limited to `[min, max]` (`torch.clamp`); any dtype. Errors with
+    /// [`Error::InvalidArgument`] when `min > max` or either is NaN. The gradient is 1 inside the
+    /// range, 0 outside.
     pub fn clamp(&self, min: f64, max: f64) -> Result<Tensor> {
         if min > max || min.is_nan() || max.is_nan() {
             return Err(Error::InvalidArgument(format!("clamp: min {min} > max {max}")));
@@ -75,7 +111,8 @@ impl Tensor {
         Ok(())
     }
 
-    /// Both operands broadcast to their common shape.
+    /// Both operands broadcast to their common shape (`torch.broadcast_tensors`), as views;
+    /// `op` names the caller in the [`Error::ShapeMismatch`] returned when they do not broadcast.
     pub fn broadcast_pair(&self, rhs: &Tensor, op: &'static str) -> Result<(Tensor, Tensor)> {
         if self.shape() == rhs.shape() {
             return Ok((self.clone(), rhs.clone())); // the common case, without building a shape
@@ -93,8 +130,12 @@ impl Tensor {
     }
 
     binary_fns! {
-        add => BinaryOp::Add, sub => BinaryOp::Sub, mul => BinaryOp::Mul, div => BinaryOp::Div,
-        maximum => BinaryOp::Maximum, minimum => BinaryOp::Minimum,
+        "`self + rhs` (`torch.add`)." add => BinaryOp::Add,
+        "`self - rhs` (`torch.sub`)." sub => BinaryOp::Sub,
+        "`self * rhs` (`torch.mul`)." mul => BinaryOp::Mul,
+        "`self / rhs` (`torch.div`; integer dtypes truncate)." div => BinaryOp::Div,
+        "The larger of the two (`torch.maximum`)." maximum => BinaryOp::Maximum,
+        "The smaller of the two (`torch.minimum`)." minimum => BinaryOp::Minimum,
     }
 
     /// Floored remainder with broadcasting (`torch.remainder`); its gradient is 1 for `self` and
@@ -111,7 +152,12 @@ impl Tensor {
     }
 
     cmp_fns! {
-        eq => CmpOp::Eq, ne => CmpOp::Ne, lt => CmpOp::Lt, le => CmpOp::Le, gt => CmpOp::Gt, ge => CmpOp::Ge,
+        "`self == rhs` (`torch.eq`)." eq => CmpOp::Eq,
+        "`self != rhs` (`torch.ne`)." ne => CmpOp::Ne,
+        "`self < rhs` (`torch.lt`)." lt => CmpOp::Lt,
+        "`self <= rhs` (`torch.le`)." le => CmpOp::Le,
+        "`self > rhs` (`torch.gt`)." gt => CmpOp::Gt,
+        "`self >= rhs` (`torch.ge`)." ge => CmpOp::Ge,
     }
 
     /// A scalar of this tensor's dtype and device, for comparisons and fills.
@@ -120,7 +166,9 @@ impl Tensor {
     }
 
     /// Pick `on_true` where `self` (the condition, any dtype) is non-zero, else `on_false`;
-    /// all three broadcast together.
+    /// all three broadcast together (`torch.where(cond, a, b)`). `on_true` and `on_false` must share
+    /// dtype and device, and the condition must be on that device. Differentiable in `on_true`
+    /// and `on_false`.
     pub fn where_cond(&self, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
         on_true.check_same(on_false, "where_cond")?;
         if self.device() != on_true.device() {
@@ -140,11 +188,15 @@ impl Tensor {
         Ok(Tensor::from_storage(s, shape, rec))
     }
 
-    /// `value` where `mask` is non-zero, `self` elsewhere.
+    /// `value` where `mask` is non-zero, `self` elsewhere (`torch.masked_fill`); the mask
+    /// broadcasts.
     pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Result<Tensor> {
         mask.where_cond(&self.scalar_like(value)?, self)
     }
 
+    /// A copy converted to `dtype` (`t.to(dtype)`); returns `self` when the dtype is already
+    /// `dtype`. Float to integer truncates toward zero; float-to-float casts are
+    /// differentiable (the gradient is cast back).
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
         if dtype == self.dtype() {
             return Ok(self.clone());
@@ -175,15 +227,21 @@ impl Tensor {
         out.reshape(squeezed)
     }
 
+    /// Sum over `dims` (`torch.sum(t, dims, keepdim)`); `keepdim` keeps them with size 1. Any
+    /// dtype, CPU and CUDA, differentiable. Errors with [`Error::DimOutOfRange`].
     pub fn sum<D: Dims>(&self, dims: D, keepdim: bool) -> Result<Tensor> {
         self.reduce_op(dims, ReduceOp::Sum, keepdim, "sum")
     }
+    /// Maximum over `dims` (`torch.amax`); an empty reduced dim is an error. The gradient goes to
+    /// the elements equal to the maximum.
     pub fn max<D: Dims>(&self, dims: D, keepdim: bool) -> Result<Tensor> {
         self.reduce_op(dims, ReduceOp::Max, keepdim, "max")
     }
+    /// Minimum over `dims` (`torch.amin`); as [`Tensor::max`].
     pub fn min<D: Dims>(&self, dims: D, keepdim: bool) -> Result<Tensor> {
         self.reduce_op(dims, ReduceOp::Min, keepdim, "min")
     }
+    /// Sum of every element, a 0-d tensor (`t.sum()`).
     pub fn sum_all(&self) -> Result<Tensor> {
         self.sum(crate::AllDims, false)
     }
@@ -194,15 +252,18 @@ impl Tensor {
         Ok((idx, n))
     }
 
+    /// Mean over `dims` (`torch.mean(t, dims, keepdim)`); as [`Tensor::sum`].
     pub fn mean<D: Dims>(&self, dims: D, keepdim: bool) -> Result<Tensor> {
         let (idx, n) = self.dims_and_count(dims, "mean")?;
         self.sum(idx, keepdim)?.mul_scalar(1.0 / n as f64)
     }
+    /// Mean of every element, a 0-d tensor (`t.mean()`).
     pub fn mean_all(&self) -> Result<Tensor> {
         self.mean(crate::AllDims, false)
     }
 
-    /// Variance with Bessel's correction when `unbiased` (PyTorch's default).
+    /// Variance over `dims`, with Bessel's correction when `unbiased` (PyTorch's default,
+    /// `torch.var`); float dtypes, differentiable.
     pub fn var<D: Dims>(&self, dims: D, keepdim: bool, unbiased: bool) -> Result<Tensor> {
         let (idx, n) = self.dims_and_count(dims, "var")?;
         let mean = self.mean(idx.clone(), true)?;
@@ -211,7 +272,8 @@ impl Tensor {
         sq.sum(idx, keepdim)?.mul_scalar(1.0 / denom as f64)
     }
 
-    /// `log(sum(exp(x)))`, stable: the max is subtracted first.
+    /// `log(sum(exp(x)))` over `dims` (`torch.logsumexp`), stable: the max is subtracted first; a
+    /// row of `-inf` gives `-inf`. Float dtypes, differentiable.
     pub fn logsumexp<D: Dims>(&self, dims: D, keepdim: bool) -> Result<Tensor> {
         let (idx, _) = self.dims_and_count(dims, "logsumexp")?;
         let m = self.max(idx.clone(), true)?.detach();
@@ -243,19 +305,31 @@ impl Tensor {
         }
     }
 
-    /// Index (u32) of the largest value along `dim`.
+    /// Index (u32) of the largest value along `dim` (`torch.argmax`); not differentiable; an empty
+    /// dim is an error.
     pub fn argmax<D: crate::Dim>(&self, dim: D, keepdim: bool) -> Result<Tensor> {
         self.arg_reduce_op(dim, ArgReduceOp::ArgMax, keepdim)
     }
-    /// Index (u32) of the smallest value along `dim`.
+    /// Index (u32) of the smallest value along `dim` (`torch.argmin`).
     pub fn argmin<D: crate::Dim>(&self, dim: D, keepdim: bool) -> Result<Tensor> {
         self.arg_reduce_op(dim, ArgReduceOp::ArgMin, keepdim)
     }
 
     // ---- matmul -------------------------------------------------------------------------------
 
-    /// Matrix product with PyTorch's rules: 1-D operands are promoted and the added dim removed,
-    /// batch dims broadcast.
+    /// Matrix product with PyTorch's rules (`torch.matmul`): `[.., m, k] x [.., k, n] -> [.., m, n]`;
+    /// 1-D operands are promoted and the added dim removed, batch dims broadcast. f32, f64, f16
+    /// and bf16, on the CPU (`gemm`) and CUDA (cuBLAS).
+    /// Errors with [`Error::ShapeMismatch`] for mismatched inner or batch dims and
+    /// [`Error::UnsupportedDType`] for integers. Differentiable in both operands.
+    ///
+    /// ```
+    /// use ferrograd_core::{DType, Device, Tensor};
+    /// let a = Tensor::ones((5, 2, 3), DType::F32, Device::Cpu)?;
+    /// let b = Tensor::ones((3, 4), DType::F32, Device::Cpu)?;
+    /// assert_eq!(a.matmul(&b)?.dims(), &[5, 2, 4]);
+    /// # Ok::<(), ferrograd_core::Error>(())
+    /// ```
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         self.check_same(rhs, "matmul")?;
         if self.rank() == 0 || rhs.rank() == 0 {

@@ -7,12 +7,19 @@ use crate::storage::Storage;
 use crate::{DType, Error, Result, Tensor};
 use rayon::prelude::*;
 
+/// Hyperparameters of [`adam_step`]-style fused Adam/AdamW updates (PyTorch's `torch.optim.Adam` /
+/// `AdamW` arguments, same defaults as Adam: lr 1e-3, betas (0.9, 0.999), eps 1e-8, no decay).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamConfig {
+    /// Learning rate.
     pub lr: f64,
+    /// Decay of the first-moment (mean) estimate.
     pub beta1: f64,
+    /// Decay of the second-moment estimate.
     pub beta2: f64,
+    /// Added to the denominator for stability.
     pub eps: f64,
+    /// L2 penalty (Adam) or decoupled decay (AdamW), see `decoupled`.
     pub weight_decay: f64,
     /// AdamW: decay the weights directly instead of adding `wd * p` to the gradient.
     pub decoupled: bool,
@@ -24,12 +31,18 @@ impl Default for AdamConfig {
     }
 }
 
+/// Hyperparameters of [`sgd_step`] (PyTorch's `torch.optim.SGD` arguments and defaults, lr 1e-2).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SgdConfig {
+    /// Learning rate.
     pub lr: f64,
+    /// Momentum factor (0 disables the buffer).
     pub momentum: f64,
+    /// Dampening of the momentum.
     pub dampening: f64,
+    /// Nesterov momentum.
     pub nesterov: bool,
+    /// L2 penalty added to the gradient.
     pub weight_decay: f64,
 }
 

@@ -4,9 +4,9 @@
 //! produce identical tensors from the same seed.
 //!
 //! Mapping (shared by every backend): element `i` reads block `offset + i / 4`, lane `i % 4`.
-//! Uniform: `(u >> 8) * 2^-24` in [0, 1). Normal: Box-Muller on lane pairs (0,1) and (2,3) of a
+//! Uniform: `(u >> 8) * 2^-24` in `[0, 1)`. Normal: Box-Muller on lane pairs (0,1) and (2,3) of a
 //! block, computed in f64: `r = sqrt(-2 ln u_a)`, `θ = 2π u_b`, even lanes take `r cos θ`, odd
-//! lanes `r sin θ`, with `u_a = ((x >> 8) + 1) 2^-24` in (0, 1] so the log is finite.
+//! lanes `r sin θ`, with `u_a = ((x >> 8) + 1) 2^-24` in `(0, 1]` so the log is finite.
 
 const M0: u32 = 0xD251_1F53;
 const M1: u32 = 0xCD9E_8D57;
@@ -42,6 +42,7 @@ fn block(seed: u64, index: u64) -> [u32; 4] {
     philox4x32_10([index as u32, (index >> 32) as u32, 0, 0], key_of(seed))
 }
 
+/// A 32-bit Philox output as a uniform f64 in `[0, 1)` (24 bits, as the CUDA kernels do).
 #[inline]
 pub fn to_uniform(x: u32) -> f64 {
     (x >> 8) as f64 * (1.0 / 16_777_216.0)
@@ -71,11 +72,14 @@ pub fn normal_at(seed: u64, offset: u64, i: u64) -> f64 {
 /// A seeded stream: each draw of `n` values consumes `ceil(n / 4)` blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rng {
+    /// The Philox key.
     pub seed: u64,
+    /// The next unused block (4 values each).
     pub offset: u64,
 }
 
 impl Rng {
+    /// A stream at the start of `seed`'s sequence.
     pub fn new(seed: u64) -> Self {
         Rng { seed, offset: 0 }
     }
@@ -95,10 +99,12 @@ pub fn manual_seed(seed: u64) {
     set_global_rng(Rng::new(seed));
 }
 
+/// The default generator's state (to save and restore it, e.g. in a checkpoint).
 pub fn global_rng() -> Rng {
     *GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Restore the default generator's state.
 pub fn set_global_rng(r: Rng) {
     *GLOBAL.lock().unwrap_or_else(|e| e.into_inner()) = r;
 }

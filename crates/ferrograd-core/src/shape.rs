@@ -8,6 +8,8 @@ use crate::{Error, Result};
 /// (reshape, broadcast, cat, matmul, index_select) checks its shape against it.
 pub const MAX_ELEMS: usize = isize::MAX as usize / 8;
 
+/// The sizes of a tensor's dims, outermost first. Converts from `()`, `usize`, tuples of up to
+/// several `usize`, `Vec<usize>` and `&[usize]`, so constructors take `(2, 3)` or `vec![2, 3]`.
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
 pub struct Shape(Vec<usize>);
 
@@ -18,9 +20,11 @@ impl std::fmt::Debug for Shape {
 }
 
 impl Shape {
+    /// The sizes as a slice.
     pub fn dims(&self) -> &[usize] {
         &self.0
     }
+    /// The number of dims.
     pub fn rank(&self) -> usize {
         self.0.len()
     }
@@ -50,6 +54,7 @@ impl Shape {
             }
         }
     }
+    /// The sizes as a vector.
     pub fn to_vec(&self) -> Vec<usize> {
         self.0.clone()
     }
@@ -127,6 +132,7 @@ impl From<usize> for Shape {
 
 /// A dimension index: `usize` counts from the front, a negative `i32`/`isize` from the back.
 pub trait Dim: Copy {
+    /// The index in `0..rank`, or [`Error::DimOutOfRange`] naming `op`.
     fn to_index(self, rank: usize, op: &'static str) -> Result<usize>;
 }
 
@@ -160,6 +166,7 @@ impl Dim for i32 {
 
 /// A set of dims for reductions.
 pub trait Dims {
+    /// The indexes in `0..rank`, or [`Error::DimOutOfRange`] naming `op`.
     fn to_indexes(&self, rank: usize, op: &'static str) -> Result<Vec<usize>>;
 }
 

@@ -7,9 +7,12 @@ use crate::cuda::{CudaDevice, CudaStorage};
 use crate::op::{ArgReduceOp, BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result};
 
+/// A tensor's buffer on one backend. Users rarely touch it; [`Tensor`](crate::Tensor) wraps it.
 #[derive(Debug)]
 pub enum Storage {
+    /// Host memory.
     Cpu(CpuStorage),
+    /// Device memory from the caching allocator.
     Cuda(CudaStorage),
 }
 
@@ -47,6 +50,7 @@ impl Storage {
         Self::full(0.0, n, dtype, device)
     }
 
+    /// `n` copies of `v` converted to `dtype` on `device`.
     pub fn full(v: f64, n: usize, dtype: DType, device: Device) -> Result<Storage> {
         match device {
             Device::Cpu => Ok(Storage::Cpu(CpuStorage::full(v, n, dtype)?)),
@@ -62,6 +66,7 @@ impl Storage {
         }
     }
 
+    /// Whether it holds no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -82,6 +87,7 @@ impl Storage {
         }
     }
 
+    /// The CPU storage, if on the CPU.
     pub fn as_cpu(&self) -> Option<&CpuStorage> {
         match self {
             Storage::Cpu(c) => Some(c),
@@ -89,6 +95,7 @@ impl Storage {
         }
     }
 
+    /// The CUDA storage, if on a GPU.
     pub fn as_cuda(&self) -> Option<&CudaStorage> {
         match self {
             Storage::Cuda(c) => Some(c),

@@ -12,6 +12,8 @@ use crate::{backprop, shape_err, DType, Device, Dim, Error, Layout, Result, Shap
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+/// A process-unique identity of a tensor handle: the key of a [`GradStore`](crate::GradStore).
+/// Views and `requires_grad()` get new ids; clones of a handle share one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TensorId(usize);
 
@@ -35,6 +37,17 @@ pub(crate) struct Inner {
     pub(crate) device: Device,
 }
 
+/// An n-dimensional array on a device, with reverse-mode autograd: PyTorch's `torch.Tensor`.
+/// Cloning is cheap (an `Arc`); views (`narrow`, `transpose`, `broadcast_as`, ...) share storage.
+/// Every op checks shapes, dtypes and devices and returns a typed [`Error`] instead of panicking;
+/// operands must have the same dtype and device (nothing is promoted or moved implicitly).
+/// ```
+/// use ferrograd_core::{DType, Device, Tensor};
+/// let a = Tensor::from_vec(vec![1f32, 2., 3., 4.], (2, 2), Device::Cpu)?;
+/// let b = Tensor::ones((2,), DType::F32, Device::Cpu)?; // broadcasts over rows
+/// assert_eq!(a.add(&b)?.to_vec2::<f32>()?, [[2., 3.], [4., 5.]]);
+/// # Ok::<(), ferrograd_core::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Tensor(pub(crate) Arc<Inner>);
 
@@ -143,6 +156,9 @@ impl Tensor {
         }
     }
 
+    /// A tensor of `shape` holding `data` (row-major), on `device` (`torch.tensor(data).reshape(shape)`).
+    /// The dtype is `T`'s. Errors with [`Error::ElementCount`] when `data.len()` is not the shape's
+    /// element count, and with a CUDA error when `device` is not usable.
     pub fn from_vec<T: WithDType, S: Into<Shape>>(data: Vec<T>, shape: S, device: Device) -> Result<Tensor> {
         let shape = shape.into();
         let n = shape.checked_elem_count("from_vec")?;
@@ -152,6 +168,7 @@ impl Tensor {
         Ok(Self::from_storage(Self::cpu_to_device(T::to_cpu_storage(data), device)?, shape, None))
     }
 
+    /// Like [`Tensor::from_vec`], copying from a slice.
     pub fn from_slice<T: WithDType, S: Into<Shape>>(data: &[T], shape: S, device: Device) -> Result<Tensor> {
         Self::from_vec(data.to_vec(), shape, device)
     }
@@ -161,28 +178,34 @@ impl Tensor {
         Self::from_vec(vec![v], (), device)
     }
 
+    /// A tensor of `shape` with every element `value` converted to `dtype` (`torch.full`).
     pub fn full<S: Into<Shape>>(value: f64, shape: S, dtype: DType, device: Device) -> Result<Tensor> {
         let shape = shape.into();
         let n = shape.checked_elem_count("full")?;
         Ok(Self::from_storage(Storage::full(value, n, dtype, device)?, shape, None))
     }
 
+    /// Zeros of `shape`, `dtype`, on `device` (`torch.zeros`).
     pub fn zeros<S: Into<Shape>>(shape: S, dtype: DType, device: Device) -> Result<Tensor> {
         Self::full(0.0, shape, dtype, device)
     }
 
+    /// Ones of `shape`, `dtype`, on `device` (`torch.ones`).
     pub fn ones<S: Into<Shape>>(shape: S, dtype: DType, device: Device) -> Result<Tensor> {
         Self::full(1.0, shape, dtype, device)
     }
 
+    /// Zeros of this tensor's shape, dtype and device (`torch.zeros_like`).
     pub fn zeros_like(&self) -> Result<Tensor> {
         Self::zeros(self.shape().clone(), self.dtype(), self.device())
     }
 
+    /// Ones of this tensor's shape, dtype and device (`torch.ones_like`).
     pub fn ones_like(&self) -> Result<Tensor> {
         Self::ones(self.shape().clone(), self.dtype(), self.device())
     }
 
+    /// `v` in this tensor's shape, dtype and device (`torch.full_like`).
     pub fn full_like(&self, v: f64) -> Result<Tensor> {
         Self::full(v, self.shape().clone(), self.dtype(), self.device())
     }
@@ -245,36 +268,47 @@ impl Tensor {
 
     // ---- accessors ----------------------------------------------------------------------------
 
+    /// This handle's identity (the key of its gradient in a [`GradStore`](crate::GradStore)).
     pub fn id(&self) -> TensorId {
         self.0.id
     }
+    /// The shape, strides and offset this tensor views its storage with.
     pub fn layout(&self) -> &Layout {
         &self.0.layout
     }
+    /// The shape (`t.shape`).
     pub fn shape(&self) -> &Shape {
         self.0.layout.shape()
     }
+    /// The sizes of the dimensions, outermost first (`t.shape` as a slice).
     pub fn dims(&self) -> &[usize] {
         self.0.layout.dims()
     }
+    /// The number of dimensions (`t.dim()`).
     pub fn rank(&self) -> usize {
         self.dims().len()
     }
+    /// The number of elements (`t.numel()`).
     pub fn elem_count(&self) -> usize {
         self.0.layout.elem_count()
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.0.dtype
     }
+    /// The device the storage lives on.
     pub fn device(&self) -> Device {
         self.0.device
     }
+    /// The op that produced this tensor, when it was recorded for autograd.
     pub fn op(&self) -> Option<&Op> {
         self.0.op.as_ref()
     }
+    /// Whether this is a leaf that collects a gradient (made by [`Tensor::requires_grad`]).
     pub fn is_variable(&self) -> bool {
         self.0.is_variable
     }
+    /// Whether the elements are laid out row-major without gaps (`t.is_contiguous()`).
     pub fn is_contiguous(&self) -> bool {
         self.0.layout.is_contiguous()
     }
@@ -282,6 +316,8 @@ impl Tensor {
     pub fn tracks_grad(&self) -> bool {
         self.0.is_variable || self.0.op.is_some()
     }
+    /// The size of dimension `d` (negative counts from the end, like `t.size(d)`); errors with
+    /// [`Error::DimOutOfRange`].
     pub fn dim<D: Dim>(&self, d: D) -> Result<usize> {
         Ok(self.dims()[d.to_index(self.rank(), "dim")?])
     }

@@ -148,6 +148,8 @@ impl Tensor {
         })))
     }
 
+    /// Whether this CPU tensor's buffer is page-locked ([`Tensor::pin_memory`]), so copies to a GPU
+    /// can run asynchronously.
     pub fn is_pinned(&self) -> bool {
         self.0.pinned.is_some()
     }

@@ -7,6 +7,9 @@ use crate::op::Op;
 use crate::{shape_err, Dim, Error, Result, Shape, Tensor};
 
 impl Tensor {
+    /// The same elements in `shape` (`t.reshape(shape)`): a view when the layout allows it, one
+    /// copy otherwise. Errors with [`Error::ShapeMismatch`] when the element counts differ. Any dtype,
+    /// any device, differentiable.
     pub fn reshape<S: Into<Shape>>(&self, shape: S) -> Result<Tensor> {
         let shape = shape.into();
         if shape.checked_elem_count("reshape")? != self.elem_count() {
@@ -42,6 +45,8 @@ impl Tensor {
         self.reshape(dims)
     }
 
+    /// Reorder the dims (`t.permute(perm)`): dim `i` of the result is dim `perm[i]` of `self`. A view;
+    /// errors when `perm` is not a permutation of `0..rank`.
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
         let l = self.layout().permute(perm)?;
         if perm.iter().enumerate().all(|(i, &p)| i == p) {
@@ -50,6 +55,7 @@ impl Tensor {
         Ok(self.view(l, track(&[self]).then(|| Op::Permute(self.clone(), perm.to_vec()))))
     }
 
+    /// Swap dims `d0` and `d1` (`t.transpose(d0, d1)`), a view; negative dims count from the end.
     pub fn transpose<D1: Dim, D2: Dim>(&self, d0: D1, d1: D2) -> Result<Tensor> {
         let (a, b) = (d0.to_index(self.rank(), "transpose")?, d1.to_index(self.rank(), "transpose")?);
         let mut perm: Vec<usize> = (0..self.rank()).collect();
@@ -65,6 +71,8 @@ impl Tensor {
         self.transpose(-2, -1)
     }
 
+    /// Elements `start..start + len` of dimension `dim` (`t.narrow(dim, start, len)`), a view;
+    /// errors with [`Error::Shape`] when the range passes the dim's size.
     pub fn narrow<D: Dim>(&self, dim: D, start: usize, len: usize) -> Result<Tensor> {
         let d = dim.to_index(self.rank(), "narrow")?;
         if start == 0 && len == self.dims()[d] {
@@ -97,6 +105,8 @@ impl Tensor {
         self.reshape(dims)
     }
 
+    /// A view of `shape` that repeats size-1 (or missing leading) dims without copying
+    /// (`t.expand(shape)`); errors with [`Error::Broadcast`]. Its gradient sums over the repeated dims.
     pub fn broadcast_as<S: Into<Shape>>(&self, shape: S) -> Result<Tensor> {
         let shape = shape.into();
         if shape == *self.shape() {

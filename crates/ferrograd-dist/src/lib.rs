@@ -1,6 +1,6 @@
 //! ferrograd-dist: training on several GPUs, one process per GPU, over NCCL.
 //!
-//! - [`env`]: rank, world size and local rank from `ferrograd launch`, torchrun or Slurm;
+//! - [`env`](mod@env): rank, world size and local rank from `ferrograd launch`, torchrun or Slurm;
 //! - [`rendezvous`]: rank 0 serves the NCCL id over TCP at `MASTER_ADDR:MASTER_PORT`;
 //! - [`nccl`]: NCCL, loaded at run time, behind the [`Communicator`] trait, on its own stream;
 //! - [`ProcessGroup`]: all of the above from the environment in one call;

@@ -22,6 +22,8 @@
 //! # Ok::<(), ferrograd_core::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod amp;
 pub mod checkpoint;
 pub mod data;

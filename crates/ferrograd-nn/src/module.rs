@@ -13,7 +13,10 @@ pub fn join_name(prefix: &str, name: &str) -> String {
     }
 }
 
+/// A layer or model: `forward` plus named parameters (PyTorch's `nn.Module`). Implement
+/// `forward` and `visit_parameters`; the rest has defaults.
 pub trait Module {
+    /// The layer's output for input `x` (`module(x)` in PyTorch).
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
     /// Call `f(full_name, parameter)` for each parameter, in definition order, with names under
@@ -32,6 +35,7 @@ pub trait Module {
         out
     }
 
+    /// Every parameter, in definition order, without names.
     fn parameters(&self) -> Vec<Tensor> {
         self.named_parameters().into_iter().map(|(_, t)| t).collect()
     }
@@ -43,10 +47,12 @@ pub trait Module {
         n
     }
 
+    /// Training mode (`module.train()`): dropout is active.
     fn train(&mut self) {
         self.set_training(true)
     }
 
+    /// Evaluation mode (`module.eval()`): dropout is the identity.
     fn eval(&mut self) {
         self.set_training(false)
     }

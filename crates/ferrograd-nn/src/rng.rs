@@ -4,14 +4,17 @@
 use ferrograd_core::Rng;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// A Philox generator behind a shared lock: clones draw from (and advance) the same stream.
 #[derive(Debug, Clone)]
 pub struct SharedRng(Arc<Mutex<Rng>>);
 
 impl SharedRng {
+    /// A generator at the start of `seed`'s stream.
     pub fn new(seed: u64) -> Self {
         SharedRng(Arc::new(Mutex::new(Rng::new(seed))))
     }
 
+    /// A generator in state `rng`.
     pub fn from_rng(rng: Rng) -> Self {
         SharedRng(Arc::new(Mutex::new(rng)))
     }
@@ -27,6 +30,7 @@ impl SharedRng {
         *self.lock()
     }
 
+    /// Restore a state (from a checkpoint).
     pub fn set(&self, rng: Rng) {
         *self.lock() = rng;
     }

@@ -11,15 +11,24 @@ use crate::op::{ArgReduceOp, BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, WithDType};
 use half::{bf16, f16};
 
+/// Host storage: one `Vec` per dtype.
 #[derive(Clone, Debug)]
 pub enum CpuStorage {
+    /// f32 elements.
     F32(Vec<f32>),
+    /// f64 elements.
     F64(Vec<f64>),
+    /// f16 elements.
     F16(Vec<f16>),
+    /// bf16 elements.
     BF16(Vec<bf16>),
+    /// i32 elements.
     I32(Vec<i32>),
+    /// u32 elements.
     U32(Vec<u32>),
+    /// u8 elements.
     U8(Vec<u8>),
+    /// i8 elements.
     I8(Vec<i8>),
 }
 
@@ -61,18 +70,22 @@ macro_rules! dispatch2 {
 pub(crate) use dispatch2;
 
 impl CpuStorage {
+    /// Wrap a vector (its dtype is `T`'s).
     pub fn from_vec<T: WithDType>(v: Vec<T>) -> Self {
         T::to_cpu_storage(v)
     }
 
+    /// Elements held.
     pub fn len(&self) -> usize {
         cpu_dispatch!(self, v => v.len())
     }
 
+    /// Whether it holds no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The elements as `&[T]`; [`Error::DTypeMismatch`] when `T` is not the dtype held.
     pub fn as_slice<T: WithDType>(&self) -> Result<&[T]> {
         T::cpu_slice(self).ok_or(Error::DTypeMismatch { op: "as_slice", lhs: self.dtype(), rhs: T::DTYPE })
     }
@@ -122,6 +135,7 @@ impl CpuStorage {
         cpu_dispatch!(self, v => bytemuck::cast_slice(v))
     }
 
+    /// The elements' bytes, writable.
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         cpu_dispatch!(self, v => bytemuck::cast_slice_mut(v))
     }

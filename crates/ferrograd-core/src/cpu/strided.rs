@@ -20,6 +20,8 @@ pub fn par_fill<U: Send>(out: &mut [U], f: impl Fn(usize, &mut [U]) + Sync) {
     out.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i * chunk, c));
 }
 
+/// `f` applied to every element `l` views in `src`, in row-major order, in parallel for large
+/// tensors: the loop a fused op's CPU reference is built from.
 pub fn map<T, U, F>(src: &[T], l: &Layout, f: F) -> Result<Vec<U>>
 where
     T: Copy + Sync,
@@ -47,6 +49,7 @@ where
     Ok(out)
 }
 
+/// `f` applied to the pairs of elements `al` views in `a` and `bl` in `b` (same shape), row-major.
 pub fn zip<A, B, U, F>(a: &[A], al: &Layout, b: &[B], bl: &Layout, f: F) -> Result<Vec<U>>
 where
     A: Copy + Sync,

@@ -258,16 +258,32 @@ pub enum AllocError {
         hint: String,
     },
     /// A driver call failed for a reason other than memory; `op` names the call.
-    Driver { op: &'static str, message: String },
+    Driver {
+        /// The driver call.
+        op: &'static str,
+        /// The driver's error.
+        message: String,
+    },
     /// The handle does not belong to this allocator.
     InvalidHandle,
     /// `FERROGRAD_CUDA_MEMORY_LIMIT` holds something that is not a byte size.
-    InvalidLimit { value: String },
+    InvalidLimit {
+        /// The value found.
+        value: String,
+    },
     /// A request on a stream that is being captured into a CUDA graph would have to call `call`
     /// (`cuMemAlloc` when its private pool has no block for it): forbidden during capture.
-    GraphCapture { call: &'static str },
+    GraphCapture {
+        /// The driver call the request needed.
+        call: &'static str,
+    },
     /// `pool` is not a live private pool of this allocator (never created, or released).
-    InvalidPool { pool: PoolId, why: &'static str },
+    InvalidPool {
+        /// The pool named.
+        pool: PoolId,
+        /// Why it is not usable.
+        why: &'static str,
+    },
 }
 
 impl AllocError {
@@ -342,18 +358,31 @@ impl Stat {
 /// The allocator's counters; see the module documentation for what each means.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {
+    /// Bytes of blocks handed to callers, rounded to block sizes.
     pub allocated_bytes: Stat,
+    /// Bytes callers asked for, before rounding.
     pub requested_bytes: Stat,
+    /// Bytes of segments held from the driver.
     pub reserved_bytes: Stat,
+    /// Bytes of allocated and pending blocks.
     pub active_bytes: Stat,
+    /// Bytes of free blocks inside partly used segments (fragmentation).
     pub inactive_split_bytes: Stat,
+    /// Blocks handed to callers.
     pub allocations: Stat,
+    /// Allocated and pending blocks.
     pub active_blocks: Stat,
+    /// Segments held from the driver.
     pub segments: Stat,
+    /// Free blocks inside partly used segments.
     pub inactive_split_blocks: Stat,
+    /// `cuMemAlloc` calls made.
     pub device_allocs: u64,
+    /// `cuMemFree` calls made.
     pub device_frees: u64,
+    /// Allocations that failed once and succeeded after the cache was flushed (`num_alloc_retries`).
     pub alloc_retries: u64,
+    /// Allocations that failed for good (`num_ooms`).
     pub ooms: u64,
 }
 
@@ -376,7 +405,9 @@ impl MemoryStats {
 /// Which pool a block belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolKind {
+    /// Requests up to [`SMALL_SIZE`], from 2 MiB segments.
     Small,
+    /// Larger requests.
     Large,
 }
 
@@ -412,20 +443,28 @@ pub enum BlockState {
 /// One block of a [`SegmentInfo`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockInfo {
+    /// Device address.
     pub ptr: u64,
+    /// Bytes.
     pub size: usize,
+    /// Free, allocated or pending.
     pub state: BlockState,
 }
 
 /// One segment with its blocks in address order, for memory reports and tests.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SegmentInfo {
+    /// Device address.
     pub ptr: u64,
+    /// Bytes.
     pub size: usize,
+    /// The stream whose pools it belongs to.
     pub stream: StreamId,
+    /// Small or large pool.
     pub pool: PoolKind,
     /// The shared cache or the private pool the segment belongs to.
     pub owner: PoolId,
+    /// Its blocks, in address order.
     pub blocks: Vec<BlockInfo>,
 }
 

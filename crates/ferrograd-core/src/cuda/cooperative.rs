@@ -137,10 +137,12 @@ impl MappedF32 {
         Ok(buf)
     }
 
+    /// Elements held.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether it holds no element.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -19,9 +19,14 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+/// One GPU's context, streams, caching allocator, cuBLAS handles and loaded kernels; shared by every
+/// tensor on it. Get it with [`CudaDevice::get`] (opened once per process and ordinal).
 pub struct CudaDevice {
+    /// The device ordinal (`cuda:N`).
     pub ordinal: usize,
+    /// Name, memory, compute capability and SM count.
     pub info: CudaDeviceInfo,
+    /// The architecture kernels are compiled for (`sm_XY`).
     pub arch: Arch,
     /// Multiprocessors of this GPU: launch shapes fill this chip (`cuda/launch.rs`).
     sms: usize,
@@ -208,10 +213,12 @@ impl CudaDevice {
         })
     }
 
+    /// The caching allocator's counters (`torch.cuda.memory_stats()`).
     pub fn memory_stats(&self) -> MemoryStats {
         self.allocator().stats()
     }
 
+    /// Reset every peak to the current value (`torch.cuda.reset_peak_memory_stats()`).
     pub fn reset_peak_stats(&self) {
         self.allocator().reset_peak_stats()
     }
@@ -226,6 +233,7 @@ impl CudaDevice {
         self.allocator().set_memory_limit(limit)
     }
 
+    /// The allocator's cap, if one is set.
     pub fn memory_limit(&self) -> Option<usize> {
         self.allocator().memory_limit()
     }

@@ -6,6 +6,7 @@ use super::device::driver_err;
 use crate::Result;
 use cudarc::driver::{result, sys, CudaStream};
 
+/// A CUDA event (destroyed on drop): record on one stream, wait on or poll from another.
 pub struct Event(sys::CUevent);
 
 // SAFETY: an event handle is usable from any thread.
@@ -13,6 +14,7 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
+    /// An event without timing (cheaper to record and wait on).
     pub fn new() -> Result<Event> {
         result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map(Event)
@@ -26,6 +28,7 @@ impl Event {
             .map_err(|e| driver_err("cuEventCreate", e))
     }
 
+    /// Record it on `s`: it completes when the work queued on `s` before it has finished.
     pub fn record(&self, s: &CudaStream) -> Result<()> {
         // SAFETY: both handles are live.
         unsafe { result::event::record(self.0, s.cu_stream()) }.map_err(|e| driver_err("cuEventRecord", e))
@@ -46,6 +49,7 @@ impl Event {
         })
     }
 
+    /// Whether the work before it has finished (a poll; never waits).
     pub fn is_done(&self) -> bool {
         // SAFETY: the event is live.
         unsafe { result::event::query(self.0) }.is_ok()
@@ -70,6 +74,7 @@ impl Drop for Event {
 pub struct Pending(Vec<(Event, Box<dyn Send + Sync>)>);
 
 impl Pending {
+    /// Keep `keep` alive until `e` completes.
     pub fn push(&mut self, e: Event, keep: Box<dyn Send + Sync>) {
         self.0.push((e, keep));
     }
@@ -79,6 +84,7 @@ impl Pending {
         self.0.retain(|(e, _)| !e.is_done());
     }
 
+    /// Wait for every event, then drop what they kept.
     pub fn wait_all(&mut self) -> Result<()> {
         for (e, _) in &self.0 {
             e.synchronize()?;

@@ -12,7 +12,7 @@
 //! The graph replays its kernels on the addresses they had during capture, so
 //!
 //! - inputs live in fixed buffers that the caller refills before each replay
-//!   (`Tensor::copy_from`), outputs are the tensors the capture returned, overwritten by each
+//!   (`Tensor::set`), outputs are the tensors the capture returned, overwritten by each
 //!   replay;
 //! - the pool outlives the graph: blocks the step freed during capture are still written by every
 //!   replay, so they return to the pool, never to the shared cache; the pool is released when the
@@ -184,6 +184,7 @@ impl Graph {
         self.pool.id
     }
 
+    /// The device the graph runs on.
     pub fn device(&self) -> &Arc<CudaDevice> {
         &self.pool.dev
     }

@@ -11,10 +11,15 @@ pub const MAX_DIMS: usize = 8;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KLayout {
+    /// Number of dims.
     pub rank: u32,
+    /// 1 when the view is row-major without gaps (kernels take a fast path).
     pub contiguous: u32,
+    /// First element's index.
     pub offset: u64,
+    /// Sizes, padded with 1.
     pub dims: [u64; MAX_DIMS],
+    /// Strides in elements, padded with 0.
     pub strides: [u64; MAX_DIMS],
 }
 
@@ -78,6 +83,7 @@ impl KLayout {
         Ok(k)
     }
 
+    /// A contiguous 1-d layout of `n` elements.
     pub fn contiguous(n: usize) -> KLayout {
         KLayout::new(&Layout::contiguous(n)).unwrap_or_default()
     }

@@ -65,6 +65,7 @@ pub fn cfg_warp_rows(dev: &CudaDevice, rows: usize) -> LaunchConfig {
 /// `FG_ROW_CAP_DOUBLE` of `row_reduce.cuh`, passed as defines. 32 floats fill 8 16-byte vectors of
 /// f32 within the 64 registers a 1024-thread block allows; doubles need more registers each.
 pub const ROW_CAP_FLOAT: usize = 32;
+/// The row-in-registers cap with a double accumulator (see [`ROW_CAP_FLOAT`]).
 pub const ROW_CAP_DOUBLE: usize = 8;
 
 /// Launch shape for the row-in-registers kernels (`kernels/include/row_reduce.cuh`:

@@ -23,7 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// `High` lets the tensor cores use TF32 (10-bit mantissa inputs, f32 accumulation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatmulPrecision {
+    /// Exact f32 (`"highest"`).
     Highest,
+    /// TF32 tensor cores (`"high"`).
     High,
 }
 

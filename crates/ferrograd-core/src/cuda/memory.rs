@@ -5,21 +5,29 @@ use super::alloc::MemoryStats;
 use super::device::CudaDevice;
 use crate::Result;
 
+/// One device's memory as `ferrograd memory` prints it: the driver's figures and the allocator's.
 #[derive(Debug, Clone)]
 pub struct DeviceMemoryStatus {
+    /// Device ordinal.
     pub ordinal: usize,
+    /// Device name.
     pub name: String,
     /// Driver figures for the whole device (all processes).
     pub free: usize,
+    /// Total bytes.
     pub total: usize,
+    /// `total - free`.
     pub used: usize,
+    /// `used / total`, a fraction in `[0, 1]`.
     pub utilization: f64,
     /// The allocator cap, if one is set (`FERROGRAD_CUDA_MEMORY_LIMIT` or `set_memory_limit`).
     pub limit: Option<usize>,
+    /// This process's caching-allocator counters.
     pub allocator: MemoryStats,
 }
 
 impl DeviceMemoryStatus {
+    /// The figures of `dev` now.
     pub fn of(dev: &CudaDevice) -> Result<DeviceMemoryStatus> {
         let (free, total) = dev.mem_info()?;
         let used = total.saturating_sub(free);

@@ -15,6 +15,7 @@ pub mod headers {
 
     macro_rules! header {
         ($id:ident, $name:literal $(, $defines:expr)?) => {
+            /// One of the shared headers of `kernels/include/`.
             pub const $id: Header =
                 Header::new($name, include_str!(concat!("../../kernels/include/", $name))) $(.with_defines($defines))?;
         };
@@ -51,6 +52,7 @@ use headers::{ACC_MATH, COMMON, ERROR_FLAG};
 // `; ms N`: the module's measured NVRTC time (`Module::cost_ms`), which orders a cold precompile.
 macro_rules! core_module {
     ($id:ident, $name:literal, $headers:expr $(, $defines:expr)? $(; ms $ms:literal)?) => {
+        /// One of core's kernel modules (`kernels/NAME.cu`).
         pub const $id: Module = Module::new($name, include_str!(concat!("../../kernels/", $name, ".cu")))
             .with_headers($headers) $(.with_defines($defines))? $(.with_cost_ms($ms))?;
     };

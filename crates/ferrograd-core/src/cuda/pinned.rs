@@ -40,19 +40,23 @@ impl PinnedBuf {
         Ok(PinnedBuf { ptr: p as *mut u8, cap })
     }
 
+    /// Bytes allocated.
     pub fn capacity(&self) -> usize {
         self.cap
     }
 
+    /// The host address.
     pub fn as_ptr(&self) -> *const u8 {
         self.ptr
     }
 
+    /// The first `len` bytes (at most the capacity), writable.
     pub fn as_mut_slice(&mut self, len: usize) -> &mut [u8] {
         // SAFETY: `len <= cap` is checked; the memory is ours for the handle's lifetime.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, len.min(self.cap)) }
     }
 
+    /// The first `len` bytes (at most the capacity).
     pub fn as_slice(&self, len: usize) -> &[u8] {
         // SAFETY: as above.
         unsafe { std::slice::from_raw_parts(self.ptr, len.min(self.cap)) }
@@ -78,6 +82,8 @@ pub struct HostPin {
 }
 
 impl HostPin {
+    /// Page-lock `bytes` at `ptr` (`cuMemHostRegister`) until the returned pin drops; the caller keeps
+    /// the range alive and unmoved that long.
     pub fn register(dev: &CudaDevice, ptr: *const u8, bytes: usize) -> Result<HostPin> {
         dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
         super::sync::host_wait("cuMemHostRegister", || {
@@ -90,6 +96,7 @@ impl HostPin {
         })
     }
 
+    /// Whether `bytes` at `ptr` lie inside the pinned range.
     pub fn contains(&self, ptr: *const u8, bytes: usize) -> bool {
         let p = ptr as usize;
         p >= self.ptr && p + bytes <= self.ptr + self.bytes

@@ -3,12 +3,18 @@
 use crate::{Error, Result};
 use cudarc::driver::{result, sys};
 
+/// What the driver reports about one GPU, read without creating a context.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaDeviceInfo {
+    /// Device ordinal.
     pub ordinal: usize,
+    /// Marketing name (`NVIDIA H100 80GB HBM3`).
     pub name: String,
+    /// Bytes of device memory.
     pub total_memory: usize,
+    /// `(major, minor)`: (9, 0) on Hopper.
     pub compute_capability: (i32, i32),
+    /// Streaming multiprocessors.
     pub multiprocessors: i32,
 }
 
@@ -32,17 +38,20 @@ pub fn init_driver() -> Result<()> {
     })
 }
 
+/// How many CUDA devices are visible; an error when the driver cannot be loaded.
 pub fn device_count() -> Result<usize> {
     init_driver()?;
     let n = result::device::get_count().map_err(|e| driver_err("cuDeviceGetCount", e))?;
     Ok(n.max(0) as usize)
 }
 
+/// Every visible device's info.
 pub fn devices() -> Result<Vec<CudaDeviceInfo>> {
     let n = device_count()?;
     (0..n).map(device_info).collect()
 }
 
+/// One device's info.
 pub fn device_info(ordinal: usize) -> Result<CudaDeviceInfo> {
     let n = device_count()?;
     if ordinal >= n {

@@ -72,8 +72,11 @@ pub fn reset() {
 /// One row of [`report`]: a kernel (or GEMM) name, its launches and their summed device time.
 #[derive(Debug, Clone)]
 pub struct ProfileRow {
+    /// Kernel or GEMM name.
     pub name: String,
+    /// Launches.
     pub calls: usize,
+    /// Summed device time in milliseconds.
     pub ms: f64,
 }
 

@@ -8,6 +8,8 @@ use crate::cpu::CpuStorage;
 use crate::{DType, Layout, Result};
 use std::sync::Arc;
 
+/// Device memory holding a tensor's elements: a block of the caching allocator, returned to it on
+/// drop (after any stream that used it is done).
 pub struct CudaStorage {
     pub(crate) buf: CudaBuffer,
 }
@@ -19,18 +21,22 @@ impl std::fmt::Debug for CudaStorage {
 }
 
 impl CudaStorage {
+    /// The device it lives on.
     pub fn dev(&self) -> &Arc<CudaDevice> {
         &self.buf.dev
     }
 
+    /// Elements held.
     pub fn len(&self) -> usize {
         self.buf.len
     }
 
+    /// Whether it holds no element.
     pub fn is_empty(&self) -> bool {
         self.buf.len == 0
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.buf.dtype
     }

@@ -122,6 +122,7 @@ impl Stream {
         StreamId(self.slot as u64)
     }
 
+    /// The device the stream belongs to.
     pub fn device(&self) -> &Arc<CudaDevice> {
         &self.dev
     }

@@ -4,7 +4,7 @@
 //! catches up (`cuStreamSynchronize`, `cuEventSynchronize`, a device->host copy, `cuMemAlloc` and
 //! `cuMemFree`, which synchronize implicitly, page-locking host memory, ...) costs the overlap that
 //! asynchronous execution buys, and cannot be captured into a CUDA graph. So each of them goes
-//! through [`host_wait`], which
+//! through `host_wait`, which
 //!
 //! - counts it, process-wide ([`sync_call_count`]) and per thread ([`SyncCounter`], what tests read
 //!   around a training step), and
@@ -12,7 +12,7 @@
 //!   (`cuda::graph`), instead of letting the driver invalidate the capture or wait forever.
 //!
 //! Calls that do not wait but cannot be captured either (a copy from pageable host memory, a module
-//! load) go through [`not_capturable`], which only refuses.
+//! load) go through `not_capturable`, which only refuses.
 
 use crate::Error;
 use std::cell::{Cell, RefCell};
@@ -123,6 +123,7 @@ pub struct SyncCounter {
 }
 
 impl SyncCounter {
+    /// Start counting this thread's host-waiting driver calls.
     pub fn start() -> SyncCounter {
         SyncCounter { start: CALLS.with_borrow(|c| c.clone()) }
     }

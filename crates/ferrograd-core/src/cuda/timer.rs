@@ -5,12 +5,14 @@ use super::device::CudaDevice;
 use super::event::Event;
 use crate::Result;
 
+/// Times device work between [`GpuTimer::start`] and the end mark with two CUDA events.
 pub struct GpuTimer {
     start: Event,
     end: Event,
 }
 
 impl GpuTimer {
+    /// Two timing events.
     pub fn new() -> Result<GpuTimer> {
         Ok(GpuTimer { start: Event::timing()?, end: Event::timing()? })
     }

@@ -71,16 +71,22 @@ pub trait FusedOp: Send + Sync + 'static {
 
 /// What a fused op's backward sees of its forward.
 pub struct FusedCtx<'a> {
+    /// The op's inputs, in the order given to [`apply`].
     pub inputs: &'a [Tensor],
+    /// The op's output (its value).
     pub output: &'a Tensor,
+    /// The extra outputs the forward returned after the value.
     pub saved: &'a [Tensor],
 }
 
 /// A recorded fused op: the op, its inputs and the tensors its forward saved for the backward.
 #[derive(Clone)]
 pub struct FusedRecord {
+    /// The op.
     pub op: Arc<dyn FusedOp>,
+    /// Its inputs.
     pub inputs: Vec<Tensor>,
+    /// The tensors its forward saved for the backward.
     pub saved: Vec<Tensor>,
 }
 

@@ -126,7 +126,7 @@ pub fn attention(
     Tensor::scaled_dot_product_attention(&q, &k, &v, AttentionOpts { causal: start == 0, ..Default::default() })
 }
 
-/// `x` in the dtype matmuls run in (see [`matmul_dtype`]): under autocast, the packed QKV buffer
+/// `x` in the dtype matmuls run in (see `matmul_dtype`): under autocast, the packed QKV buffer
 /// is cast once here so that attention reads bf16 views of it instead of casting q, k, v apart.
 pub fn to_matmul_dtype(x: &Tensor) -> Result<Tensor> {
     match matmul_dtype(x) {

@@ -10,7 +10,7 @@ use std::path::Path;
 
 #[derive(Clone, Debug)]
 pub struct Autoencoder {
-    /// The eight Linear layers (ferrograd-nn's, weight [out, in] and bias [out], leaf variables).
+    /// The eight Linear layers (ferrograd-nn's, weight `[out, in]` and bias `[out]`, leaf variables).
     pub layers: Vec<Linear>,
 }
 

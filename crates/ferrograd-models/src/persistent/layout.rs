@@ -186,8 +186,8 @@ impl Layout {
         self.desc.pstride as usize
     }
 
-    /// Pack per-layer (W [out][in] row-major, b [out]) into the padded layout: layer l is
-    /// [round_up(out, 8)][ks(in)] with the bias as column `in` and zeros elsewhere.
+    /// Pack per-layer (W `[out][in]` row-major, b `[out]`) into the padded layout: layer l is
+    /// `[round_up(out, 8)][ks(in)]` with the bias as column `in` and zeros elsewhere.
     pub fn pack(&self, weights: &[(Vec<f32>, Vec<f32>)]) -> Vec<f32> {
         let mut p = vec![0.0f32; self.pp];
         for (&(inp, out, woff), (w, b)) in self.layers.iter().zip(weights) {

@@ -12,7 +12,7 @@ pub mod trainer;
 
 pub use trainer::{PersistentMlp, PhaseProfile, TrainRun};
 
-/// Per layer: W [out][in] row-major and b [out], on the host.
+/// Per layer: W `[out][in]` row-major and b `[out]`, on the host.
 pub type HostWeights = Vec<(Vec<f32>, Vec<f32>)>;
 
 use ferrograd_core::{Error, Result};

@@ -174,7 +174,7 @@ impl PersistentMlp {
         Ok(Ok((dev, layout)))
     }
 
-    /// Upload `weights` (per layer: W [out, in] and b [out], on any device) for batches of at
+    /// Upload `weights` (per layer: W `[out, in]` and b `[out]`, on any device) for batches of at
     /// most `max_rows` rows. An error (with the reason) where the kernel cannot run.
     pub fn new(
         spec: MlpSpec,
@@ -266,12 +266,12 @@ impl PersistentMlp {
         Ok((run, self.layout.unpack(&grad.to_vec::<f32>()?)))
     }
 
-    /// The current weights, per layer (W [out][in] row-major, b [out]).
+    /// The current weights, per layer (W `[out][in]` row-major, b `[out]`).
     pub fn weights(&self) -> Result<HostWeights> {
         Ok(self.layout.unpack(&self.params.to_vec::<f32>()?))
     }
 
-    /// Copy the current weights into `layers` (W [out, in], b [out] tensors, any device).
+    /// Copy the current weights into `layers` (W `[out, in]`, b `[out]` tensors, any device).
     pub fn write_into(&self, layers: &[(Tensor, Tensor)]) -> Result<()> {
         for ((w, b), (wv, bv)) in layers.iter().zip(self.weights()?) {
             w.set(&Tensor::from_vec(wv, w.dims().to_vec(), w.device())?)?;

@@ -11,11 +11,17 @@ use crate::optim::Optimizer;
 use ferrograd_core::{no_grad, DType, Error, GradStore, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
+/// [`GradScaler`]'s settings, PyTorch's defaults (`init_scale` 65536, growth 2, backoff 0.5,
+/// interval 2000).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GradScalerConfig {
+    /// The first scale (a power of two keeps scaling exact).
     pub init_scale: f64,
+    /// Multiplies the scale after `growth_interval` clean steps (> 1).
     pub growth_factor: f64,
+    /// Multiplies the scale after an overflow (in `(0, 1)`).
     pub backoff_factor: f64,
+    /// Clean steps in a row before the scale grows.
     pub growth_interval: u64,
     /// A disabled scaler passes losses and steps through unchanged (bf16 needs no scaling).
     pub enabled: bool,
@@ -36,14 +42,30 @@ impl Default for GradScalerConfig {
 /// What a checkpoint needs to resume the scaler.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct GradScalerState {
+    /// The current scale.
     pub scale: f64,
+    /// Clean steps since the last change of scale.
     pub growth_tracker: u64,
     /// Steps skipped so far because of inf/nan gradients.
     pub skipped: u64,
 }
 
+/// Dynamic loss scaling for f16 training (`torch.amp.GradScaler`); see the module documentation.
+/// ```
+/// use ferrograd_core::{DType, Device, Tensor};
+/// use ferrograd_nn::amp::{GradScaler, GradScalerConfig};
+/// use ferrograd_nn::optim::{Optimizer, Sgd};
+/// let w = Tensor::ones(3, DType::F32, Device::Cpu)?.requires_grad();
+/// let mut opt = Sgd::new(vec![("w".into(), w.clone())], Default::default())?;
+/// let mut scaler = GradScaler::new(GradScalerConfig::default())?;
+/// let loss = w.sqr()?.sum_all()?;
+/// let mut grads = scaler.scale_loss(&loss)?.backward()?; // gradients are scaled by 65536
+/// assert!(scaler.step(&mut opt, &mut grads)?); // unscaled, finite: the optimizer stepped
+/// # Ok::<(), ferrograd_core::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct GradScaler {
+    /// Its settings.
     pub config: GradScalerConfig,
     state: GradScalerState,
     /// `Some(found_inf)` once this step's gradients have been unscaled.
@@ -51,6 +73,8 @@ pub struct GradScaler {
 }
 
 impl GradScaler {
+    /// A scaler; [`ferrograd_core::Error::InvalidArgument`] for a non-positive or non-finite initial
+    /// scale, a growth factor not above 1, a backoff outside `(0, 1)` or a zero interval.
     pub fn new(config: GradScalerConfig) -> Result<Self> {
         let ok = config.init_scale > 0.0
             && config.init_scale.is_finite()
@@ -65,6 +89,7 @@ impl GradScaler {
         Ok(GradScaler { config, state, unscaled: None })
     }
 
+    /// The current scale (1 when disabled).
     pub fn scale(&self) -> f64 {
         if self.config.enabled {
             self.state.scale
@@ -73,10 +98,12 @@ impl GradScaler {
         }
     }
 
+    /// What a checkpoint saves (`scaler.state_dict()`).
     pub fn state(&self) -> GradScalerState {
         self.state
     }
 
+    /// Restore a saved state (`scaler.load_state_dict()`); errors on a non-positive or non-finite scale.
     pub fn load_state(&mut self, state: GradScalerState) -> Result<()> {
         if !(state.scale > 0.0 && state.scale.is_finite()) {
             return Err(Error::InvalidArgument(format!("GradScaler: bad saved scale {}", state.scale)));

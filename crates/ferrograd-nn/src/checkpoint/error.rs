@@ -3,38 +3,115 @@
 
 use ferrograd_core::DType;
 
+/// Why a checkpoint could not be saved or loaded. Converts into [`ferrograd_core::Error`]:
+/// `File` naming the path (`NonFinite` for non-finite values; tensor errors pass through).
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
+    /// The file cannot be read or written.
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
 
+    /// The bytes are not a valid safetensors file.
     #[error("{path}: not a valid safetensors file: {msg}")]
-    Corrupt { path: String, msg: String },
+    Corrupt {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        msg: String,
+    },
 
+    /// A tensor's byte range passes the end of the file.
     #[error(
         "{path}: truncated: tensor {name} needs bytes {start}..{end} of the data section, which holds {available}"
     )]
-    Truncated { path: String, name: String, start: u64, end: u64, available: u64 },
+    Truncated {
+        /// The file.
+        path: String,
+        /// The tensor.
+        name: String,
+        /// First byte needed (within the data section).
+        start: u64,
+        /// One past the last byte needed.
+        end: u64,
+        /// Bytes the data section holds.
+        available: u64,
+    },
 
+    /// A tensor the model or optimizer needs is not in the file.
     #[error("{path}: tensor {name} is missing")]
-    Missing { path: String, name: String },
+    Missing {
+        /// The file.
+        path: String,
+        /// The tensor.
+        name: String,
+    },
 
+    /// The file holds a tensor the model or optimizer does not have (strict loading).
     #[error("{path}: tensor {name} is not part of the model or optimizer being loaded")]
-    Unexpected { path: String, name: String },
+    Unexpected {
+        /// The file.
+        path: String,
+        /// The tensor.
+        name: String,
+    },
 
+    /// A tensor's shape differs from the parameter it loads into.
     #[error("{path}: tensor {name} has shape {got:?}, expected {expected:?}")]
-    Shape { path: String, name: String, expected: Vec<usize>, got: Vec<usize> },
+    Shape {
+        /// The file.
+        path: String,
+        /// The tensor.
+        name: String,
+        /// What the model expects.
+        expected: Vec<usize>,
+        /// What the file holds.
+        got: Vec<usize>,
+    },
 
+    /// A tensor's dtype differs from the parameter's.
     #[error("{path}: tensor {name} has dtype {got}, expected {expected}")]
-    DType { path: String, name: String, expected: DType, got: String },
+    DType {
+        /// The file.
+        path: String,
+        /// The tensor.
+        name: String,
+        /// What the model expects.
+        expected: DType,
+        /// What the file holds.
+        got: String,
+    },
 
+    /// A tensor holds NaN or infinity (refused unless non-finite values are allowed).
     #[error("{path}: tensor {name} holds {value} at element {index} (not finite)")]
-    NonFinite { path: String, name: String, index: usize, value: f64 },
+    NonFinite {
+        /// The file.
+        path: String,
+        /// The tensor.
+        name: String,
+        /// Flat index of the first bad element.
+        index: usize,
+        /// The value found.
+        value: f64,
+    },
 
+    /// A metadata entry (step, optimizer state, RNG) is missing or malformed.
     #[error("{path}: metadata {key}: {msg}")]
-    Metadata { path: String, key: String, msg: String },
+    Metadata {
+        /// The file.
+        path: String,
+        /// The metadata key.
+        key: String,
+        /// What is wrong.
+        msg: String,
+    },
 
     #[error(transparent)]
+    /// A tensor operation failed while loading (for example a cast or a copy to the device).
     Tensor(#[from] ferrograd_core::Error),
 }
 

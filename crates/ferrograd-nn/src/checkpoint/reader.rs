@@ -25,16 +25,20 @@ pub struct Entry {
     pub dtype_name: String,
     /// Ours, when we have it.
     pub dtype: Option<DType>,
+    /// The tensor's shape.
     pub shape: Vec<usize>,
     /// Byte range within the data section.
     pub start: u64,
+    /// One past the last byte, within the data section.
     pub end: u64,
 }
 
 /// The parsed and checked header.
 #[derive(Debug)]
 pub struct Header {
+    /// Every tensor's entry, by name.
     pub tensors: BTreeMap<String, Entry>,
+    /// The `__metadata__` entries.
     pub metadata: HashMap<String, String>,
     /// Where the data section starts in the file.
     pub data_start: u64,

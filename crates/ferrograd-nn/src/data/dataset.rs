@@ -3,9 +3,13 @@
 
 use ferrograd_core::{Device, Error, Result, Tensor};
 
+/// Indexable samples (PyTorch's map-style `Dataset`); a [`DataLoader`](crate::data::DataLoader)
+/// batches them.
 pub trait Dataset: Send + Sync {
+    /// Number of samples.
     fn len(&self) -> usize;
 
+    /// Whether there is no sample.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -48,6 +52,8 @@ pub struct TensorDataset {
 }
 
 impl TensorDataset {
+    /// A dataset over `fields` (`torch.utils.data.TensorDataset`): sample `i` is row `i` of each.
+    /// Errors when there is no field, a field is 0-d, or the leading dims differ.
     pub fn new(fields: Vec<Tensor>) -> Result<Self> {
         let first = fields.first().ok_or_else(|| Error::InvalidArgument("TensorDataset needs a tensor".into()))?;
         let len =

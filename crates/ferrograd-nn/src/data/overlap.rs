@@ -10,16 +10,21 @@ use ferrograd_core::cuda::{CudaDevice, GpuTimer};
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
 use serde::Serialize;
 
+/// The synthetic step of the transfer/compute overlap benchmark (`ferrograd bench overlap`): a
+/// few square matmuls beside one host-to-device copy.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OverlapConfig {
     /// Side of the square matmul operands.
     pub matmul_size: usize,
     /// Matmuls per synthetic step.
     pub matmuls: usize,
+    /// Matmul dtype.
     pub dtype: DType,
     /// Bytes of the batch copied to the device per step.
     pub transfer_bytes: usize,
+    /// Untimed steps first.
     pub warmup: usize,
+    /// Timed steps (the median is reported).
     pub iters: usize,
 }
 
@@ -37,20 +42,30 @@ impl Default for OverlapConfig {
     }
 }
 
+/// What the overlap benchmark measured (median milliseconds per step).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OverlapReport {
+    /// The device.
     pub device: String,
+    /// The matmuls alone.
     pub compute_ms: f64,
+    /// The copy alone.
     pub transfer_ms: f64,
+    /// Both, the copy on the copy stream beside the matmuls.
     pub overlapped_ms: f64,
     /// `(compute + transfer - overlapped) / min(compute, transfer)`.
     pub efficiency: f64,
     /// Host-to-device bandwidth of the transfer alone, GB/s.
     pub transfer_gbps: f64,
+    /// Matmul side.
     pub matmul_size: usize,
+    /// Matmuls per step.
     pub matmuls: usize,
+    /// Matmul dtype.
     pub dtype: String,
+    /// Bytes copied per step.
     pub transfer_bytes: usize,
+    /// Timed steps.
     pub iters: usize,
 }
 

@@ -4,6 +4,7 @@
 
 use ferrograd_core::rng::philox4x32_10;
 
+/// The permutation of `0..n` for `epoch` of `seed` (the same on every run and machine).
 pub fn shuffled_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     let mut v: Vec<usize> = (0..n).collect();
     let key = [seed as u32, (seed >> 32) as u32];

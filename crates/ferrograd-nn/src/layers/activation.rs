@@ -8,6 +8,8 @@ macro_rules! activation {
     ($($(#[$doc:meta])* $name:ident => $f:ident),* $(,)?) => {
         $(
             $(#[$doc])*
+            ///
+            /// A parameter-free module; elementwise, any shape, float dtypes.
             #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
             pub struct $name;
 
@@ -26,18 +28,27 @@ activation! {
     Relu => relu,
     /// GELU, exact erf form (PyTorch's `nn.GELU()` default).
     Gelu => gelu,
+    /// Hyperbolic tangent (`nn.Tanh`).
     Tanh => tanh,
+    /// `1 / (1 + e^-x)` (`nn.Sigmoid`).
     Sigmoid => sigmoid,
     /// `x * sigmoid(x)`
     Silu => silu,
 }
 
+/// One of the activations by name, itself a [`Module`]: what [`mlp`](crate::mlp) puts between
+/// its linear layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
+    /// [`Relu`].
     Relu,
+    /// [`Gelu`] (exact erf form).
     Gelu,
+    /// [`Tanh`].
     Tanh,
+    /// [`Sigmoid`].
     Sigmoid,
+    /// [`Silu`].
     Silu,
 }
 

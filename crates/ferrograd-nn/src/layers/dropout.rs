@@ -4,9 +4,13 @@
 use crate::{Module, SharedRng};
 use ferrograd_core::{Error, Result, Tensor};
 
+/// Inverted dropout (`nn.Dropout(p)`): in training mode each element is zeroed with probability
+/// `p` and the rest scaled by `1 / (1 - p)`; the identity in eval mode.
 #[derive(Debug, Clone)]
 pub struct Dropout {
+    /// Drop probability, in `[0, 1)`.
     pub p: f64,
+    /// The generator its masks come from (shared so that a checkpoint can save it).
     pub rng: SharedRng,
     training: bool,
 }
@@ -20,6 +24,7 @@ impl Dropout {
         Ok(Dropout { p, rng, training: true })
     }
 
+    /// Whether it drops (training mode).
     pub fn is_training(&self) -> bool {
         self.training
     }

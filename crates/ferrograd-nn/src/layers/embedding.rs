@@ -3,6 +3,7 @@
 use crate::{init, Module};
 use ferrograd_core::{Device, Result, Rng, Tensor};
 
+/// A lookup table (`nn.Embedding`): row `i` of `weight` for id `i`.
 #[derive(Debug, Clone)]
 pub struct Embedding {
     /// `[num_embeddings, embedding_dim]`
@@ -10,6 +11,7 @@ pub struct Embedding {
 }
 
 impl Embedding {
+    /// A table of N(0, 1) rows (PyTorch's initialisation), f32 on `device`.
     pub fn new(num_embeddings: usize, embedding_dim: usize, rng: &mut Rng, device: Device) -> Result<Self> {
         Ok(Embedding { weight: init::normal(rng, 0.0, 1.0, (num_embeddings, embedding_dim), device)? })
     }

@@ -4,14 +4,19 @@
 use crate::{amp, init, Module};
 use ferrograd_core::{DType, Device, Result, Tensor};
 
+/// Layer norm over the last dim (`nn.LayerNorm(dim)`): `(x - mean) / sqrt(var + eps) * weight + bias`.
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
+    /// Scale `[dim]`, ones at first; `None` without affine parameters.
     pub weight: Option<Tensor>,
+    /// Shift `[dim]`, zeros at first.
     pub bias: Option<Tensor>,
+    /// Added to the variance.
     pub eps: f64,
 }
 
 impl LayerNorm {
+    /// Weight 1, bias 0, eps 1e-5 (PyTorch's defaults), f32 on `device`.
     pub fn new(dim: usize, device: Device) -> Result<Self> {
         Self::with_options(dim, 1e-5, true, device)
     }

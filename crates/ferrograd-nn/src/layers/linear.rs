@@ -8,6 +8,8 @@ use ferrograd_core::fused::linear::linear;
 pub use ferrograd_core::fused::linear::Activation as LinearActivation;
 use ferrograd_core::{DType, Device, Result, Rng, Tensor};
 
+/// A fully connected layer (`nn.Linear`): `y = x W^T + b` over the last dim of `x`
+/// (`[.., in] -> [.., out]`).
 #[derive(Debug, Clone)]
 pub struct Linear {
     /// `[out_features, in_features]`
@@ -36,10 +38,12 @@ impl Linear {
         Linear { weight: leaf(weight), bias: bias.map(leaf) }
     }
 
+    /// Input features (the weight's second dim).
     pub fn in_features(&self) -> usize {
         self.weight.dims().get(1).copied().unwrap_or(0)
     }
 
+    /// Output features (the weight's first dim).
     pub fn out_features(&self) -> usize {
         self.weight.dims().first().copied().unwrap_or(0)
     }

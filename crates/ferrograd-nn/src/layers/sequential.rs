@@ -4,6 +4,7 @@ use crate::module::join_name;
 use crate::Module;
 use ferrograd_core::{Result, Tensor};
 
+/// Layers applied in order (`nn.Sequential`); children are named `0`, `1`, ...
 #[derive(Default)]
 pub struct Sequential {
     layers: Vec<Box<dyn Module>>,
@@ -16,6 +17,7 @@ impl std::fmt::Debug for Sequential {
 }
 
 impl Sequential {
+    /// An empty container.
     pub fn new() -> Self {
         Self::default()
     }
@@ -27,18 +29,22 @@ impl Sequential {
         self
     }
 
+    /// Append a boxed layer.
     pub fn push(&mut self, m: Box<dyn Module>) {
         self.layers.push(m);
     }
 
+    /// Number of layers.
     pub fn len(&self) -> usize {
         self.layers.len()
     }
 
+    /// Whether it has no layer.
     pub fn is_empty(&self) -> bool {
         self.layers.is_empty()
     }
 
+    /// Layer `i`.
     pub fn get(&self, i: usize) -> Option<&dyn Module> {
         self.layers.get(i).map(|b| &**b)
     }

@@ -5,6 +5,7 @@
 use super::Optimizer;
 use ferrograd_core::{GradStore, Result, Tensor};
 
+/// Gradient accumulation over micro-batches (see the module documentation).
 #[derive(Debug, Default)]
 pub struct GradAccumulator {
     store: GradStore,
@@ -12,6 +13,7 @@ pub struct GradAccumulator {
 }
 
 impl GradAccumulator {
+    /// An empty accumulator.
     pub fn new() -> Self {
         Self::default()
     }
@@ -48,10 +50,12 @@ impl GradAccumulator {
         Ok(())
     }
 
+    /// The summed gradients.
     pub fn grads(&self) -> &GradStore {
         &self.store
     }
 
+    /// The summed gradients, writable (to unscale or clip them before the step).
     pub fn grads_mut(&mut self) -> &mut GradStore {
         &mut self.store
     }

@@ -4,11 +4,14 @@ use super::{check_params, gather_grads, meta_f64, meta_u64, Optimizer};
 use ferrograd_core::optim::{adam_step, adam_step_scheduled, AdamConfig};
 use ferrograd_core::{Error, GradStore, Result, Tensor};
 
+/// Adam or AdamW (`torch.optim.Adam` / `AdamW`), one fused multi-tensor step per call; the moments
+/// `m` and `v` have each parameter's shape and device (parameters are f32).
 #[derive(Debug)]
 pub struct Adam {
     params: Vec<(String, Tensor)>,
     m: Vec<Tensor>,
     v: Vec<Tensor>,
+    /// Hyperparameters; `decoupled` makes it AdamW.
     pub config: AdamConfig,
     steps: u64,
 }

@@ -18,12 +18,17 @@ pub use sgd::Sgd;
 
 use ferrograd_core::{DType, Error, GradStore, Result, Tensor};
 
+/// An optimizer over named parameters (`torch.optim.Optimizer`): [`Sgd`], [`Adam`] (and AdamW via
+/// [`adamw`]), and `ferrograd_dist::DataParallel` wrapping one of them. Gradients come in a
+/// [`GradStore`] (`loss.backward()`), not in the parameters.
 pub trait Optimizer {
     /// Update every parameter that has a gradient in `grads`; parameters without one are left
     /// alone (PyTorch skips parameters whose `.grad` is None).
     fn step(&mut self, grads: &GradStore) -> Result<()>;
 
+    /// The current learning rate.
     fn lr(&self) -> f64;
+    /// Set the learning rate for the next steps (what [`LrSchedule::apply`] calls).
     fn set_lr(&mut self, lr: f64);
 
     /// The parameters this optimizer updates, with their names.
@@ -41,6 +46,7 @@ pub trait Optimizer {
 
     /// Everything else the optimizer needs to resume (step count, learning rate, flags).
     fn state_meta(&self) -> serde_json::Value;
+    /// Restore what [`Optimizer::state_meta`] saved; errors on missing or malformed entries.
     fn load_state_meta(&mut self, meta: &serde_json::Value) -> Result<()>;
 
     /// The backward pass of one micro-batch, adding into `grads`; `last_micro_step` marks the

@@ -5,6 +5,7 @@ use super::{check_params, gather_grads, meta_f64, meta_u64, Optimizer};
 use ferrograd_core::optim::{sgd_step, SgdConfig};
 use ferrograd_core::{Error, GradStore, Result, Tensor};
 
+/// SGD with momentum, dampening, Nesterov and weight decay (`torch.optim.SGD`).
 #[derive(Debug)]
 pub struct Sgd {
     params: Vec<(String, Tensor)>,
@@ -12,11 +13,14 @@ pub struct Sgd {
     bufs: Vec<Tensor>,
     /// Whether each buffer has been seeded by a first gradient.
     started: Vec<bool>,
+    /// Hyperparameters.
     pub config: SgdConfig,
     steps: u64,
 }
 
 impl Sgd {
+    /// An optimizer over `params` (f32, contiguous); errors for a negative or NaN lr, momentum or
+    /// weight decay, and for a parameter that is not f32 or not contiguous.
     pub fn new(params: Vec<(String, Tensor)>, config: SgdConfig) -> Result<Self> {
         check_params(&params)?;
         let bad = |v: f64| v.is_nan() || v < 0.0;

@@ -10,12 +10,15 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, IsTerminal, Write};
 use std::time::Instant;
 
+/// How the trainer reports progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ProgressMode {
     /// A bar when stdout is a terminal, lines otherwise.
     #[default]
     Auto,
+    /// An indicatif progress bar.
     Bar,
+    /// One line per logged step.
     Lines,
     /// Nothing on stdout (the JSON log, if any, is still written).
     Quiet,

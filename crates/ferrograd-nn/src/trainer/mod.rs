@@ -16,15 +16,21 @@ use ferrograd_core::{Device, Error, Result, Tensor};
 use log::StepLog;
 use std::path::PathBuf;
 
+/// What a [`Trainer`] runs (defaults: 1000 steps, log every 10, no accumulation, no clipping,
+/// no schedule).
 #[derive(Debug, Clone)]
 pub struct TrainerConfig {
+    /// Optimizer steps [`Trainer::fit`] runs to.
     pub max_steps: u64,
     /// Read the loss to the host (and log) every this many steps.
     pub log_every: u64,
     /// Micro-batches per optimizer step; each micro-batch loss is scaled by `1/grad_accum`.
     pub grad_accum: usize,
+    /// Clip the global gradient norm to this before each step.
     pub clip_grad_norm: Option<f64>,
+    /// Learning rate per step.
     pub schedule: Option<LrSchedule>,
+    /// Progress output on stdout.
     pub progress: ProgressMode,
     /// Append one JSON object per logged step to this file.
     pub json_log: Option<PathBuf>,
@@ -62,27 +68,37 @@ pub struct StepOutcome {
 /// What `fit` ran.
 #[derive(Debug, Clone, Default)]
 pub struct FitSummary {
+    /// Steps run by this call.
     pub steps: u64,
     /// `(step, mean loss of the window ending there)` for every logged step.
     pub losses: Vec<(u64, f64)>,
+    /// Samples consumed.
     pub samples: usize,
+    /// Wall time.
     pub seconds: f64,
 }
 
+/// A training loop (see the module documentation): owns the optimizer, an optional loss scaler
+/// and the step count.
 pub struct Trainer<O: Optimizer> {
+    /// Its settings.
     pub config: TrainerConfig,
+    /// The optimizer.
     pub optimizer: O,
+    /// Loss scaling for f16 (`None`: none).
     pub scaler: Option<GradScaler>,
     /// Optimizer steps completed.
     pub step: u64,
     /// Loader position of the next micro-batch (for resuming).
     pub epoch: u64,
+    /// Index of the next micro-batch in `epoch`.
     pub next_batch: usize,
     accum: GradAccumulator,
     log: StepLog,
 }
 
 impl<O: Optimizer> Trainer<O> {
+    /// A trainer at step 0; errors when `grad_accum` or `log_every` is 0.
     pub fn new(optimizer: O, config: TrainerConfig) -> Result<Self> {
         if config.grad_accum == 0 || config.log_every == 0 {
             return Err(Error::InvalidArgument("Trainer: grad_accum and log_every must be positive".into()));

@@ -84,15 +84,20 @@ impl Epilogue {
 /// product reads it transposed (`op(X) = X^T`). A stored as `k x m` when transposed, else `m x k`.
 #[derive(Clone, Copy, Debug)]
 pub struct Operand {
+    /// Device address.
     pub ptr: u64,
+    /// Leading dimension in elements.
     pub ld: usize,
+    /// Whether the product reads it transposed.
     pub trans: bool,
 }
 
 /// The aux matrix of the GELU epilogues: `m x n`, column-major, `ld` a multiple of 8.
 #[derive(Clone, Copy, Debug)]
 pub struct Aux {
+    /// Device address.
     pub ptr: u64,
+    /// Leading dimension in elements.
     pub ld: usize,
 }
 
@@ -100,16 +105,25 @@ pub struct Aux {
 /// when the matmul precision is `High`). Bias and aux have D's dtype.
 #[derive(Clone, Copy, Debug)]
 pub struct Gemm {
+    /// Element type of A, B, D, bias and aux.
     pub dtype: DType,
+    /// Rows of `op(A)` and D.
     pub m: usize,
+    /// Columns of `op(B)` and D.
     pub n: usize,
+    /// The contracted dimension.
     pub k: usize,
+    /// Left operand.
     pub a: Operand,
+    /// Right operand.
     pub b: Operand,
     /// Output, `m x n`, column-major (its `trans` must be false).
     pub d: Operand,
+    /// What is applied to the product before it is stored.
     pub epilogue: Epilogue,
+    /// Bias vector (`m` elements) for the bias epilogues.
     pub bias: Option<u64>,
+    /// The GELU pre-activation (forward) or its input (backward) for the GELU epilogues.
     pub aux: Option<Aux>,
 }
 
@@ -118,8 +132,11 @@ pub struct Gemm {
 /// launches autotuning spent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
+    /// Heuristic queries (one per new problem).
     pub heuristic_calls: u64,
+    /// Matmuls launched.
     pub launches: u64,
+    /// Problems turned away for want of a kernel.
     pub no_kernel: u64,
     /// Launches made to time a new plan's candidate algorithms (not counted in `launches`).
     pub tuning_launches: u64,

@@ -13,9 +13,12 @@ pub struct Arch {
 }
 
 impl Arch {
+    /// Ampere (A100).
     pub const SM80: Arch = Arch::new(8, 0);
+    /// Hopper (H100, H200).
     pub const SM90: Arch = Arch::new(9, 0);
 
+    /// `sm_{major}{minor}`, not arch-specific.
     pub const fn new(major: u32, minor: u32) -> Arch {
         Arch { major, minor, specific: false }
     }
@@ -34,14 +37,17 @@ impl Arch {
         }
     }
 
+    /// Major compute capability.
     pub fn major(self) -> u32 {
         self.major
     }
 
+    /// Minor compute capability.
     pub fn minor(self) -> u32 {
         self.minor
     }
 
+    /// Whether this is an `a` target (`sm_90a`), whose features run only on that exact architecture.
     pub fn is_arch_specific(self) -> bool {
         self.specific
     }

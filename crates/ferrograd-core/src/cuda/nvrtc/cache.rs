@@ -30,12 +30,17 @@ pub enum Origin {
 /// A CUBIN ready for `cuModuleLoadData`, and how it was obtained.
 #[derive(Debug, Clone)]
 pub struct CompiledKernel {
+    /// The module's name.
     pub name: String,
+    /// The architecture it was compiled for.
     pub arch: Arch,
+    /// The cache key (hash of source, headers, options, NVRTC version and arch).
     pub key: CacheKey,
+    /// The CUBIN bytes.
     pub cubin: Arc<[u8]>,
     /// `origin != Compiled`: no NVRTC compilation happened in this call.
     pub from_cache: bool,
+    /// Memory, disk or a fresh compile.
     pub origin: Origin,
     /// NVRTC time for this kernel: measured now on a miss, as recorded in the entry on a hit.
     pub compile_time: Duration,
@@ -76,6 +81,7 @@ impl fmt::Debug for KernelCache {
 }
 
 impl KernelCache {
+    /// A cache with an optional disk layer.
     pub fn new(disk: Option<DiskCache>) -> KernelCache {
         KernelCache { disk, include_dir: OnceLock::new(), memory: Mutex::new(HashMap::new()) }
     }
@@ -92,6 +98,7 @@ impl KernelCache {
         KernelCache { include_dir, ..self }
     }
 
+    /// The disk layer, if any.
     pub fn disk(&self) -> Option<&DiskCache> {
         self.disk.as_ref()
     }

@@ -13,7 +13,9 @@ use std::sync::OnceLock;
 /// `nvrtcVersion()`: the CUDA release the compiler belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NvrtcVersion {
+    /// Major version.
     pub major: u32,
+    /// Minor version.
     pub minor: u32,
 }
 
@@ -26,6 +28,7 @@ impl fmt::Display for NvrtcVersion {
 /// What the loaded libnvrtc is and can do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NvrtcInfo {
+    /// `nvrtcVersion()`.
     pub version: NvrtcVersion,
     /// `nvrtcGetSupportedArchs`, e.g. `[75, 80, 86, 87, 89, 90, 100, ...]`.
     pub supported_archs: Vec<u32>,
@@ -34,6 +37,7 @@ pub struct NvrtcInfo {
 }
 
 impl NvrtcInfo {
+    /// `Ok` when this NVRTC can compile for `arch`, else [`KernelError::UnsupportedArch`].
     pub fn check_arch(&self, arch: Arch) -> Result<(), KernelError> {
         if self.supported_archs.contains(&arch.number()) {
             Ok(())

@@ -29,6 +29,7 @@ pub const HEADER_LEN: usize = 96;
 /// A CUBIN read back from disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachedCubin {
+    /// The CUBIN bytes.
     pub cubin: Vec<u8>,
     /// What NVRTC took when the entry was written: the time a cache hit saves.
     pub compile_time: Duration,
@@ -37,7 +38,9 @@ pub struct CachedCubin {
 /// Outcome of [`DiskCache::get`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {
+    /// A valid entry.
     Hit(CachedCubin),
+    /// No entry.
     Miss,
     /// The file exists but cannot be trusted; the reason says why. Recompile and `put` over it.
     Corrupt(String),
@@ -50,6 +53,7 @@ pub struct DiskCache {
 }
 
 impl DiskCache {
+    /// A cache in `dir` (created on the first write).
     pub fn new(dir: impl Into<PathBuf>) -> DiskCache {
         DiskCache { dir: dir.into() }
     }
@@ -60,10 +64,12 @@ impl DiskCache {
         default_cache_dir(&|k| std::env::var_os(k)).map(DiskCache::new)
     }
 
+    /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
+    /// The file an entry of `key` lives in (`HEX.cubin`).
     pub fn path_for(&self, key: &CacheKey) -> PathBuf {
         self.dir.join(format!("{}.cubin", key.to_hex()))
     }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong while turning a kernel source into a CUBIN.
 ///
-/// Clone because [`nvrtc_info`] remembers its outcome for the whole process and hands out copies.
+/// Clone because `nvrtc_info` remembers its outcome for the whole process and hands out copies.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KernelError {
     #[error(
@@ -16,10 +16,20 @@ pub enum KernelError {
          LD_LIBRARY_PATH before the process starts",
         .candidates.join(", ")
     )]
-    NvrtcMissing { candidates: Vec<String> },
+    /// No libnvrtc could be loaded.
+    NvrtcMissing {
+        /// The library names tried.
+        candidates: Vec<String>,
+    },
 
     #[error("libnvrtc at {library} lacks `{symbol}`; it is too old (CUDA 12 or newer is needed)")]
-    NvrtcTooOld { library: String, symbol: String },
+    /// The libnvrtc found lacks a function ferrograd needs.
+    NvrtcTooOld {
+        /// The library loaded.
+        library: String,
+        /// The missing symbol.
+        symbol: String,
+    },
 
     #[error(
         "CUDA headers ({}) not found; searched: {}. Set {CUDA_INCLUDE_ENV} or CUDA_HOME, or \
@@ -27,22 +37,61 @@ pub enum KernelError {
         REQUIRED_HEADERS.join(", "),
         display_paths(.searched)
     )]
-    HeadersNotFound { searched: Vec<PathBuf> },
+    /// The CUDA headers kernels include are not found.
+    HeadersNotFound {
+        /// The directories searched.
+        searched: Vec<PathBuf>,
+    },
 
     #[error("`{0}` is not a GPU architecture (expected sm_80, sm_90a, 90, 9.0, ...)")]
+    /// A string that names no GPU architecture.
     InvalidArch(String),
 
     #[error("NVRTC {nvrtc} cannot compile for {arch}; it supports {}", display_archs(.supported))]
-    UnsupportedArch { arch: Arch, nvrtc: NvrtcVersion, supported: Vec<u32> },
+    /// This NVRTC cannot compile for the GPU's architecture.
+    UnsupportedArch {
+        /// The architecture asked for.
+        arch: Arch,
+        /// The NVRTC version loaded.
+        nvrtc: NvrtcVersion,
+        /// The architectures it supports.
+        supported: Vec<u32>,
+    },
 
     #[error("kernel `{name}`: {what} contains a NUL byte")]
-    InvalidInput { name: String, what: String },
+    /// A kernel's source, name or option holds a NUL byte.
+    InvalidInput {
+        /// The kernel.
+        name: String,
+        /// Which input.
+        what: String,
+    },
 
     #[error("kernel `{name}` failed to compile for {arch} ({code}); options {options:?}:\n{log}")]
-    Compile { name: String, arch: Arch, code: String, options: Vec<String>, log: String },
+    /// NVRTC rejected the source.
+    Compile {
+        /// The kernel module.
+        name: String,
+        /// The target architecture.
+        arch: Arch,
+        /// NVRTC's result code.
+        code: String,
+        /// The compile options.
+        options: Vec<String>,
+        /// NVRTC's log.
+        log: String,
+    },
 
     #[error("kernel `{name}`: NVRTC call {call} failed: {code}")]
-    Nvrtc { name: String, call: &'static str, code: String },
+    /// Another NVRTC call failed.
+    Nvrtc {
+        /// The kernel module.
+        name: String,
+        /// The NVRTC function.
+        call: &'static str,
+        /// Its result code.
+        code: String,
+    },
 }
 
 impl KernelError {

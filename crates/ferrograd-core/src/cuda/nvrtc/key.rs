@@ -44,14 +44,17 @@ impl CacheKey {
         CacheKey(h.finalize().into())
     }
 
+    /// A key from its 32 bytes.
     pub const fn from_bytes(bytes: [u8; 32]) -> CacheKey {
         CacheKey(bytes)
     }
 
+    /// The key's bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
 
+    /// The key as 64 hex digits (the cache file's name).
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }

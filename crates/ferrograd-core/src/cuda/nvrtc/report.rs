@@ -7,17 +7,25 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// One module of a precompile run.
 #[derive(Debug, Clone)]
 pub struct PrecompileEntry {
+    /// The module.
     pub name: String,
+    /// Its CUBIN or why it failed.
     pub result: Result<CompiledKernel, KernelError>,
 }
 
+/// What `ferrograd kernels --precompile` did.
 #[derive(Debug, Clone)]
 pub struct PrecompileReport {
+    /// The architecture compiled for.
     pub arch: Arch,
+    /// The disk cache, if any.
     pub cache_dir: Option<PathBuf>,
+    /// Every module.
     pub kernels: Vec<PrecompileEntry>,
+    /// Wall time of the run.
     pub elapsed: Duration,
     /// Threads that compiled in parallel.
     pub threads: usize,
@@ -38,10 +46,12 @@ impl PrecompileReport {
         self.ok().filter(|k| !k.from_cache).count()
     }
 
+    /// Modules that failed.
     pub fn failures(&self) -> usize {
         self.kernels.iter().filter(|e| e.result.is_err()).count()
     }
 
+    /// Whether none failed.
     pub fn is_ok(&self) -> bool {
         self.failures() == 0
     }

@@ -16,15 +16,19 @@ use super::arch::Arch;
 pub struct Header {
     /// The name the source includes it by.
     pub name: &'static str,
+    /// Its text.
     pub src: &'static str,
+    /// Defines every includer gets.
     pub defines: &'static [Define],
 }
 
 impl Header {
+    /// A header without defines.
     pub const fn new(name: &'static str, src: &'static str) -> Header {
         Header { name, src, defines: &[] }
     }
 
+    /// The header with these defines.
     pub const fn with_defines(self, defines: &'static [Define]) -> Header {
         Header { defines, ..self }
     }
@@ -34,12 +38,16 @@ impl Header {
 /// constant such as a `0xffffffff` sentinel).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Define {
+    /// The macro name.
     pub name: &'static str,
+    /// Its value.
     pub value: i64,
+    /// Appended to the value (`u` or nothing).
     pub suffix: &'static str,
 }
 
 impl Define {
+    /// A signed integer constant.
     pub const fn int(name: &'static str, value: i64) -> Define {
         Define { name, value, suffix: "" }
     }
@@ -67,7 +75,9 @@ pub struct CompileOptions {
 }
 
 impl CompileOptions {
+    /// Exact math, no extra flags.
     pub const DEFAULT: CompileOptions = CompileOptions { fast_math: false, extra: &[] };
+    /// `--use_fast_math`.
     pub const FAST_MATH: CompileOptions = CompileOptions { fast_math: true, extra: &[] };
 }
 
@@ -75,28 +85,37 @@ impl CompileOptions {
 /// headers it may include, the defines and how to compile it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelSource<'a> {
+    /// Name for logs and errors.
     pub name: &'a str,
+    /// The CUDA C source.
     pub src: &'a str,
+    /// Headers it may include.
     pub headers: &'a [Header],
+    /// `-D` defines.
     pub defines: &'a [Define],
+    /// Compile options.
     pub options: CompileOptions,
     /// Roughly how long NVRTC takes, for ordering a parallel precompile (see [`Module::cost_ms`]).
     pub cost_ms: u32,
 }
 
 impl<'a> KernelSource<'a> {
+    /// A source without headers or defines, compiled exactly.
     pub const fn new(name: &'a str, src: &'a str) -> KernelSource<'a> {
         KernelSource { name, src, headers: &[], defines: &[], options: CompileOptions::DEFAULT, cost_ms: 0 }
     }
 
+    /// With these options.
     pub const fn with_options(self, options: CompileOptions) -> KernelSource<'a> {
         KernelSource { options, ..self }
     }
 
+    /// With these headers.
     pub const fn with_headers(self, headers: &'a [Header]) -> KernelSource<'a> {
         KernelSource { headers, ..self }
     }
 
+    /// With these defines.
     pub const fn with_defines(self, defines: &'a [Define]) -> KernelSource<'a> {
         KernelSource { defines, ..self }
     }
@@ -123,10 +142,15 @@ impl<'a> KernelSource<'a> {
 /// compile test walk); a model's own module (`CudaDevice::launch_raw`) need not be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Module {
+    /// The module's name (kernel cache logs, `ferrograd kernels`).
     pub name: &'static str,
+    /// The CUDA C source.
     pub src: &'static str,
+    /// Headers it may include.
     pub headers: &'static [Header],
+    /// `-D` defines.
     pub defines: &'static [Define],
+    /// Compile options.
     pub options: CompileOptions,
     /// NVRTC milliseconds this module took for sm_90 on the 2-core dev machine, 0 where not
     /// measured. Only orders a cold `ferrograd kernels --precompile` (longest first, so that the
@@ -135,6 +159,7 @@ pub struct Module {
 }
 
 impl Module {
+    /// A module without headers or defines, compiled exactly.
     pub const fn new(name: &'static str, src: &'static str) -> Module {
         Module { name, src, headers: &[], defines: &[], options: CompileOptions::DEFAULT, cost_ms: 0 }
     }
@@ -143,14 +168,17 @@ impl Module {
         Module { cost_ms, ..self }
     }
 
+    /// With these headers (their defines come along).
     pub const fn with_headers(self, headers: &'static [Header]) -> Module {
         Module { headers, ..self }
     }
 
+    /// With these defines.
     pub const fn with_defines(self, defines: &'static [Define]) -> Module {
         Module { defines, ..self }
     }
 
+    /// With these options.
     pub const fn with_options(self, options: CompileOptions) -> Module {
         Module { options, ..self }
     }

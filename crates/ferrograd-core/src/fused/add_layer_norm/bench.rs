@@ -5,6 +5,7 @@
 use crate::fused::bench::{fused_backward, row_f64, Workload};
 use crate::{Error, Result, Tensor};
 
+/// The add_layer_norm workload that `ferrograd bench elementwise` times (see [`crate::fused::bench`]).
 pub struct AddLayerNormBench {
     x: Tensor,
     r: Tensor,

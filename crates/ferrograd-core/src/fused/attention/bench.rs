@@ -13,17 +13,29 @@ use crate::fused::bench::{fused_backward, rel_err};
 use crate::op::Op;
 use crate::{DType, Device, Error, Result, Rng, Tensor};
 
+/// The attention workload of `ferrograd bench attention`: q, k, v as views of one packed
+/// `[B, T, 3, H, D]` buffer (as GPT-2 produces them), and an output gradient.
 #[derive(Debug, Clone)]
 pub struct Workload {
+    /// Batch.
     pub b: usize,
+    /// Heads.
     pub h: usize,
+    /// Sequence length.
     pub t: usize,
+    /// Head dim.
     pub d: usize,
+    /// Causal mask.
     pub causal: bool,
+    /// The packed `[B, T, 3, H, D]` buffer.
     pub qkv: Tensor,
+    /// Queries, `[B, H, T, D]` (a view of `qkv`).
     pub q: Tensor,
+    /// Keys, `[B, H, T, D]`.
     pub k: Tensor,
+    /// Values, `[B, H, T, D]`.
     pub v: Tensor,
+    /// Gradient of the output, `[B, H, T, D]`.
     pub dout: Tensor,
 }
 
@@ -33,6 +45,7 @@ fn slot(qkv: &Tensor, i: usize) -> Result<Tensor> {
 }
 
 impl Workload {
+    /// N(0, 1) inputs of the given sizes.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         rng: &mut Rng,
@@ -61,6 +74,7 @@ impl Workload {
         Self::from_parts(conv(&self.qkv)?, conv(&self.dout)?, self.causal)
     }
 
+    /// The attention options of this workload (causal or not, default scale, no dropout).
     pub fn opts(&self) -> AttentionOpts {
         AttentionOpts { causal: self.causal, ..Default::default() }
     }

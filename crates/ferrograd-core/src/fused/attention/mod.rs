@@ -58,6 +58,7 @@ impl Default for AttentionOpts {
 }
 
 impl AttentionOpts {
+    /// Causal attention with the default scale and no dropout.
     pub fn causal() -> Self {
         AttentionOpts { causal: true, ..Default::default() }
     }
@@ -78,6 +79,7 @@ const ATTN_SIMT: Header = Header::new("attention_simt.cu", include_str!("attenti
 /// dim and dtype it launches. `cuda.rs` `module` picks one.
 macro_rules! attention_module {
     ($id:ident, $name:literal, $d:literal, $dtype:literal, $ms:literal) => {
+        /// The attention kernels compiled for one head dim and dtype.
         pub const $id: Module = Module::new($name, include_str!("attention.cu"))
             .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT])
             .with_defines(&[Define::int("FG_ATTN_D", $d), Define::int("FG_ATTN_DTYPE", $dtype)])
@@ -130,9 +132,13 @@ pub const MODULES: [&Module; 15] = [
 /// `rng::to_uniform` is `>= p`. Kept weights are scaled by `1 / (1 - p)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dropout {
+    /// Dropout probability.
     pub p: f64,
+    /// Philox key.
     pub seed: u64,
+    /// First Philox block of this call.
     pub offset: u64,
+    /// Keep threshold on the top 24 bits of a word: `ceil(p * 2^24)`.
     pub thr: u32,
 }
 
@@ -150,6 +156,7 @@ impl Dropout {
         )
     }
 
+    /// Whether the element drawing `word` is kept.
     pub fn keeps(&self, word: u32) -> bool {
         (word >> 8) >= self.thr
     }
@@ -158,13 +165,21 @@ impl Dropout {
 /// One call's resolved problem, shared by the forward and backward of both backends.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Problem {
+    /// Batch.
     pub b: usize,
+    /// Heads.
     pub h: usize,
+    /// Query length.
     pub tq: usize,
+    /// Key length.
     pub tk: usize,
+    /// Head dim.
     pub d: usize,
+    /// Causal mask.
     pub causal: bool,
+    /// Softmax scale.
     pub scale: f64,
+    /// Dropout, when `p > 0`.
     pub dropout: Option<Dropout>,
 }
 

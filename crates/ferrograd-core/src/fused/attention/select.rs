@@ -34,6 +34,7 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// Parse `FERROGRAD_ATTENTION`'s value: `auto` (or empty), `flash`, `cudnn`, `math`.
     pub fn parse(s: &str) -> Result<Backend> {
         match s.trim().to_ascii_lowercase().as_str() {
             "" | "auto" => Ok(Backend::Auto),
@@ -46,6 +47,7 @@ impl Backend {
         }
     }
 
+    /// The name `parse` accepts.
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::Auto => "auto",
@@ -114,10 +116,15 @@ pub(super) fn announce(backend: Backend) {
 /// How many forwards and backwards each implementation ran.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
+    /// Forwards run by our kernels.
     pub flash_fwd: u64,
+    /// Backwards run by our kernels.
     pub flash_bwd: u64,
+    /// Forwards run by cuDNN.
     pub cudnn_fwd: u64,
+    /// Backwards run by cuDNN.
     pub cudnn_bwd: u64,
+    /// Calls run by the composed definition.
     pub math: u64,
     /// Calls that asked for cuDNN (auto or forced) and ran our kernels instead.
     pub cudnn_fallbacks: u64,

@@ -6,6 +6,7 @@ use crate::fused::bench::{fused_backward, row_f64, Workload};
 use crate::op::UnaryOp;
 use crate::{Result, Tensor};
 
+/// The bias_gelu workload that `ferrograd bench elementwise` times (see [`crate::fused::bench`]).
 pub struct BiasGeluBench {
     x: Tensor,
     b: Tensor,

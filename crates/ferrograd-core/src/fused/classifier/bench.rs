@@ -8,6 +8,7 @@ use crate::{DType, Result, Rng, Tensor};
 
 use super::ClassifierOpts;
 
+/// The fused classifier workload that `ferrograd bench elementwise` times (see [`crate::fused::bench`]).
 pub struct ClassifierBench {
     x: Tensor,
     t: Tensor,
@@ -28,10 +29,12 @@ impl ClassifierBench {
         self.x.classifier_loss_grad(&self.t, ClassifierOpts::default())
     }
 
+    /// The logits `[rows, classes]`.
     pub fn logits(&self) -> &Tensor {
         &self.x
     }
 
+    /// The target class per row (u32).
     pub fn targets(&self) -> &Tensor {
         &self.t
     }

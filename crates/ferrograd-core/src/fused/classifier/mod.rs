@@ -48,6 +48,7 @@ pub const MODULE: Module = Module::new("classifier", include_str!("classifier.cu
 pub struct ClassifierOpts {
     /// The real classes: the first `classes` columns (`None`: all). The rest get gradient 0.
     pub classes: Option<usize>,
+    /// Rows whose target is this are skipped (PyTorch's `ignore_index`, -100 there by default; `None` here).
     pub ignore_index: Option<i64>,
     /// The gradient written is that of `grad_scale * mean loss` (`1 / k` for `k` micro-batches).
     pub grad_scale: f64,

@@ -7,6 +7,7 @@
 use crate::fused::bench::{row_f64, Workload};
 use crate::{DType, Error, Result, Rng, Tensor};
 
+/// The cross_entropy workload that `ferrograd bench elementwise` times (see [`crate::fused::bench`]).
 pub struct CrossEntropyBench {
     x: Tensor,
     t: Tensor,

@@ -2,7 +2,7 @@
 //! is not the ignore index: one kernel forward (per-row loss, log-sum-exp and kept flag, then two
 //! reductions and a division on the device) and one kernel backward.
 //!
-//! Targets are encoded first (`encode_targets`: u32 class ids, [`IGNORED`] for an ignored row);
+//! Targets are encoded first (`encode_targets`: u32 class ids, `IGNORED` for an ignored row);
 //! the forward and the backward take them in that form.
 
 pub mod bench;

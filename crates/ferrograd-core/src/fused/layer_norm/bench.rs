@@ -5,6 +5,7 @@
 use crate::fused::bench::{row_f64, Workload};
 use crate::{Result, Tensor};
 
+/// The layer_norm workload that `ferrograd bench elementwise` times (see [`crate::fused::bench`]).
 pub struct LayerNormBench {
     x: Tensor,
     w: Tensor,

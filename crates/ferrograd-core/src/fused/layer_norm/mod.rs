@@ -122,7 +122,8 @@ fn grad_outputs<S>(l: &Layout, (dx, dw, db): (S, S, S)) -> FusedOutputs<S> {
 
 impl Tensor {
     /// Layer norm over the last dim with optional weight and bias of that size:
-    /// `(x - mean) / sqrt(var + eps) * weight + bias`, the variance biased (as PyTorch's).
+    /// `(x - mean) / sqrt(var + eps) * weight + bias`, the variance biased (as PyTorch's
+    /// `F.layer_norm(x, [C], weight, bias, eps)`).
     pub fn layer_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
         self.dtype().check_float("layer_norm")?;
         let c = *self.dims().last().ok_or_else(|| shape_err!("layer_norm", "needs rank >= 1"))?;

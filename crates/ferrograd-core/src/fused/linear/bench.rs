@@ -9,8 +9,11 @@ use crate::{DType, Device, GradStore, Result, Rng, Tensor};
 /// One problem: `rows` tokens, `in_features` -> `out_features`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Case {
+    /// Tokens (rows of `x`).
     pub rows: usize,
+    /// Input features.
     pub in_features: usize,
+    /// Output features.
     pub out_features: usize,
 }
 
@@ -43,13 +46,18 @@ impl Case {
 /// initialisation), output gradient `~ N(0, 1)`. Weight and bias require grad, x does too (a
 /// hidden layer's input), so all three gradients are computed.
 pub struct Inputs {
+    /// Input `[rows, in]`.
     pub x: Tensor,
+    /// Weight `[out, in]`.
     pub w: Tensor,
+    /// Bias `[out]`.
     pub b: Tensor,
+    /// Output gradient `[rows, out]`.
     pub dy: Tensor,
 }
 
 impl Inputs {
+    /// Draw the tensors of `case`.
     pub fn new(case: Case, dtype: DType, device: Device, rng: &mut Rng) -> Result<Inputs> {
         let Case { rows, in_features: k, out_features: n } = case;
         let bound = 1.0 / (k as f64).sqrt();
@@ -85,7 +93,9 @@ impl Inputs {
 /// One piece of the fused step, run alone on tensors saved once (`ferrograd bench linear
 /// --breakdown`): where the step's time goes.
 pub struct Piece<'a> {
+    /// The row name in the breakdown table.
     pub name: &'static str,
+    /// Runs the piece once.
     pub run: Box<dyn FnMut() -> Result<()> + 'a>,
 }
 
@@ -144,8 +154,11 @@ impl Inputs {
 /// GPT-2's MLP block: `rows` tokens, `dim -> hidden -> dim` (`ferrograd bench linear`'s `mlp` rows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MlpCase {
+    /// Tokens.
     pub rows: usize,
+    /// Model width.
     pub dim: usize,
+    /// Hidden width.
     pub hidden: usize,
 }
 
@@ -154,6 +167,7 @@ pub const GPT2_MLP: &[MlpCase] =
     &[MlpCase { rows: 16 * 1024, dim: 768, hidden: 3072 }, MlpCase { rows: 16 * 1024, dim: 1024, hidden: 4096 }];
 
 impl MlpCase {
+    /// `768->3072->768 rows=16384`: the row name.
     pub fn name(&self) -> String {
         format!("{}->{}->{} rows={}", self.dim, self.hidden, self.dim, self.rows)
     }
@@ -171,15 +185,22 @@ impl MlpCase {
 
 /// The block's tensors, drawn as [`Inputs`] draws a layer's.
 pub struct MlpInputs {
+    /// Input `[rows, dim]`.
     pub x: Tensor,
+    /// First weight `[hidden, dim]`.
     pub w1: Tensor,
+    /// First bias `[hidden]`.
     pub b1: Tensor,
+    /// Second weight `[dim, hidden]`.
     pub w2: Tensor,
+    /// Second bias `[dim]`.
     pub b2: Tensor,
+    /// Output gradient `[rows, dim]`.
     pub dy: Tensor,
 }
 
 impl MlpInputs {
+    /// Draw the block's tensors.
     pub fn new(case: MlpCase, dtype: DType, device: Device, rng: &mut Rng) -> Result<MlpInputs> {
         let MlpCase { rows, dim, hidden } = case;
         let (b1, b2) = (1.0 / (dim as f64).sqrt(), 1.0 / (hidden as f64).sqrt());
@@ -208,6 +229,7 @@ impl MlpInputs {
         Ok((y, g))
     }
 
+    /// `x` and the four parameters, whose gradients the step computes.
     pub fn params(&self) -> [&Tensor; 5] {
         [&self.x, &self.w1, &self.b1, &self.w2, &self.b2]
     }

@@ -11,18 +11,25 @@ use super::{selective_scan, ScanArgs};
 use crate::fused::bench::{fused_backward, rel_err};
 use crate::{DType, Device, Result, Rng, Tensor};
 
+/// The selective-scan workload (see the module documentation).
 #[derive(Debug, Clone)]
 pub struct Workload {
+    /// Batch.
     pub batch: usize,
+    /// Channels.
     pub dim: usize,
+    /// Sequence length.
     pub len: usize,
+    /// State size.
     pub state: usize,
     /// u, delta, A, B, C, D, z, delta_bias.
     pub inputs: Vec<Tensor>,
+    /// Gradient of the output.
     pub dout: Tensor,
 }
 
 impl Workload {
+    /// Draw the inputs (module documentation) for `(batch, dim, len, state)`.
     pub fn new(
         rng: &mut Rng,
         (batch, dim, len, state): (usize, usize, usize, usize),

@@ -81,18 +81,28 @@ pub struct ScanArgs<'a> {
 /// One call's resolved problem, shared by both backends' forward and backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Problem {
+    /// Batch.
     pub batch: usize,
+    /// Channels (`D`).
     pub dim: usize,
+    /// Sequence length (`L`).
     pub len: usize,
+    /// State size (`N`).
     pub state: usize,
+    /// Groups sharing one `B` / `C`.
     pub groups: usize,
+    /// Whether the skip `D` is given.
     pub has_d: bool,
+    /// Whether the gate `z` is given.
     pub has_z: bool,
+    /// Whether `delta_bias` is given.
     pub has_bias: bool,
+    /// Whether softplus is applied to `delta`.
     pub softplus: bool,
 }
 
 impl Problem {
+    /// Chunks of the sequence the kernels scan (`len / CHUNK`, rounded up).
     pub fn chunks(&self) -> usize {
         self.len.div_ceil(CHUNK)
     }

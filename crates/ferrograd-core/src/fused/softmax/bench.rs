@@ -4,6 +4,7 @@
 use crate::fused::bench::{row_f64, Workload};
 use crate::{Result, Tensor};
 
+/// The softmax workload that `ferrograd bench elementwise` times (see [`crate::fused::bench`]).
 pub struct SoftmaxBench {
     x: Tensor,
 }

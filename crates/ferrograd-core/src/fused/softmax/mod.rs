@@ -60,12 +60,15 @@ impl FusedOp for Softmax {
 }
 
 impl Tensor {
-    /// Softmax over `dim`, numerically stable (the row max is subtracted first).
+    /// Softmax over `dim`, numerically stable (the row max is subtracted first): `F.softmax(x,
+    /// dim)`. Same shape, dtype and device; float dtypes (f16/bf16 accumulate in f32), one kernel
+    /// on CUDA, differentiable.
     pub fn softmax<D: Dim>(&self, dim: D) -> Result<Tensor> {
         self.softmax_impl(dim, false)
     }
 
-    /// Log-softmax over `dim`: `x - max - ln(sum(exp(x - max)))`.
+    /// Log-softmax over `dim`: `x - max - ln(sum(exp(x - max)))` (`F.log_softmax(x, dim)`); as
+    /// [`Tensor::softmax`].
     pub fn log_softmax<D: Dim>(&self, dim: D) -> Result<Tensor> {
         self.softmax_impl(dim, true)
     }

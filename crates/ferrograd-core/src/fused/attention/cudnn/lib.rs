@@ -40,6 +40,7 @@ type GetVersion = unsafe extern "C" fn() -> usize;
 
 /// The loaded library and the functions the attention path calls.
 pub struct CudnnLib {
+    /// The file it was loaded from.
     pub path: String,
     /// `CUDNN_VERSION`: major * 10000 + minor * 100 + patch (9.14.0 is 91400).
     pub version: usize,
@@ -133,6 +134,7 @@ fn bind(lib: Library, path: &str) -> Result<CudnnLib, String> {
 }
 
 impl CudnnLib {
+    /// The version as `major.minor.patch`.
     pub fn version_string(&self) -> String {
         let v = self.version;
         format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100)
