@@ -366,7 +366,11 @@ fn seeded_backward_averages_like_the_loss_backward_and_launches_during_the_walk(
                     let (pred, seed, _) = batch(m);
                     seeded.backward_seeded(&pred, &seed, &mut g_seeded, m == 2).unwrap();
                     if m < 2 {
-                        assert_eq!(counting.calls.load(Ordering::SeqCst), before, "communication before the last micro-step");
+                        assert_eq!(
+                            counting.calls.load(Ordering::SeqCst),
+                            before,
+                            "communication before the last micro-step"
+                        );
                     }
                 }
                 assert_eq!(counting.calls.load(Ordering::SeqCst), before + nb, "one all-reduce per bucket");
@@ -382,10 +386,14 @@ fn seeded_backward_averages_like_the_loss_backward_and_launches_during_the_walk(
                 seeded.reduce_grads(&mut g_seeded).unwrap();
                 plain.reduce_grads(&mut g_plain).unwrap();
                 for (name, p) in &params {
-                    let (a, b) = (g_seeded.get(p).unwrap().to_f64_vec().unwrap(), g_plain.get(p).unwrap().to_f64_vec().unwrap());
+                    let (a, b) =
+                        (g_seeded.get(p).unwrap().to_f64_vec().unwrap(), g_plain.get(p).unwrap().to_f64_vec().unwrap());
                     let scale = b.iter().fold(1e-30f64, |s, v| s.max(v.abs()));
                     let diff = a.iter().zip(&b).fold(0.0f64, |s, (u, v)| s.max((u - v).abs()));
-                    assert!(diff <= 1e-5 * scale, "rank {rank}, {name}: seeded vs loss backward differ by {diff:e} (scale {scale:e})");
+                    assert!(
+                        diff <= 1e-5 * scale,
+                        "rank {rank}, {name}: seeded vs loss backward differ by {diff:e} (scale {scale:e})"
+                    );
                 }
                 // The grad-sync mode updates nothing and ends the step: the next may communicate.
                 let before: Vec<Vec<f64>> = params.iter().map(|(_, p)| p.to_f64_vec().unwrap()).collect();

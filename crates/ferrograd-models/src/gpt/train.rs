@@ -496,24 +496,53 @@ impl Run {
         let Run { model, opt, accum, inputs, cfg, step_graph, sync, .. } = self;
         let body = StepBody { model, inputs, k: self.grad_accum, clip: cfg.grad_clip, precision: cfg.precision };
         let mut sync = sync.as_deref_mut();
+        let mut eager = false;
         let out = match step_graph {
             Some(sg) => {
-                let mut run = || body.run(accum, sync.as_deref_mut(), |g| opt.step_device(g));
+                // Whether the body itself ran to its end (a capture that fails after it did leaves
+                // every host-side state, the gradient averager's included, at a step's end).
+                let mut body_done = false;
+                let mut run = || {
+                    let r = body.run(accum, sync.as_deref_mut(), |g| opt.step_device(g));
+                    body_done = r.is_ok();
+                    r
+                };
                 if sg.warmups < GRAPH_WARMUP {
                     sg.warmups += 1;
-                    sg.capture.warmup(run)?
+                    Some(sg.capture.warmup(run)?)
                 } else {
                     if sg.graph.is_none() {
-                        sg.graph = Some(sg.capture.capture(&mut run)?);
+                        match sg.capture.capture(&mut run) {
+                            Ok(g) => sg.graph = Some(g),
+                            // Data parallel: the driver or NCCL refused to record the collectives.
+                            // Recorded work never ran, so this rank may go on eagerly (its
+                            // collectives are the ones the others' graph launches, in order).
+                            Err(e) if body_done && sync.is_some() => {
+                                eprintln!("ferrograd: the step could not be captured ({e}); every step runs eagerly");
+                                eager = true;
+                            }
+                            Err(e) => return Err(e),
+                        }
                     }
-                    let Some((graph, out)) = &sg.graph else { unreachable!("the graph was just captured") };
-                    graph.replay()?;
-                    out.clone()
+                    match &sg.graph {
+                        Some((graph, out)) => {
+                            graph.replay()?;
+                            Some(out.clone())
+                        }
+                        None => None,
+                    }
                 }
             }
+            None => None,
+        };
+        let out = match out {
+            Some(out) => out,
             None if on_device => body.run(accum, sync, |g| opt.step_device(g))?,
             None => body.run(accum, sync, |g| opt.step(g))?,
         };
+        if eager {
+            self.step_graph = None;
+        }
         if on_device {
             self.opt.count_step();
         }
