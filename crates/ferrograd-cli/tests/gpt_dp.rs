@@ -199,6 +199,31 @@ fn two_ranks_take_the_steps_of_one_on_the_same_global_batch() -> Result<()> {
     Ok(())
 }
 
+/// Data parallel rides the one-process step body: through the hooks over a world of one (`Solo`:
+/// every collective the identity) a run takes bit-identical steps to a run without a group, with
+/// accumulation (gradients copied into buckets and averaged views handed to the same clipping and
+/// AdamW change no bit).
+#[test]
+fn a_world_of_one_through_the_hooks_takes_the_steps_of_no_group_bit_for_bit() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    shards(dir.path());
+    let steps = 3;
+    let mut plain = Run::new(TrainConfig { grad_clip: 0.05, ..cfg(dir.path(), "plain", steps, 2) })?;
+    let solo: Arc<dyn Communicator> = Arc::new(ferrograd_dist::Solo::new(Device::Cpu));
+    let hooks = ferrograd_cli::gpt_dp_hooks(solo, dp(DType::F32));
+    let mut grouped =
+        Run::new(TrainConfig { dist: Some(hooks), grad_clip: 0.05, ..cfg(dir.path(), "solo", steps, 2) })?;
+    assert_eq!((grouped.grad_accum, grouped.info.world), (2, 1));
+    for s in 0..steps {
+        let (a, na) = plain.train_step()?;
+        let (b, nb) = grouped.train_step()?;
+        assert_eq!((a.item_f64()?, na.item_f64()?), (b.item_f64()?, nb.item_f64()?), "step {s}: loss, norm");
+        assert!(na.item_f64()? > 0.05, "clipping must act for the test to mean something");
+    }
+    assert_eq!(params(&plain), params(&grouped));
+    Ok(())
+}
+
 #[test]
 fn bf16_gradients_train_like_f32() -> Result<()> {
     let dir = tempfile::tempdir()?;

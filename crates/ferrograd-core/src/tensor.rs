@@ -400,6 +400,18 @@ impl Tensor {
         backprop::backward_with_hook(self, store, Some(on_leaf))
     }
 
+    /// `backward_into_with` (this tensor's gradient `grad` given) calling `on_leaf` as each leaf's
+    /// gradient becomes final, as `backward_into_with_hook` does: how a data-parallel training step
+    /// starts averaging gradients while it backpropagates the fused classifier's logits gradient.
+    pub fn backward_into_with_seed_hook(
+        &self,
+        grad: &Tensor,
+        store: &mut backprop::GradStore,
+        on_leaf: &mut dyn FnMut(&Tensor, &Tensor) -> Result<()>,
+    ) -> Result<()> {
+        backprop::backward_from(self, grad.clone(), store, Some(on_leaf))
+    }
+
     /// Overwrite this tensor's elements with `src`'s (same shape and dtype), keeping identity and
     /// storage: how optimizers update parameters in place.
     pub fn set(&self, src: &Tensor) -> Result<()> {

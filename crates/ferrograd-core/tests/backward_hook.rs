@@ -78,3 +78,33 @@ fn hook_sees_the_accumulated_sum_and_its_error_stops_the_walk() -> Result<()> {
     assert_eq!(calls, 1);
     Ok(())
 }
+
+#[test]
+fn seeded_hook_reports_the_gradients_backward_into_with_stores() -> Result<()> {
+    let mut rng = Rng::new(5);
+    let (w, loss) = chain(&mut rng)?;
+    // A non-scalar root seeded with a given gradient (the fused classifier's case: the logits'
+    // gradient formed before the walk), using w0 directly and through the chain.
+    let y = w[0].clone();
+    let seed = Tensor::randn_with(&mut rng, 0.0, 1.0, y.dims().to_vec(), DType::F64, Device::Cpu)?;
+    let root = y.mul_scalar(3.0)?.tanh()?.mul(&loss.broadcast_as(y.dims().to_vec())?)?;
+    let mut plain = GradStore::default();
+    root.backward_into_with(&seed, &mut plain)?;
+    let mut store = GradStore::default();
+    let mut seen = vec![];
+    root.backward_into_with_seed_hook(&seed, &mut store, &mut |leaf, g| {
+        let i = w.iter().position(|p| p.id() == leaf.id()).expect("hook got a tensor that is not a leaf");
+        seen.push(i);
+        assert_eq!(g.to_f64_vec()?, plain.get(leaf).unwrap().to_f64_vec()?, "w{i}: partial gradient");
+        Ok(())
+    })?;
+    seen.sort();
+    assert_eq!(seen, vec![0, 1, 2], "every leaf once");
+    for p in &w {
+        assert_eq!(store.get(p).unwrap().to_f64_vec()?, plain.get(p).unwrap().to_f64_vec()?);
+    }
+    // A seed of the wrong shape is an error, not a panic.
+    let bad = Tensor::zeros(3, DType::F64, Device::Cpu)?;
+    assert!(root.backward_into_with_seed_hook(&bad, &mut GradStore::default(), &mut |_, _| Ok(())).is_err());
+    Ok(())
+}

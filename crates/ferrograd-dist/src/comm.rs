@@ -65,6 +65,13 @@ pub trait Communicator: Send + Sync {
     /// Block until every rank has reached this point.
     fn barrier(&self) -> DistResult<()>;
 
+    /// `Ok` where this communicator's operations can be recorded into a CUDA graph by stream
+    /// capture (and replayed with it), else why not. A training step whose gradient all-reduces
+    /// are captured with it is one graph launch per step; otherwise the step runs eagerly.
+    fn graph_capturable(&self) -> Result<(), String> {
+        Err(format!("{} collectives cannot be recorded in a CUDA graph", self.backend()))
+    }
+
     /// Time every operation on the device from now on (`stats().device_ms`); costs two events
     /// per operation. Backends without a device clock ignore it.
     fn set_timing(&self, _on: bool) {}
@@ -263,6 +270,10 @@ impl Communicator for Solo {
         Ok(Work::done())
     }
     fn barrier(&self) -> DistResult<()> {
+        Ok(())
+    }
+    fn graph_capturable(&self) -> Result<(), String> {
+        // Every operation is the identity: nothing to record.
         Ok(())
     }
 }

@@ -325,3 +325,88 @@ fn parameters_on_another_device_or_dtype_are_refused() {
         assert!(e2.unwrap().contains("bf16"));
     }
 }
+
+/// What a training step with a fused loss does (GPT's classifier): backward from the
+/// predictions, seeded with the loss's gradient formed beforehand, through `backward_seeded`.
+/// The averages equal those of the loss-based backward; accumulation communicates only on the
+/// last micro-step; the buckets launch during the walk, in order.
+#[test]
+fn seeded_backward_averages_like_the_loss_backward_and_launches_during_the_walk() {
+    let run = MlpRun { sizes: vec![32; 5], ..Default::default() };
+    let comms = ThreadComm::group(2);
+    std::thread::scope(|s| {
+        for c in comms {
+            let run = run.clone();
+            s.spawn(move || {
+                let counting = Arc::new(Counting { inner: c, calls: AtomicUsize::new(0), stamps: Mutex::new(vec![]) });
+                let comm: Arc<dyn Communicator> = counting.clone();
+                let rank = comm.rank();
+                let (x, y) = workload::dataset(&run, CPU).unwrap();
+                let net = workload::model(&run, 0, CPU).unwrap();
+                let params = net.named_parameters();
+                let dp = DpConfig { bucket_bytes: 4400, ..Default::default() };
+                let mut seeded = DataParallel::grad_sync(comm.clone(), params.clone(), dp.clone()).unwrap();
+                let mut plain = DataParallel::grad_sync(comm, params.clone(), dp).unwrap();
+                let nb = seeded.plan().buckets.len();
+                assert_eq!(nb, 4, "{:?}", seeded.plan());
+                // Micro-batch m of this rank: predictions, and d(loss / 3)/d(pred) for the mean
+                // squared error (three micro-batches a step).
+                let batch = |m: usize| {
+                    let r = workload::rows(&run, 0, m, rank, 2).unwrap();
+                    let (xb, yb) = (x.narrow(0, r.start, r.len()).unwrap(), y.narrow(0, r.start, r.len()).unwrap());
+                    let pred = net.forward(&xb).unwrap();
+                    let diff = pred.sub(&yb).unwrap();
+                    let loss = diff.sqr().unwrap().mean_all().unwrap().mul_scalar(1.0 / 3.0).unwrap();
+                    let seed = diff.detach().mul_scalar(2.0 / (3.0 * diff.elem_count() as f64)).unwrap();
+                    (pred, seed, loss)
+                };
+                let (mut g_seeded, mut g_plain) = (GradStore::default(), GradStore::default());
+                let before = counting.calls.load(Ordering::SeqCst);
+                for m in 0..3 {
+                    let (pred, seed, _) = batch(m);
+                    seeded.backward_seeded(&pred, &seed, &mut g_seeded, m == 2).unwrap();
+                    if m < 2 {
+                        assert_eq!(
+                            counting.calls.load(Ordering::SeqCst),
+                            before,
+                            "communication before the last micro-step"
+                        );
+                    }
+                }
+                assert_eq!(counting.calls.load(Ordering::SeqCst), before + nb, "one all-reduce per bucket");
+                let log = seeded.launch_log().to_vec();
+                assert_eq!(log.iter().map(|l| l.bucket).collect::<Vec<_>>(), (0..nb).collect::<Vec<_>>());
+                assert!(log.iter().all(|l| l.during_backward), "{log:?}");
+                let stamps = counting.stamps.lock().unwrap().clone();
+                let first_layer_grad = g_seeded.get(&params[0].1).unwrap().id();
+                assert!(stamps[0] < first_layer_grad, "bucket 0 launched only after the walk finished");
+                for m in 0..3 {
+                    plain.backward(&batch(m).2, &mut g_plain, m == 2).unwrap();
+                }
+                seeded.reduce_grads(&mut g_seeded).unwrap();
+                plain.reduce_grads(&mut g_plain).unwrap();
+                for (name, p) in &params {
+                    let (a, b) =
+                        (g_seeded.get(p).unwrap().to_f64_vec().unwrap(), g_plain.get(p).unwrap().to_f64_vec().unwrap());
+                    let scale = b.iter().fold(1e-30f64, |s, v| s.max(v.abs()));
+                    let diff = a.iter().zip(&b).fold(0.0f64, |s, (u, v)| s.max((u - v).abs()));
+                    assert!(
+                        diff <= 1e-5 * scale,
+                        "rank {rank}, {name}: seeded vs loss backward differ by {diff:e} (scale {scale:e})"
+                    );
+                }
+                // The grad-sync mode updates nothing and ends the step: the next may communicate.
+                let before: Vec<Vec<f64>> = params.iter().map(|(_, p)| p.to_f64_vec().unwrap()).collect();
+                seeded.step(&g_seeded).unwrap();
+                let after: Vec<Vec<f64>> = params.iter().map(|(_, p)| p.to_f64_vec().unwrap()).collect();
+                assert_eq!(before, after);
+                let (pred, seed, _) = batch(0);
+                seeded.backward_seeded(&pred, &seed, &mut GradStore::default(), true).unwrap();
+                // A seed of the wrong shape is an error, not a panic.
+                let bad = Tensor::zeros(3, DType::F32, CPU).unwrap();
+                seeded.step(&GradStore::default()).unwrap();
+                assert!(seeded.backward_seeded(&pred, &bad, &mut GradStore::default(), true).is_err());
+            });
+        }
+    });
+}

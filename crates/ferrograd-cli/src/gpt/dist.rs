@@ -1,12 +1,36 @@
 //! `gpt train` under `ferrograd launch` (or torchrun, or srun): the data-parallel hooks of
 //! `ferrograd_models::gpt::dp` built from a communicator. Gradients are averaged by
 //! `ferrograd_dist::DataParallel::grad_sync` (buckets all-reduced on the communication stream
-//! while backward runs, f32 or bf16 on the wire); GPT's own two-group AdamW then steps on them.
+//! while backward runs, f32 or bf16 on the wire) inside GPT's step body; GPT's own two-group
+//! AdamW then steps on them.
 
-use ferrograd_core::{DType, Tensor};
+use ferrograd_core::{DType, GradStore, Result, Tensor};
 use ferrograd_dist::{Communicator, DataParallel, DpConfig, ReduceOp};
-use ferrograd_models::gpt::dp::GptDist;
+use ferrograd_models::gpt::dp::{GptDist, GradSync};
+use ferrograd_nn::optim::Optimizer;
 use std::sync::Arc;
+
+/// `DataParallel` in gradient-averaging mode as the step body drives it.
+struct Averager(DataParallel);
+
+impl GradSync for Averager {
+    fn backward_seeded(&mut self, root: &Tensor, seed: &Tensor, grads: &mut GradStore, last: bool) -> Result<()> {
+        self.0.backward_seeded(root, seed, grads, last)
+    }
+
+    fn reduce_grads(&mut self, grads: &mut GradStore) -> Result<()> {
+        self.0.reduce_grads(grads)
+    }
+
+    fn end_step(&mut self, grads: &GradStore) -> Result<()> {
+        // Updates nothing (GPT's AdamW did): ends the step, so the next may communicate again.
+        self.0.step(grads)
+    }
+
+    fn graph_capturable(&self) -> std::result::Result<(), String> {
+        self.0.comm().graph_capturable()
+    }
+}
 
 /// The hooks over `comm`, averaging gradients as `dp` says (ZeRO must be 0: GPT keeps its own
 /// optimizer).
@@ -23,7 +47,7 @@ pub fn hooks(comm: Arc<dyn Communicator>, dp: DpConfig) -> GptDist {
         world: comm.world_size(),
         grad_sync: Arc::new(move |params| {
             let d = DataParallel::grad_sync(c1.clone(), params, dp.clone())?;
-            Ok(Box::new(d) as Box<dyn ferrograd_nn::optim::Optimizer>)
+            Ok(Box::new(Averager(d)) as Box<dyn GradSync>)
         }),
         all_reduce_mean: Arc::new(move |t| Ok(c2.all_reduce(t, ReduceOp::Avg)?.wait()?)),
         min: Arc::new(move |v| {

@@ -32,6 +32,7 @@ mod zero;
 use crate::bucket::{BucketPlan, Readiness};
 use crate::comm::{Communicator, ReduceOp, Work};
 use crate::error::{DistError, DistResult};
+use ferrograd_core::backprop::LeafHook;
 use ferrograd_core::optim::AdamConfig;
 use ferrograd_core::{no_grad, DType, Error, GradStore, Result, Tensor, TensorId};
 use ferrograd_nn::optim::{Adam, Optimizer};
@@ -373,8 +374,22 @@ impl DataParallel {
     }
 
     fn dp_backward(&mut self, loss: &Tensor, grads: &mut GradStore, last: bool) -> DistResult<()> {
+        self.dp_walk(grads, last, |store, hook| match hook {
+            Some(h) => loss.backward_into_with_hook(store, h),
+            None => loss.backward_into(store),
+        })
+    }
+
+    /// One micro-step's backward through `walk` (which runs the hook it is given on each final
+    /// leaf gradient): plain on earlier micro-steps, with the bucket hook on the last.
+    fn dp_walk(
+        &mut self,
+        grads: &mut GradStore,
+        last: bool,
+        walk: impl FnOnce(&mut GradStore, Option<LeafHook>) -> Result<()>,
+    ) -> DistResult<()> {
         if !last {
-            return Ok(loss.backward_into(grads)?);
+            return Ok(walk(grads, None)?);
         }
         if self.phase != Phase::Idle {
             return Err(invalid(
@@ -385,19 +400,32 @@ impl DataParallel {
         self.start_step();
         self.in_backward = true;
         let mut hook_err: Option<DistError> = None;
-        let walked = loss.backward_into_with_hook(grads, &mut |leaf, g| {
-            self.on_grad(leaf, g).map_err(|e| {
-                let msg = e.to_string();
-                hook_err = Some(e);
-                Error::Backward(msg)
-            })
-        });
+        let walked = walk(
+            grads,
+            Some(&mut |leaf, g| {
+                self.on_grad(leaf, g).map_err(|e| {
+                    let msg = e.to_string();
+                    hook_err = Some(e);
+                    Error::Backward(msg)
+                })
+            }),
+        );
         self.in_backward = false;
         if let Some(e) = hook_err {
             return Err(e);
         }
         walked?;
         self.flush(grads)
+    }
+
+    /// `Optimizer::backward` for a walk seeded with a given gradient: `seed` is the gradient of
+    /// the (already scaled) loss with respect to `root`, as a fused classifier forms it for the
+    /// logits. On the last micro-step each bucket is averaged as soon as its gradients are final.
+    pub fn backward_seeded(&mut self, root: &Tensor, seed: &Tensor, grads: &mut GradStore, last: bool) -> Result<()> {
+        Ok(self.dp_walk(grads, last, |store, hook| match hook {
+            Some(h) => root.backward_into_with_seed_hook(seed, store, h),
+            None => root.backward_into_with(seed, store),
+        })?)
     }
 
     fn dp_step(&mut self, grads: &GradStore) -> DistResult<()> {

@@ -34,6 +34,9 @@ fn dtype(d: DType) -> ncclDataType_t {
     }
 }
 
+/// The first NCCL whose collectives stream capture records into a CUDA graph.
+const CAPTURE_VERSION: i32 = 20900;
+
 fn red_op(op: ReduceOp) -> ncclRedOp_t {
     match op {
         ReduceOp::Sum => ncclRedOp_t::ncclSum,
@@ -197,7 +200,9 @@ impl NcclComm {
         }
         let ready = inner.dev.record_compute_event()?;
         ready.wait_on(&inner.stream)?;
-        let timing = inner.timing.load(Ordering::Relaxed);
+        // Timing events recorded into a graph capture are never recorded on the host's timeline
+        // (`stats` could not read them): captured operations go untimed.
+        let timing = inner.timing.load(Ordering::Relaxed) && !ferrograd_core::cuda::sync::is_capturing();
         let start = if timing {
             let e = Event::timing()?;
             e.record(&inner.stream)?;
@@ -384,6 +389,16 @@ impl Communicator for NcclComm {
     fn barrier(&self) -> DistResult<()> {
         let t = Tensor::zeros(1, DType::F32, self.device())?;
         self.all_reduce(&t, ReduceOp::Sum)?.synchronize(self.inner.timeout)
+    }
+
+    fn graph_capturable(&self) -> Result<(), String> {
+        // NCCL records its kernels into a capturing stream from 2.9 on (and lets captured and
+        // eager operations share a communicator).
+        let lib = self.inner.lib;
+        if lib.version < CAPTURE_VERSION {
+            return Err(format!("NCCL {} cannot be recorded in a CUDA graph (2.9 or newer can)", lib.version_string()));
+        }
+        Ok(())
     }
 
     fn set_timing(&self, on: bool) {

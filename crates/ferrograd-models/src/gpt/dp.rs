@@ -9,24 +9,43 @@
 //!   disjoint batches, one optimizer step of N GPUs reads exactly the micro-batches one GPU would,
 //!   and the loader position (which checkpoints record) is the same on every rank.
 //! - **Gradients**: each rank accumulates its `k / N` micro-batches locally; on the last one the
-//!   gradients are averaged over the ranks in buckets while backward runs (`grad_sync`, built
-//!   on `ferrograd_dist::DataParallel`), then every rank clips and steps identically.
+//!   gradients are averaged over the ranks in buckets while backward runs ([`GradSync`], built
+//!   on `ferrograd_dist::DataParallel`), then every rank clips and steps identically. All of it
+//!   happens inside the one-GPU step body (`train.rs`), so N GPUs compute exactly what one does
+//!   (fused classifier, device-scheduled AdamW) and the step, collectives included, is captured
+//!   as one CUDA graph where NCCL allows it.
 //! - **Files**: rank 0 alone writes the checkpoint (atomically; the others wait at a barrier),
 //!   the log, the exported model and the plot. A checkpoint records the global number of
 //!   micro-batches per step, so it resumes on any number of GPUs that divides it.
 //! - **Numbers**: the logged loss is the mean over the ranks; tokens/s counts the whole group.
 
-use ferrograd_core::{Result, Tensor};
-use ferrograd_nn::optim::Optimizer;
+use ferrograd_core::{GradStore, Result, Tensor};
 use std::sync::Arc;
 
 /// An in-place operation on a device tensor across the ranks.
 pub type TensorHook = Arc<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
 
-/// Builds the gradient averager over the model's parameters (broadcasting them from rank 0):
-/// an `Optimizer` whose `backward(loss, grads, last)` communicates on the last micro-step,
-/// whose `reduce_grads` puts the averages into `grads`, and whose `step` updates nothing.
-pub type GradSyncFactory = Arc<dyn Fn(Vec<(String, Tensor)>) -> Result<Box<dyn Optimizer>> + Send + Sync>;
+/// Gradient averaging as the step body (`train.rs`, `StepBody`) drives it, the same calls for
+/// an eager step and for one recorded into a CUDA graph:
+///
+/// 1. `backward_seeded` for each micro-batch: a plain seeded backward, except on the last
+///    (`last`), where each bucket is all-reduced (averaged) on the communication stream as soon as
+///    its gradients are final, overlapping the rest of the walk;
+/// 2. `reduce_grads`: compute waits (on the device) for every bucket, `grads` holds the averages;
+/// 3. the step's own clipping and AdamW on them, then `end_step`.
+///
+/// Nothing here reads a value back to the host, so a step of these calls can be captured where
+/// `graph_capturable` says the communicator allows it.
+pub trait GradSync {
+    fn backward_seeded(&mut self, root: &Tensor, seed: &Tensor, grads: &mut GradStore, last: bool) -> Result<()>;
+    fn reduce_grads(&mut self, grads: &mut GradStore) -> Result<()>;
+    fn end_step(&mut self, grads: &GradStore) -> Result<()>;
+    /// `Ok` where the collectives can be recorded into a CUDA graph, else why not.
+    fn graph_capturable(&self) -> std::result::Result<(), String>;
+}
+
+/// Builds the gradient averager over the model's parameters (broadcasting them from rank 0).
+pub type GradSyncFactory = Arc<dyn Fn(Vec<(String, Tensor)>) -> Result<Box<dyn GradSync>> + Send + Sync>;
 
 /// What a data-parallel `gpt train` needs from the process group.
 #[derive(Clone)]

@@ -12,7 +12,7 @@
 //! device running sum; validation, checkpoints and the log happen between steps.
 
 use super::config::GptConfig;
-use super::dp::{rank_world, writes_files, GptDist};
+use super::dp::{rank_world, writes_files, GptDist, GradSync};
 use super::hf;
 use super::loader::{LoaderPos, StepInputs, TokenLoader};
 use super::model::{Gpt, HfView};
@@ -27,7 +27,8 @@ use std::path::{Path, PathBuf};
 
 pub use super::fit::{peak_flops, train, Event, StepStats, Summary};
 
-/// One step's device work over fixed buffers: what [`Run::compute_step`] runs or captures.
+/// One step's device work over fixed buffers: what [`Run::compute_step`] runs or captures, on one
+/// GPU and on each rank of a data-parallel group alike.
 struct StepBody<'a> {
     model: &'a Gpt,
     inputs: &'a StepInputs,
@@ -39,9 +40,14 @@ struct StepBody<'a> {
 impl StepBody<'_> {
     /// For each micro-batch the forward with the fused classifier (its logits' gradient, scaled by
     /// `1/k`, formed in the forward) and the backward from the logits; then clipping and `update`.
+    /// Data parallel (`sync`): the last micro-batch's backward averages the gradients over the
+    /// ranks in buckets as they become final (earlier micro-batches only accumulate: accumulation
+    /// communicates once per step), and compute waits for the averages before clipping, so every
+    /// rank clips and updates on the same global gradient.
     fn run(
         &self,
         accum: &mut GradAccumulator,
+        mut sync: Option<&mut (dyn GradSync + 'static)>,
         update: impl FnOnce(&GradStore) -> Result<()>,
     ) -> Result<(Tensor, Tensor)> {
         accum.zero_grad();
@@ -52,12 +58,18 @@ impl StepBody<'_> {
             for i in 0..k {
                 let (loss, logits, dlogits) =
                     self.model.loss_and_logits_grad(&self.inputs.x[i], &self.inputs.y[i], 1.0 / k as f64)?;
-                accum.backward_seeded(&logits, &dlogits)?;
+                match sync.as_deref_mut() {
+                    Some(s) => s.backward_seeded(&logits, &dlogits, accum.grads_mut(), i + 1 == k)?,
+                    None => accum.backward_seeded(&logits, &dlogits)?,
+                }
                 total = Some(match total {
                     Some(s) => s.add(&loss)?,
                     None => loss,
                 });
             }
+        }
+        if let Some(s) = sync.as_deref_mut() {
+            s.reduce_grads(accum.grads_mut())?;
         }
         let params: Vec<Tensor> = self.model.params().into_iter().map(|(_, t)| t).collect();
         let norm = if self.clip > 0.0 {
@@ -66,6 +78,9 @@ impl StepBody<'_> {
             grad_norm(accum.grads(), &params)?
         };
         update(accum.grads())?;
+        if let Some(s) = sync {
+            s.end_step(accum.grads())?;
+        }
         accum.zero_grad();
         let loss = total.ok_or_else(|| Error::InvalidArgument("no micro-batches".into()))?;
         Ok((if k > 1 { loss.mul_scalar(1.0 / k as f64)? } else { loss }, norm))
@@ -261,8 +276,9 @@ pub struct Run {
     pub val: Option<TokenLoader>,
     pub inputs: StepInputs,
     accum: GradAccumulator,
-    /// Data parallel: averages the gradients over the ranks (`GptDist::grad_sync`).
-    sync: Option<Box<dyn Optimizer>>,
+    /// Data parallel: averages the gradients over the ranks inside the step body
+    /// (`GptDist::grad_sync`).
+    sync: Option<Box<dyn GradSync>>,
     pub step: u64,
     pub micro_batch: usize,
     pub grad_accum: usize,
@@ -392,16 +408,11 @@ impl Run {
             notes,
         };
         let schedule = cfg.schedule();
-        let step_graph = match cfg.device {
-            // Data parallel runs eagerly: its collectives are issued from backward hooks.
-            Device::Cuda(o) if cfg.graph && cfg.dist.is_none() => {
-                Some(StepGraph { capture: Capture::new(&CudaDevice::get(o)?)?, warmups: 0, graph: None })
-            }
-            _ => None,
-        };
+        let device = cfg.device;
+        let graph = cfg.graph;
         let mut run = Run {
             cfg,
-            step_graph,
+            step_graph: None,
             model,
             opt,
             schedule,
@@ -421,6 +432,26 @@ impl Run {
         if let Some(d) = &run.cfg.dist {
             // Broadcasts rank 0's parameters: every rank starts from the same weights.
             run.sync = Some((d.grad_sync)(run.model.params())?);
+        }
+        if let Device::Cuda(o) = device {
+            // The step is captured when asked for and, data parallel, when the communicator's
+            // collectives can be recorded with it (NCCL >= 2.9); else every step runs eagerly.
+            let capturable = run.sync.as_deref().map_or(Ok(()), |s| s.graph_capturable());
+            let (how, capture) = match (graph, capturable) {
+                (false, _) => ("eager (--no-graph)".to_string(), false),
+                (true, Err(why)) => (format!("eager ({why})"), false),
+                (true, Ok(())) if run.sync.is_some() => {
+                    ("one CUDA graph per optimizer step, gradient all-reduces captured with it".to_string(), true)
+                }
+                (true, Ok(())) => ("one CUDA graph per optimizer step".to_string(), true),
+            };
+            if capture {
+                run.step_graph =
+                    Some(StepGraph { capture: Capture::new(&CudaDevice::get(o)?)?, warmups: 0, graph: None });
+            }
+            if run.sync.is_some() {
+                run.info.notes.push(format!("step: {how}"));
+            }
         }
         Ok(run)
     }
@@ -454,74 +485,64 @@ impl Run {
     /// captured (all `k` micro-batches, clipping and AdamW: one graph per optimizer step, the
     /// micro-batches reading their fixed buffers `inputs.x[i]`, `inputs.y[i]`) and every step from
     /// then on is one replay. The returned tensors of a replayed step are overwritten by the next.
+    /// Data parallel runs the same body; its gradient all-reduces are recorded into the graph with
+    /// the rest where the communicator allows (the run's notes say whether the step is captured).
     pub fn compute_step(&mut self) -> Result<(Tensor, Tensor)> {
         self.opt.set_lr(self.schedule.lr_at(self.step));
-        if self.sync.is_some() {
-            // Data parallel: the bucket all-reduces start during the last micro-batch's backward,
-            // on the host's schedule, so this step runs eagerly (no CUDA graph) with the loss-based
-            // backward and the host-scheduled AdamW.
-            self.accum.zero_grad();
-            let k = self.grad_accum;
-            let mut total: Option<Tensor> = None;
-            {
-                let _ac = precision_guard(self.cfg.precision)?;
-                for i in 0..k {
-                    let loss = self.model.loss(&self.inputs.x[i], &self.inputs.y[i])?;
-                    match self.sync.as_deref_mut() {
-                        // Data parallel: averaging starts during the last micro-batch's backward.
-                        Some(s) => self.accum.backward_with(s, &loss.mul_scalar(1.0 / k as f64)?, i + 1 == k)?,
-                        None => self.accum.backward_scaled(&loss, 1.0 / k as f64)?,
-                    }
-                    let l = loss.detach();
-                    total = Some(match total {
-                        Some(s) => s.add(&l)?,
-                        None => l,
-                    });
-                }
-            }
-            if let Some(s) = self.sync.as_deref_mut() {
-                s.reduce_grads(self.accum.grads_mut())?;
-            }
-            let params: Vec<Tensor> = self.opt.params().iter().map(|(_, t)| t.clone()).collect();
-            let norm = if self.cfg.grad_clip > 0.0 {
-                clip_grad_norm(self.accum.grads_mut(), &params, self.cfg.grad_clip)?
-            } else {
-                grad_norm(self.accum.grads(), &params)?
-            };
-            self.opt.step(self.accum.grads())?;
-            if let Some(s) = self.sync.as_deref_mut() {
-                // Ends the data-parallel step (updates nothing).
-                s.step(self.accum.grads())?;
-            }
-            self.accum.zero_grad();
-            let loss = total.ok_or_else(|| Error::InvalidArgument("no micro-batches".into()))?;
-            self.step += 1;
-            return Ok((if k > 1 { loss.mul_scalar(1.0 / k as f64)? } else { loss }, norm));
-        }
         let on_device = self.cfg.device.is_cuda();
         if on_device {
             self.opt.prepare_device_step()?;
         }
-        let Run { model, opt, accum, inputs, cfg, step_graph, .. } = self;
+        let Run { model, opt, accum, inputs, cfg, step_graph, sync, .. } = self;
         let body = StepBody { model, inputs, k: self.grad_accum, clip: cfg.grad_clip, precision: cfg.precision };
+        let mut sync = sync.as_deref_mut();
+        let mut eager = false;
         let out = match step_graph {
             Some(sg) => {
-                let mut run = || body.run(accum, |g| opt.step_device(g));
+                // Whether the body itself ran to its end (a capture that fails after it did leaves
+                // every host-side state, the gradient averager's included, at a step's end).
+                let mut body_done = false;
+                let mut run = || {
+                    let r = body.run(accum, sync.as_deref_mut(), |g| opt.step_device(g));
+                    body_done = r.is_ok();
+                    r
+                };
                 if sg.warmups < GRAPH_WARMUP {
                     sg.warmups += 1;
-                    sg.capture.warmup(run)?
+                    Some(sg.capture.warmup(run)?)
                 } else {
                     if sg.graph.is_none() {
-                        sg.graph = Some(sg.capture.capture(&mut run)?);
+                        match sg.capture.capture(&mut run) {
+                            Ok(g) => sg.graph = Some(g),
+                            // Data parallel: the driver or NCCL refused to record the collectives.
+                            // Recorded work never ran, so this rank may go on eagerly (its
+                            // collectives are the ones the others' graph launches, in order).
+                            Err(e) if body_done && sync.is_some() => {
+                                eprintln!("ferrograd: the step could not be captured ({e}); every step runs eagerly");
+                                eager = true;
+                            }
+                            Err(e) => return Err(e),
+                        }
                     }
-                    let Some((graph, out)) = &sg.graph else { unreachable!("the graph was just captured") };
-                    graph.replay()?;
-                    out.clone()
+                    match &sg.graph {
+                        Some((graph, out)) => {
+                            graph.replay()?;
+                            Some(out.clone())
+                        }
+                        None => None,
+                    }
                 }
             }
-            None if on_device => body.run(accum, |g| opt.step_device(g))?,
-            None => body.run(accum, |g| opt.step(g))?,
+            None => None,
         };
+        let out = match out {
+            Some(out) => out,
+            None if on_device => body.run(accum, sync, |g| opt.step_device(g))?,
+            None => body.run(accum, sync, |g| opt.step(g))?,
+        };
+        if eager {
+            self.step_graph = None;
+        }
         if on_device {
             self.opt.count_step();
         }
