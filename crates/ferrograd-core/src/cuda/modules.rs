@@ -90,6 +90,7 @@ pub const ALL: &[&Module] = &[
     crate::fused::attention::MODULES[4],
     // src/fused/selective_scan.
     &crate::fused::selective_scan::MODULE,
+    &crate::fused::conv1d_causal::MODULE,
 ];
 
 /// Compile every module for `arch`, and `extra` (other crates' modules, such as
