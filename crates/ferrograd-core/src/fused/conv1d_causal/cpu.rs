@@ -68,8 +68,7 @@ pub(super) fn backward(
             for n in 0..d.batch {
                 let r = (n * ch + c) * len;
                 let (gr, xr) = (&gs[r..r + len], &xs[r..r + len]);
-                for l in 0..len {
-                    let g = gr[l];
+                for (l, &g) in gr.iter().enumerate() {
                     s[k] += g;
                     for (j, sj) in s[..k].iter_mut().enumerate() {
                         if let Some(t) = (l + j).checked_sub(k - 1) {
