@@ -85,7 +85,7 @@ impl MambaTrainConfig {
                 self.steps, self.batch, self.context, self.log_every
             ));
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) || !(0.0..=1.0).contains(&self.min_lr_ratio) {
+        if !(self.lr.is_finite() && self.lr > 0.0 && (0.0..=1.0).contains(&self.min_lr_ratio)) {
             return bad(format!("--lr {} must be positive, --min-lr-ratio {} in [0, 1]", self.lr, self.min_lr_ratio));
         }
         if !(self.weight_decay >= 0.0 && self.grad_clip >= 0.0) {
