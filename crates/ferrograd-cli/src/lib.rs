@@ -27,6 +27,7 @@ mod gpt;
 mod info;
 mod kernels;
 mod launch;
+mod mamba;
 mod memory;
 mod monster;
 mod monster_dist;
@@ -122,6 +123,8 @@ enum Command {
     MonsterWalk(monster::MonsterArgs),
     /// GPT-2 on real text: `gpt prepare` (text to token shards), `gpt train`, `gpt sample`.
     Gpt(gpt::GptArgs),
+    /// Mamba (selective state-space) language model on gpt's token shards: `mamba train`.
+    Mamba(mamba::MambaArgs),
     /// Start one process per GPU (torchrun-style): `launch --nproc-per-node 2 -- ferrograd ...`.
     Launch(launch::LaunchArgs),
     /// Checks of a multi-process setup, run under `launch`: collectives, a data-parallel MLP.
@@ -162,6 +165,34 @@ enum BenchCommand {
     /// and forward+backward GB/s (twins: x + r then F.layer_norm; F.gelu(x + b); F.log_softmax +
     /// F.nll_loss; eager and torch.compile).
     Fused(FusedArgs),
+    /// Inference latency (p50/p99) of a small MLP through the Predictor, eager and as a CUDA graph,
+    /// batch 1 and 32 (twin: bench/predictor_torch.py, eager and torch.cuda.graphs).
+    Predictor(PredictorArgs),
+}
+
+#[derive(Args, Debug)]
+struct PredictorArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// MLP width (input, hidden and output).
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 512)]
+    width: usize,
+    /// Linear layers (ReLU between them).
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 3)]
+    layers: usize,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = crate::parse_count, default_value = "1,32")]
+    batches: Vec<usize>,
+    /// Timed calls per row (after a tenth as many warm-up calls).
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 5000)]
+    calls: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Seed of the weights and inputs.
+    #[arg(long, value_parser = crate::parse_seed, default_value_t = 42)]
+    seed: u64,
 }
 
 #[derive(Args, Debug)]
@@ -463,6 +494,7 @@ pub enum Job {
     Memory(memory::Config),
     MonsterWalk(Box<monster::MonsterArgs>),
     Gpt(Box<gpt::GptArgs>),
+    Mamba(mamba::MambaArgs),
     Matmul(bench::matmul::Config),
     Transfer(bench::transfer::Config),
     Alloc(bench::alloc::Config),
@@ -474,6 +506,7 @@ pub enum Job {
     Linear(bench::linear::Config),
     SelectiveScan(bench::selective_scan::Config),
     Fused(bench::fused::Config),
+    Predictor(bench::predictor::Config),
     Kernels(kernels::Config),
     /// `ferrograd launch` (the ranks it starts check their own flags).
     LaunchRanks(launch::LaunchArgs),
@@ -495,6 +528,16 @@ impl Job {
             }),
             Command::MonsterWalk(a) => Job::MonsterWalk(Box::new(a)),
             Command::Gpt(a) => Job::Gpt(Box::new(a)),
+            Command::Mamba(a) => Job::Mamba(a),
+            Command::Bench(BenchCommand::Predictor(a)) => Job::Predictor(predictor::Config {
+                device: a.device,
+                width: a.width,
+                layers: a.layers,
+                batches: a.batches,
+                calls: a.calls,
+                json: a.json,
+                seed: a.seed,
+            }),
             Command::Launch(a) => Job::LaunchRanks(a),
             Command::Dist(c) => Job::Dist(c),
             Command::Bench(BenchCommand::Allreduce(a)) => Job::Allreduce(a.into()),
@@ -617,12 +660,14 @@ impl Job {
             Job::Attention(c) => two(&c.json, &c.plot),
             Job::Linear(c) => two(&c.json, &c.plot),
             Job::Fused(c) => two(&c.json, &c.plot),
+            Job::Predictor(c) => two(&c.json, &None),
             Job::SelectiveScan(c) => two(&c.json, &None),
             Job::Allreduce(c) => two(&c.json, &None),
             Job::Dist(c) => dist::outputs(c),
             // gpt checks its own output paths (checkpoint directories, logs) before training; the
             // ranks a launch starts check theirs.
             Job::Info | Job::Demo(_) | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) | Job::LaunchRanks(_) => vec![],
+            Job::Mamba(_) => vec![],
         }
     }
 
@@ -643,11 +688,12 @@ impl Job {
             Job::Attention(c) => attention::check(c),
             Job::Linear(c) => linear::check(c),
             Job::Fused(c) => fused::check(c),
+            Job::Predictor(c) => predictor::check(c),
             Job::SelectiveScan(c) => selective_scan::check(c),
             Job::Allreduce(c) => allreduce::check(c),
             Job::LaunchRanks(a) => crate::launch::check(a),
             Job::Dist(c) => dist::check(c),
-            Job::Info | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) => Ok(()),
+            Job::Info | Job::Memory(_) | Job::Kernels(_) | Job::Gpt(_) | Job::Mamba(_) => Ok(()),
         }
     }
 
@@ -660,6 +706,7 @@ impl Job {
             Job::Memory(c) => memory::run(&c, out),
             Job::MonsterWalk(a) => monster::run(*a, out),
             Job::Gpt(a) => gpt::run(*a, out),
+            Job::Mamba(a) => mamba::run(a, out),
             Job::Matmul(c) => matmul::run(&c, out),
             Job::Transfer(c) => transfer::run(&c, out),
             Job::Alloc(c) => alloc::run(&c, out),
@@ -671,6 +718,7 @@ impl Job {
             Job::Linear(c) => linear::run(&c, out),
             Job::SelectiveScan(c) => selective_scan::run(&c, out),
             Job::Fused(c) => fused::run(&c, out),
+            Job::Predictor(c) => predictor::run(&c, out),
             Job::Kernels(c) => kernels::run(&c, out),
             Job::LaunchRanks(a) => crate::launch::run(a, out),
             Job::Dist(c) => dist::run(c, out),
@@ -706,6 +754,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::SelectiveScan(_)) => "try shorter sequences (--seqs) or fewer channels (--dim)",
         Command::Bench(BenchCommand::Allreduce(_)) => "try smaller buffers (--sizes 1,16,64)",
         Command::Bench(BenchCommand::Fused(_)) => "try fewer rows (--shapes 4096x768)",
+        Command::Mamba(_) => "try a smaller batch (--batch 8) or a shorter --context",
         _ => "free memory held by other processes (nvidia-smi lists them)",
     }
 }

@@ -2,6 +2,7 @@
 //! (see `docs/monster-walk.md`); `gpt` is GPT-2 trained on real text.
 
 pub mod gpt;
+pub mod mamba;
 pub mod monster_walk;
 pub mod persistent;
 

@@ -35,8 +35,8 @@ pub mod rng;
 pub mod trainer;
 
 pub use layers::{
-    mlp, mlp_on, Activation, Dropout, Embedding, Gelu, LayerNorm, Linear, LinearActivation, Relu, Sequential, Sigmoid,
-    Silu, Tanh,
+    mlp, mlp_on, Activation, Dropout, Embedding, Gelu, LayerNorm, Linear, LinearActivation, Mamba, MambaConfig,
+    MambaState, Relu, Sequential, Sigmoid, Silu, Tanh,
 };
 pub use module::Module;
 pub use rng::SharedRng;

@@ -13,6 +13,7 @@ pub mod linear;
 pub mod matmul;
 pub mod optim;
 pub mod overlap;
+pub mod predictor;
 pub mod selective_scan;
 pub mod transfer;
 

@@ -6,7 +6,7 @@ pub(crate) mod dist;
 mod plot;
 mod prepare;
 mod sample;
-mod train;
+pub(crate) mod train;
 
 use crate::CliResult;
 use clap::{Args, Subcommand};

@@ -220,7 +220,7 @@ fn config(a: &TrainArgs, device: Device) -> CliResult<(TrainConfig, Vec<String>)
     Ok((c, notes))
 }
 
-fn stats_line(s: &StepStats, steps: u64) -> String {
+pub(crate) fn stats_line(s: &StepStats, steps: u64) -> String {
     let mfu = s.mfu.map(|m| format!(" | MFU {:.1}%", 100.0 * m)).unwrap_or_default();
     let mem = s.mem_bytes.map(|m| format!(" | mem {}", human_bytes(m))).unwrap_or_default();
     format!(

@@ -122,6 +122,8 @@ pub const ALL: &[&Module] = &[
     crate::fused::selective_scan::MODULES[3],
     crate::fused::selective_scan::MODULES[4],
     crate::fused::selective_scan::MODULES[5],
+    // src/fused/conv1d_causal.
+    &crate::fused::conv1d_causal::MODULE,
 ];
 
 /// Compile every module for `arch`, and `extra` (other crates' modules, such as

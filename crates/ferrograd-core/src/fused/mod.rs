@@ -32,6 +32,7 @@ pub mod attention;
 pub mod bench;
 pub mod bias_gelu;
 pub mod classifier;
+pub mod conv1d_causal;
 pub mod cross_entropy;
 pub mod layer_norm;
 pub mod linear;

@@ -84,7 +84,7 @@ pub fn peak_flops(name: &str, precision: Precision) -> Option<f64> {
 }
 
 /// (allocated now, peak) of ferrograd's allocator on a GPU.
-fn memory(device: Device) -> Option<(usize, usize)> {
+pub(crate) fn memory(device: Device) -> Option<(usize, usize)> {
     let Device::Cuda(o) = device else { return None };
     let s = CudaDevice::get(o).ok()?.memory_stats();
     Some((s.allocated_bytes.current, s.allocated_bytes.peak))
@@ -96,13 +96,13 @@ fn json_err(e: serde_json::Error) -> Error {
 
 /// Appends JSON lines to `out/log.jsonl` (data parallel: on rank 0 only; `file` is `None` on
 /// the others).
-struct JsonLog {
+pub(crate) struct JsonLog {
     file: Option<std::fs::File>,
-    path: PathBuf,
+    pub(crate) path: PathBuf,
 }
 
 impl JsonLog {
-    fn open(out: &Path, append: bool, enabled: bool) -> Result<JsonLog> {
+    pub(crate) fn open(out: &Path, append: bool, enabled: bool) -> Result<JsonLog> {
         if !enabled {
             return Ok(JsonLog { file: None, path: out.join("log.jsonl") });
         }
@@ -119,7 +119,7 @@ impl JsonLog {
         Ok(JsonLog { file: Some(file), path })
     }
 
-    fn write(&mut self, v: serde_json::Value) -> Result<()> {
+    pub(crate) fn write(&mut self, v: serde_json::Value) -> Result<()> {
         let Some(file) = self.file.as_mut() else { return Ok(()) };
         writeln!(file, "{v}")
             .map_err(|e| Error::File { path: self.path.display().to_string(), msg: format!("writing the log: {e}") })

@@ -14,7 +14,7 @@
 mod autobatch;
 pub mod config;
 pub mod dp;
-mod fit;
+pub(crate) mod fit;
 pub mod hf;
 pub mod loader;
 pub mod model;

@@ -37,12 +37,26 @@ struct DeviceState {
 
 impl GptAdamW {
     pub fn new(model: &Gpt, lr: f64, weight_decay: f64) -> Result<GptAdamW> {
-        let params = model.params();
-        let (decay, no_decay): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|(_, t)| t.rank() >= 2);
+        Self::with_groups(model.params(), model.config.vocab_size, |_, t| t.rank() >= 2, lr, weight_decay)
+    }
+
+    /// The same optimizer over another model's parameters (the Mamba LM's): `params[0]` is the
+    /// (padded) embedding, whose moments checkpoints cut to `vocab` rows; `decays(name, tensor)`
+    /// picks the weight-decay group.
+    pub fn with_groups(
+        params: Vec<(String, Tensor)>,
+        vocab: usize,
+        decays: impl Fn(&str, &Tensor) -> bool,
+        lr: f64,
+        weight_decay: f64,
+    ) -> Result<GptAdamW> {
+        let first = params.first().ok_or_else(|| Error::InvalidArgument("AdamW over no parameters".into()))?;
+        let wte = (first.0.clone(), vocab);
+        let (decay, no_decay): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|(n, t)| decays(n, t));
         Ok(GptAdamW {
             decay: Adam::new_adamw(decay, gpt_adamw_config(lr, weight_decay))?,
             no_decay: Adam::new_adamw(no_decay, gpt_adamw_config(lr, 0.0))?,
-            wte: (params[0].0.clone(), model.config.vocab_size),
+            wte,
             params,
             device: None,
         })

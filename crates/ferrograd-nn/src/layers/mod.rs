@@ -5,6 +5,7 @@ mod dropout;
 mod embedding;
 mod layer_norm;
 mod linear;
+mod mamba;
 mod mlp;
 mod sequential;
 
@@ -13,5 +14,6 @@ pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use layer_norm::LayerNorm;
 pub use linear::{Linear, LinearActivation};
+pub use mamba::{Mamba, MambaConfig, MambaState};
 pub use mlp::{mlp, mlp_on};
 pub use sequential::Sequential;

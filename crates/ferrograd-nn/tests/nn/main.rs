@@ -8,6 +8,7 @@ mod common;
 mod cuda;
 mod data;
 mod learn;
+mod mamba;
 mod modules;
 mod optim;
 mod trainer;
