@@ -65,6 +65,7 @@ core_module!(UNARY, "unary", &[COMMON, ACC_MATH]; ms 2500);
 // picks one): `binary_{f32,f64}`; `binary_{f16,bf16}`; the integer binaries, `cmp_*`, `where_*`.
 macro_rules! binary_part {
     ($id:ident, $name:literal, $part:literal, $ms:literal) => {
+        /// One part of `kernels/binary.cu` (see above).
         pub const $id: Module = Module::new($name, include_str!("../../kernels/binary.cu"))
             .with_headers(&[COMMON])
             .with_defines(&[Define::int("FG_BINARY_PART", $part)])

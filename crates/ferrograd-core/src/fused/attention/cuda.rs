@@ -264,8 +264,10 @@ pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Resul
     Ok(vec![(o, Shape::from(vec![b, tq, h, d])), (lse, Shape::from(vec![b, h, tq]))])
 }
 
-/// Outputs: dq `[B, Tq, H, D]`, dk and dv `[B, Tk, H, D]`. `o` and `dout` have `[B, Tq, H, D]`
-/// dims; `lse` is the forward's `[B, H, Tq]` f32.
+/// Outputs: dq `[B, Tq, H, D]`, dk and dv `[B, Tk, H, D]`, or (`packed`) one `[B, T, 3, H, D]`
+/// gradient holding all three ([`grad_out`]). `o` and `dout` have `[B, Tq, H, D]` dims; `lse` is
+/// the forward's `[B, H, Tq]` f32.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
     pb: &Problem,
     q: Operand,

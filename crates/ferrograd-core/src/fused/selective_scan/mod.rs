@@ -35,6 +35,7 @@ use std::sync::Arc;
 /// each, and a run compiles only the parts it launches. `cuda.rs` `module` picks the part.
 macro_rules! sscan_module {
     ($id:ident, $name:literal, $part:literal, $ms:literal) => {
+        /// One part of the selective-scan kernels (see above).
         pub const $id: Module = Module::new($name, include_str!("selective_scan.cu"))
             .with_headers(&[COMMON])
             .with_defines(&[
