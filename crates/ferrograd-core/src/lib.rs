@@ -40,6 +40,7 @@ pub use device::Device;
 pub use dtype::{DType, WithDType};
 pub use error::{Error, Result};
 pub use fused::attention::AttentionOpts;
+pub use fused::fake_quantize::FakeQuant;
 pub use half::{bf16, f16};
 pub use layout::Layout;
 pub use rng::{manual_seed, Rng};

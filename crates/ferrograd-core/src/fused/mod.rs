@@ -33,6 +33,7 @@ pub mod bench;
 pub mod bias_gelu;
 pub mod classifier;
 pub mod cross_entropy;
+pub mod fake_quantize;
 pub mod layer_norm;
 pub mod linear;
 mod rows;
