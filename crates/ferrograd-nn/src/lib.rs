@@ -29,6 +29,7 @@ pub mod init;
 pub mod layers;
 pub mod module;
 pub mod optim;
+pub mod quant;
 pub mod rng;
 pub mod trainer;
 
