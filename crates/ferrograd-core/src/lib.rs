@@ -27,6 +27,7 @@ mod nn_ops;
 pub mod op;
 mod ops;
 pub mod optim;
+pub mod quant;
 pub mod rng;
 pub mod shape;
 pub mod storage;
