@@ -25,7 +25,15 @@ pub(super) fn quant_rows((x, xl): Arg<'_>, cols: usize) -> Result<(CpuStorage, C
         let m = row.iter().fold(0.0f64, |m, x| m.max(x.abs()));
         let s = if m > 0.0 { ((m as f32) / 127.0f32) as f64 } else { 1.0 };
         let inv = (1.0f32 / s as f32) as f64;
-        q.extend(row.iter().map(|&x| r(x * inv).round_ties_even().max(-127.0).min(127.0) as i8));
+        // A NaN lands on -127 as the kernel's fmin(fmax(NaN, -127), 127) does.
+        q.extend(row.iter().map(|&x| {
+            let v = r(x * inv).round_ties_even();
+            if v.is_nan() {
+                -127
+            } else {
+                v.clamp(-127.0, 127.0) as i8
+            }
+        }));
         scales.push(s as f32);
     }
     Ok((CpuStorage::from_vec(q), CpuStorage::from_vec(scales)))

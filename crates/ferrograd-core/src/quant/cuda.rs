@@ -12,7 +12,7 @@ type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
 pub(super) fn quant_rows((x, xl): Arg<'_>, cols: usize) -> Result<(CudaStorage, CudaStorage)> {
     let (dev, n) = (x.dev(), xl.elem_count());
-    let rows = if cols == 0 { 0 } else { n / cols };
+    let rows = n.checked_div(cols).unwrap_or(0);
     let q = CudaStorage::uninit(dev, n, DType::I8)?;
     let s = CudaStorage::uninit(dev, rows, DType::F32)?;
     if n > 0 {

@@ -70,7 +70,7 @@ impl Int8Weight {
 /// The last dim and the number of rows before it.
 fn rows_cols(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {
     let cols = *x.dims().last().ok_or_else(|| shape_err!(op, "needs rank >= 1, got a scalar"))?;
-    Ok((if cols == 0 { 0 } else { x.elem_count() / cols }, cols))
+    Ok((x.elem_count().checked_div(cols).unwrap_or(0), cols))
 }
 
 struct QuantRows;
@@ -99,7 +99,7 @@ impl FusedOp for QuantRows {
 /// x's shape, its last dim and the rows before it.
 fn shapes(l: &Layout) -> (Shape, usize, usize) {
     let cols = l.dims().last().copied().unwrap_or(1);
-    (l.shape().clone(), cols, if cols == 0 { 0 } else { l.elem_count() / cols })
+    (l.shape().clone(), cols, l.elem_count().checked_div(cols).unwrap_or(0))
 }
 
 impl FusedOp for DequantRows {

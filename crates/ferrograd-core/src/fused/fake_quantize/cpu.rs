@@ -40,13 +40,11 @@ fn rounding(dtype: DType) -> fn(f64) -> f64 {
     }
 }
 
+/// x's values, the scale and effective zero point of each channel, and `inner`.
+type Params = (Vec<f64>, Vec<f64>, Vec<f64>, usize);
+
 /// The per-element values x, and scale / zero point per element's channel.
-fn params(
-    q: &FakeQuant,
-    (x, xl): Arg<'_>,
-    (s, sl): Arg<'_>,
-    (z, zl): Arg<'_>,
-) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>, usize)> {
+fn params(q: &FakeQuant, (x, xl): Arg<'_>, (s, sl): Arg<'_>, (z, zl): Arg<'_>) -> Result<Params> {
     x.dtype().check_float("fake_quantize")?;
     let (c, inner) = geometry(xl.dims(), q.axis);
     let (scale, zp) = (s.to_f64_vec(sl)?, z.to_f64_vec(zl)?);
