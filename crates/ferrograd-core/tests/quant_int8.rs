@@ -137,6 +137,22 @@ fn rescale_by_hand() -> Result<()> {
     Ok(())
 }
 
+/// Rounding to bf16 is from the f32 result, correctly (as `__float2bfloat16_rn`): 1 + 2^-8 + 2^-23
+/// is just past the tie between 1 and 1 + 2^-7 (a conversion that reads only the top 32 bits of
+/// an f64, as `half`'s `bf16::from_f64`, sees a tie and rounds to 1; the GPU run caught that).
+#[test]
+fn bf16_rounds_from_f32_correctly() -> Result<()> {
+    let acc = Tensor::from_vec(vec![1i32], (1, 1), CPU)?;
+    let sa = Tensor::from_vec(vec![1.0f32 + 2f32.powi(-8) + 2f32.powi(-23)], 1, CPU)?;
+    let y = rescale_i32(&acc, &sa, &Tensor::ones(1, DType::F32, CPU)?, None, DType::BF16)?;
+    assert_eq!(y.to_f64_vec()?, [1.0 + 2f64.powi(-7)]);
+    if let Some(g) = gpu() {
+        let yg = rescale_i32(&on(&acc, g), &on(&sa, g), &Tensor::ones(1, DType::F32, g)?, None, DType::BF16)?;
+        assert_eq!(yg.to_f64_vec()?, [1.0 + 2f64.powi(-7)]);
+    }
+    Ok(())
+}
+
 #[test]
 fn bad_inputs_are_typed_errors() -> Result<()> {
     let a = Tensor::from_vec(vec![1i8; 6], (2, 3), CPU)?;

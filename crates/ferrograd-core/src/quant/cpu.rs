@@ -4,6 +4,7 @@
 
 use crate::backend::BackendStorage;
 use crate::cpu::CpuStorage;
+use crate::fused::fake_quantize::from_acc;
 use crate::{DType, Error, Layout, Result};
 
 type Arg<'a> = (&'a CpuStorage, &'a Layout);
@@ -44,7 +45,7 @@ pub(super) fn dequant_rows((q, ql): Arg<'_>, (s, sl): Arg<'_>, cols: usize, dtyp
     let r = rounding(dtype);
     let (q, s) = (q.to_f64_vec(ql)?, s.to_f64_vec(sl)?);
     let y: Vec<f64> = q.iter().enumerate().map(|(i, v)| r(v * s[i / cols.max(1)])).collect();
-    CpuStorage::from_f64_iter(y.into_iter(), dtype)
+    from_acc(y, dtype)
 }
 
 /// `a [m, k] b [n, k]^T`, int32.
@@ -87,5 +88,5 @@ pub(super) fn scale(
             bias.as_ref().map_or(p, |b| r(p + b[col]))
         })
         .collect();
-    CpuStorage::from_f64_iter(y.into_iter(), dtype)
+    from_acc(y, dtype)
 }

@@ -43,6 +43,7 @@ impl Workload for FakeQuantizeBench {
         let r = |v: f64| if self.x.dtype() == crate::DType::F64 { v } else { v as f32 as f64 };
         let y: Vec<f64> = x.iter().map(|&v| super::cpu::quantize(v, s, z, &q, r).y).collect();
         let n = y.len();
-        Tensor::from_vec(y, n, crate::Device::Cpu)?.to_dtype(self.x.dtype())?.to_f64_vec()
+        let st = super::cpu::from_acc(y, self.x.dtype())?;
+        Tensor::from_storage(crate::storage::Storage::Cpu(st), n, None).to_f64_vec()
     }
 }

@@ -32,6 +32,20 @@ pub(crate) fn quantize(x: f64, scale: f64, zp: f64, q: &FakeQuant, r: impl Fn(f6
     Elem { raw, y: r(r(c - zp) * scale) }
 }
 
+/// Values already rounded to the accumulation type (f32, or f64 for f64) as a storage of `dtype`,
+/// rounded once more from f32 as the kernels' `__float2bfloat16_rn` / `__float2half_rn` do.
+/// (`CpuStorage::from_f64_iter` goes through `half`'s `from_f64`, whose bf16 rounding reads only
+/// the top 32 bits of the f64 and so misrounds some f32 values just past a tie.)
+pub(crate) fn from_acc(v: Vec<f64>, dtype: DType) -> Result<CpuStorage> {
+    use half::{bf16, f16};
+    Ok(match dtype {
+        DType::F32 => CpuStorage::from_vec(v.into_iter().map(|x| x as f32).collect::<Vec<_>>()),
+        DType::BF16 => CpuStorage::from_vec(v.into_iter().map(|x| bf16::from_f32(x as f32)).collect::<Vec<_>>()),
+        DType::F16 => CpuStorage::from_vec(v.into_iter().map(|x| f16::from_f32(x as f32)).collect::<Vec<_>>()),
+        _ => CpuStorage::from_f64_iter(v.into_iter(), dtype)?,
+    })
+}
+
 fn rounding(dtype: DType) -> fn(f64) -> f64 {
     if dtype == DType::F64 {
         |v| v
@@ -67,7 +81,7 @@ pub(super) fn forward(q: &FakeQuant, x: Arg<'_>, s: Arg<'_>, z: Arg<'_>) -> Resu
         let ch = (i / inner) % c;
         quantize(v, scale[ch], zp[ch], q, r).y
     });
-    CpuStorage::from_f64_iter(y.collect::<Vec<_>>().into_iter(), dtype)
+    from_acc(y.collect(), dtype)
 }
 
 /// `dx` (straight-through), and with `learnable` the f32 `(dscale, dzero_point)` (LSQ).

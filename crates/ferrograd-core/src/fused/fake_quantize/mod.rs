@@ -26,6 +26,8 @@ pub mod bench;
 mod cpu;
 mod cuda;
 
+pub(crate) use cpu::from_acc;
+
 use super::{apply, apply_all, check_arity, FusedCtx, FusedOp, FusedOutputs};
 use crate::cpu::CpuStorage;
 use crate::cuda::modules::headers::COMMON;
