@@ -32,7 +32,7 @@ pub fn check(cfg: &Config) -> CliResult<()> {
     if cfg.sizes.is_empty() {
         return Err("--sizes needs at least one size".into());
     }
-    if let Some(n) = cfg.sizes.iter().find(|&&n| n < 16 || n > 32768 || n % 16 != 0) {
+    if let Some(n) = cfg.sizes.iter().find(|&&n| !(16..=32768).contains(&n) || n % 16 != 0) {
         return Err(format!("size {n}: int8 sizes must be multiples of 16 between 16 and 32768").into());
     }
     Ok(())
