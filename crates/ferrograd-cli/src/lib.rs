@@ -159,6 +159,9 @@ enum BenchCommand {
     /// Fused selective scan (Mamba) forward and forward+backward time and peak memory (twin:
     /// bench/torch_selective_scan.py, the sequential recurrence in plain PyTorch).
     SelectiveScan(SelectiveScanArgs),
+    /// int8 x int8 -> int32 matmul (cuBLASLt IMMA) TOPS against bf16 TFLOP/s, and the W8A8 / W8A16
+    /// linears (twin: bench/torch_int8.py, torch._int_mm).
+    Int8(Int8Args),
     /// NCCL all-reduce bus bandwidth across the ranks of a launch (twin: torch.distributed).
     Allreduce(bench::allreduce::AllreduceArgs),
     /// Fused transformer ops (residual add + layer norm, bias + GELU, the fused classifier) forward
@@ -242,6 +245,22 @@ struct LinearArgs {
     breakdown: bool,
     #[command(flatten)]
     common: Common,
+}
+
+#[derive(Args, Debug)]
+struct Int8Args {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Square sizes n (n x n times n x n), comma-separated, multiples of 16.
+    #[arg(long, value_delimiter = ',', value_parser = crate::parse_count, default_value = "4096")]
+    sizes: Vec<usize>,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Seed of the Philox generator that fills the inputs.
+    #[arg(long, value_parser = crate::parse_seed, default_value_t = 42)]
+    seed: u64,
 }
 
 #[derive(Args, Debug)]
@@ -505,6 +524,7 @@ pub enum Job {
     Attention(bench::attention::Config),
     Linear(bench::linear::Config),
     SelectiveScan(bench::selective_scan::Config),
+    Int8(bench::int8::Config),
     Fused(bench::fused::Config),
     Predictor(bench::predictor::Config),
     Kernels(kernels::Config),
@@ -620,6 +640,9 @@ impl Job {
                 plot: a.common.plot,
                 seed: a.common.seed,
             }),
+            Command::Bench(BenchCommand::Int8(a)) => {
+                Job::Int8(bench::int8::Config { device: a.device, sizes: a.sizes, json: a.json, seed: a.seed })
+            }
             Command::Bench(BenchCommand::SelectiveScan(a)) => Job::SelectiveScan(selective_scan::Config {
                 device: a.device,
                 dtype: a.dtype,
@@ -662,6 +685,7 @@ impl Job {
             Job::Fused(c) => two(&c.json, &c.plot),
             Job::Predictor(c) => two(&c.json, &None),
             Job::SelectiveScan(c) => two(&c.json, &None),
+            Job::Int8(c) => two(&c.json, &None),
             Job::Allreduce(c) => two(&c.json, &None),
             Job::Dist(c) => dist::outputs(c),
             // gpt checks its own output paths (checkpoint directories, logs) before training; the
@@ -690,6 +714,7 @@ impl Job {
             Job::Fused(c) => fused::check(c),
             Job::Predictor(c) => predictor::check(c),
             Job::SelectiveScan(c) => selective_scan::check(c),
+            Job::Int8(c) => bench::int8::check(c),
             Job::Allreduce(c) => allreduce::check(c),
             Job::LaunchRanks(a) => crate::launch::check(a),
             Job::Dist(c) => dist::check(c),
@@ -717,6 +742,7 @@ impl Job {
             Job::Attention(c) => attention::run(&c, out),
             Job::Linear(c) => linear::run(&c, out),
             Job::SelectiveScan(c) => selective_scan::run(&c, out),
+            Job::Int8(c) => bench::int8::run(&c, out),
             Job::Fused(c) => fused::run(&c, out),
             Job::Predictor(c) => predictor::run(&c, out),
             Job::Kernels(c) => kernels::run(&c, out),
@@ -752,6 +778,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::Attention(_)) => "try shorter sequences (--seqs) or fewer heads (--heads)",
         Command::Bench(BenchCommand::Linear(_)) => "try fewer tokens (--rows 4096)",
         Command::Bench(BenchCommand::SelectiveScan(_)) => "try shorter sequences (--seqs) or fewer channels (--dim)",
+        Command::Bench(BenchCommand::Int8(_)) => "try smaller sizes (--sizes)",
         Command::Bench(BenchCommand::Allreduce(_)) => "try smaller buffers (--sizes 1,16,64)",
         Command::Bench(BenchCommand::Fused(_)) => "try fewer rows (--shapes 4096x768)",
         Command::Mamba(_) => "try a smaller batch (--batch 8) or a shorter --context",

@@ -31,6 +31,7 @@ pub mod init;
 pub mod layers;
 pub mod module;
 pub mod optim;
+pub mod quant;
 pub mod rng;
 pub mod trainer;
 

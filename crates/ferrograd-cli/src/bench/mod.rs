@@ -8,6 +8,7 @@ pub mod attention;
 pub mod check;
 pub mod elementwise;
 pub mod fused;
+pub mod int8;
 pub mod launch;
 pub mod linear;
 pub mod matmul;

@@ -97,6 +97,8 @@ pub const ALL: &[&Module] = &[
     &crate::fused::layer_norm::MODULE,
     &crate::fused::add_layer_norm::MODULE,
     &crate::fused::bias_gelu::MODULE,
+    &crate::fused::fake_quantize::MODULE,
+    &crate::quant::MODULE,
     &crate::fused::classifier::MODULE,
     &crate::fused::cross_entropy::MODULE,
     &crate::fused::linear::MODULE,

@@ -34,6 +34,7 @@ pub mod bias_gelu;
 pub mod classifier;
 pub mod conv1d_causal;
 pub mod cross_entropy;
+pub mod fake_quantize;
 pub mod layer_norm;
 pub mod linear;
 mod rows;

@@ -13,6 +13,7 @@
 //! any plan, and the caller falls back to cuBLAS.
 
 mod desc;
+pub(crate) mod int8;
 mod plan;
 #[cfg(test)]
 mod tests;
