@@ -79,14 +79,17 @@ impl<F: FnMut(&Tensor) -> Result<Tensor>> Predictor<F> {
         Ok(Predictor { f, mode, input, graph, out_shape, io })
     }
 
+    /// Eager or CUDA-graph replay, as built.
     pub fn mode(&self) -> PredictMode {
         self.mode
     }
 
+    /// The shape `predict` expects its input in.
     pub fn input_shape(&self) -> &Shape {
         self.input.shape()
     }
 
+    /// The shape of what `predict` writes.
     pub fn output_shape(&self) -> &Shape {
         &self.out_shape
     }
