@@ -30,6 +30,7 @@ mod launch;
 mod memory;
 mod monster;
 mod monster_dist;
+mod monster_pipeline;
 mod plot;
 mod timing;
 

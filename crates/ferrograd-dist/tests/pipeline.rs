@@ -4,7 +4,7 @@
 //! stops every rank at once with an error naming it.
 
 use ferrograd_core::{DType, Device, Result, Rng, Tensor};
-use ferrograd_dist::pipeline::{Measure, Pipeline, PipelineConfig, ScheduleKind, Stage};
+use ferrograd_dist::pipeline::{LocalPipeline, Measure, Pipeline, PipelineConfig, ScheduleKind, Stage};
 use ferrograd_dist::testing::run_ranks;
 use ferrograd_dist::DistResult;
 use ferrograd_nn::optim::{Adam, AdamConfig, Optimizer};
@@ -21,6 +21,17 @@ const STEPS: usize = 3;
 fn layers(seed: u64) -> Result<Vec<Linear>> {
     let mut rng = Rng::new(seed);
     WIDTHS.windows(2).map(|w| Linear::new(w[0], w[1], true, &mut rng, CPU)).collect()
+}
+
+/// The same layers on `dev` (drawn on the CPU, then moved).
+fn layers_on(seed: u64, dev: Device) -> Result<Vec<Linear>> {
+    layers(seed)?
+        .into_iter()
+        .map(|l| {
+            let b = l.bias.as_ref().map(|b| b.to_device(dev)).transpose()?;
+            Ok(Linear::from_tensors(l.weight.to_device(dev)?, b))
+        })
+        .collect()
 }
 
 /// The step's batch: inputs [ROWS, 6] and targets [ROWS, 3], different every step.
@@ -62,7 +73,11 @@ fn values(ls: &[Linear]) -> Result<Vec<Vec<f32>>> {
 
 /// One device, the whole model, the same micro-batches accumulated, Adam.
 fn reference(m: usize) -> Result<Vec<Vec<f32>>> {
-    let ls = layers(7)?;
+    reference_on(m, CPU)
+}
+
+fn reference_on(m: usize, dev: Device) -> Result<Vec<Vec<f32>>> {
+    let ls = layers_on(7, dev)?;
     let params: Vec<(String, Tensor)> = ls
         .iter()
         .enumerate()
@@ -74,8 +89,8 @@ fn reference(m: usize) -> Result<Vec<Vec<f32>>> {
         let mut grads = ferrograd_core::GradStore::default();
         for i in 0..m {
             let r = rows(i, m);
-            let out = apply(&ls, 0, &x.narrow(0, r.start, r.len())?)?;
-            weighted_loss(&out, &y, &r)?.backward_into(&mut grads)?;
+            let out = apply(&ls, 0, &x.narrow(0, r.start, r.len())?.to_device(dev)?)?;
+            weighted_loss(&out, &y.to_device(dev)?, &r)?.backward_into(&mut grads)?;
         }
         opt.step(&grads)?;
     }
@@ -225,4 +240,96 @@ fn a_stage_whose_output_differs_from_the_declared_dims_is_named() {
     let e = res[0].as_ref().unwrap_err().to_string();
     assert!(e.contains("[3, 4]") && e.contains("[3, 5]"), "{e}");
     assert!(res[1].as_ref().unwrap_err().to_string().contains("rank 0 failed"));
+}
+
+/// The single-process pipeline with stage `s` on `devs[s]`: trained values of every stage.
+fn local(devs: &[Device], m: usize, kind: ScheduleKind) -> Result<Vec<Vec<f32>>> {
+    let p = devs.len();
+    let mut stage_layers = vec![];
+    let mut stages = vec![];
+    for (s, &dev) in devs.iter().enumerate() {
+        let range = split(s, p);
+        let first = range.start;
+        let mine: Vec<Linear> = layers_on(7, dev)?[range].to_vec();
+        let params: Vec<(String, Tensor)> = mine
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| l.named_parameters().into_iter().map(move |(n, t)| (format!("{}.{n}", first + i), t)))
+            .collect();
+        let fwd = mine.clone();
+        let step = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        stage_layers.push((mine, params.clone(), step.clone()));
+        let last = s + 1 == p;
+        stages.push((
+            dev,
+            Stage::new(params, move |input, micro| {
+                let (x, y) = batch(step.load(std::sync::atomic::Ordering::Relaxed))?;
+                let r = rows(micro, m);
+                let h = match input {
+                    Some(h) => h.clone(),
+                    None => x.narrow(0, r.start, r.len())?.to_device(dev)?,
+                };
+                let out = apply(&fwd, first, &h)?;
+                if last {
+                    weighted_loss(&out, &y.to_device(dev)?, &r)
+                } else {
+                    Ok(out)
+                }
+            }),
+        ));
+    }
+    let mut pipe = LocalPipeline::new(stages, kind, m).map_err(ferrograd_core::Error::from)?;
+    let mut opts: Vec<Adam> = stage_layers.iter().map(|(_, p, _)| adam(p.clone())).collect::<Result<_>>()?;
+    for step in 0..STEPS {
+        for (_, _, c) in &stage_layers {
+            c.store(step, std::sync::atomic::Ordering::Relaxed);
+        }
+        let mut refs: Vec<&mut dyn Optimizer> = opts.iter_mut().map(|o| o as &mut dyn Optimizer).collect();
+        pipe.step(&mut refs).map_err(ferrograd_core::Error::from)?;
+    }
+    let mut out = vec![];
+    for (ls, _, _) in &stage_layers {
+        out.extend(values(ls)?);
+    }
+    Ok(out)
+}
+
+#[test]
+fn the_single_process_pipeline_equals_the_unsplit_model() {
+    for m in [1, 4] {
+        let want = reference(m).unwrap();
+        for p in [2, 3] {
+            for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB] {
+                let got = local(&vec![CPU; p], m, kind).unwrap();
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    close(g, w, &format!("local {kind} p={p} m={m} tensor {i}"));
+                }
+            }
+        }
+    }
+}
+
+/// Two GPUs of this process, activations over peer copies (skips without two GPUs).
+#[test]
+fn the_single_process_pipeline_on_two_gpus_equals_one_gpu() {
+    let n = ferrograd_core::cuda::device_count().unwrap_or(0);
+    if n < 2 {
+        println!("skipped the_single_process_pipeline_on_two_gpus_equals_one_gpu: {n} CUDA device(s), 2 needed");
+        return;
+    }
+    let want = reference_on(4, Device::Cuda(0)).unwrap();
+    for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB] {
+        let got = local(&[Device::Cuda(0), Device::Cuda(1)], 4, kind).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            close(g, w, &format!("2 GPUs {kind} tensor {i}"));
+        }
+    }
+}
+
+#[test]
+fn a_stage_whose_parameters_are_elsewhere_is_refused() {
+    let w = Tensor::ones((2, 2), DType::F32, CPU).unwrap().requires_grad();
+    let st = Stage::new(vec![("w".into(), w)], |x, _| Ok(x.cloned().unwrap()));
+    let e = LocalPipeline::new(vec![(Device::Cuda(0), st)], ScheduleKind::GPipe, 2).err().unwrap().to_string();
+    assert!(e.contains("parameter w is on cpu"), "{e}");
 }

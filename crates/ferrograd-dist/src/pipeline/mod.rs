@@ -8,6 +8,8 @@
 //! - [`runner`]: one rank's stage and the loop that runs its program over any [`Communicator`]
 //!   (NCCL between processes, `testing::ThreadComm` in CI), accumulating the stage's gradients
 //!   over the micro-batches for its optimizer;
+//! - [`local`]: the single-process variant, every stage on a GPU of this host, activations moved
+//!   by peer copies (`Tensor::to_device`);
 //! - [`Measure`]: the measured bubble of a run (compute time of every rank against the wall time).
 //!
 //! Several stages on one GPU are one stage of the pipeline (their forwards composed), so a model
@@ -16,7 +18,7 @@
 //! ```no_run
 //! use ferrograd_dist::pipeline::{Pipeline, PipelineConfig, ScheduleKind, Stage};
 //! use ferrograd_dist::ProcessGroup;
-//! use ferrograd_core::{DType, Tensor};
+//! use ferrograd_core::{Device, Tensor};
 //! use std::sync::Arc;
 //! # fn stage_for(_: usize) -> Stage { todo!() }
 //! # fn adam_for(_: &Stage) -> Box<dyn ferrograd_nn::optim::Optimizer> { todo!() }
@@ -34,15 +36,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod local;
 pub mod runner;
 pub mod schedule;
 
+pub use local::LocalPipeline;
 pub use runner::{BoundaryDims, Pipeline, PipelineConfig, Stage, StageForward, StepStats};
 pub use schedule::{theoretical_bubble, Action, Pass, Schedule, ScheduleKind, Simulation};
 
 use crate::comm::{Communicator, ReduceOp};
 use crate::error::DistResult;
-use ferrograd_core::{DType, Tensor};
+use ferrograd_core::{Device, Tensor};
 
 /// The measured bubble of a run: `1 - (mean compute time of a rank) / (wall time)`, so everything
 /// that is not a stage's forward or backward (waiting for a neighbour, messages, the optimizer
@@ -60,11 +64,9 @@ impl Measure {
     /// Gather every rank's compute time (`Pipeline::take_compute_ms`) over `comm`; `wall_ms` is
     /// the longest rank's.
     pub fn gather(comm: &dyn Communicator, micro_batches: usize, compute_ms: f64, wall_ms: f64) -> DistResult<Measure> {
-        let t =
-            Tensor::from_vec(vec![compute_ms, wall_ms], 2, ferrograd_core::Device::Cpu)?.to_device(comm.device())?;
-        let sum = t.narrow(0, 0, 1)?.contiguous()?;
-        let max = t.narrow(0, 1, 1)?.contiguous()?;
-        let max = if max.dtype() == DType::F64 { max } else { max.to_dtype(DType::F64)? };
+        // Two tensors of their own: a narrowed view would hand NCCL an offset pointer.
+        let scalar = |v: f64| Tensor::from_vec(vec![v], 1, Device::Cpu)?.to_device(comm.device());
+        let (sum, max) = (scalar(compute_ms)?, scalar(wall_ms)?);
         comm.all_reduce(&sum, ReduceOp::Sum)?.wait()?;
         comm.all_reduce(&max, ReduceOp::Max)?.wait()?;
         Ok(Measure {

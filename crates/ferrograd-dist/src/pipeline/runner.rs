@@ -32,7 +32,7 @@ pub type BoundaryDims = Arc<dyn Fn(usize, usize) -> Vec<usize> + Send + Sync>;
 
 pub struct Stage {
     params: Vec<(String, Tensor)>,
-    forward: StageForward,
+    pub(crate) forward: StageForward,
 }
 
 impl Stage {
