@@ -11,19 +11,22 @@
 #    --pipeline 4 on 1 GPU (all groups one stage), on 2 GPUs (two groups per GPU) under GPipe and
 #    1F1B, a micro-batch sweep (bubble against (p-1)/(m+p-1)), data parallel on 2 GPUs (fused
 #    step) and the 1-GPU default (persistent kernel) for reference: samples/s, bubble measured and
-#    theoretical, step memory per stage.
+#    theoretical, step memory per stage;
+# 3. the twin, bench/monster_walk_pipeline_torch.py under torchrun (torch.distributed.pipelining,
+#    the same four groups on 2 GPUs, GPipe and 1F1B, same rows and steps): samples/s.
 #
 # Full logs and JSON go to $OUT (else /tmp/pipeline_gpu); the summary is printed last. A step that
 # fails is reported in the summary and the others still run; the exit status is 1 if any failed.
 set -uo pipefail
 G=${1:-.gpu}
 [ -f "$G/run" ] || { echo "no bundle at $G/run (make one with ../shared/gpu/bundle)" >&2; exit 2; }
+PY_DIR=${PY_DIR:-$(cd "$(dirname "$0")" && pwd)}
 COPIES=${COPIES:-113}
 EPOCHS=${EPOCHS:-8}
 MICRO=${MICRO:-8}
 out=${OUT:-/tmp/pipeline_gpu}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 bash "$G/run" unpack || exit 2
 bin=$(cd "$G" && pwd)/bin/ferrograd
 tests=$(cd "$G" && pwd)/tests
@@ -46,7 +49,7 @@ run_tests() { # run_tests FILTER BINARY...
 export -f ferro launch2 run_tests
 
 status=()
-BUDGET_S=${BUDGET_S:-280}
+BUDGET_S=${BUDGET_S:-330}
 step() { # step NAME LIMIT_S COMMAND...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS left=$((BUDGET_S - SECONDS))
@@ -73,12 +76,16 @@ for m in 2 4 16; do
 done
 step dp2_fused 60 launch2 29641 monster-walk --step fused $W --report "$out/dp2_fused.json"
 step one_default 60 ferro monster-walk --device cuda:0 $W --report "$out/one_default.json"
+for s in gpipe 1f1b; do
+  step "torch_pipe2_$s" 90 torchrun --nproc-per-node 2 --master-port $((29650 + ${#s})) "$PY_DIR/monster_walk_pipeline_torch.py" \
+    --copies "$COPIES" --epochs "$EPOCHS" --micro-batches "$MICRO" --schedule "$s" --json "$out/torch_pipe2_$s.json"
+done
 
 python3 - "$out" <<'PY' | tee "$out/summary.txt"
 import json, os, sys
 d = sys.argv[1]
 print(f"{'run':<18}{'samples/s':>12}{'bubble':>9}{'theory':>9}  {'step memory per stage':<28}{'final loss':>12}")
-for name in ["pipe1_1f1b", "pipe2_gpipe", "pipe2_1f1b", "pipe2_gpipe_m2", "pipe2_gpipe_m4", "pipe2_gpipe_m16", "dp2_fused", "one_default"]:
+for name in ["pipe1_1f1b", "pipe2_gpipe", "pipe2_1f1b", "pipe2_gpipe_m2", "pipe2_gpipe_m4", "pipe2_gpipe_m16", "dp2_fused", "one_default", "torch_pipe2_gpipe", "torch_pipe2_1f1b"]:
     p = os.path.join(d, name + ".json")
     if not os.path.exists(p):
         print(f"{name:<18}  (no report)"); continue

@@ -114,6 +114,19 @@ pub fn train(comm: Arc<dyn Communicator>, device: Device, run: &PipeRun) -> CliR
         )
         .into());
     }
+    // Every micro-batch needs a row, the short last batch of a copy included.
+    let smallest = match SAMPLES % run.batch {
+        0 => run.batch,
+        r => r,
+    };
+    if run.micro_batches > smallest {
+        return Err(format!(
+            "--micro-batches {}: the last batch of each copy has {smallest} rows ({SAMPLES} = 5041 samples in \
+             batches of {}); use at most {smallest} micro-batches or another --batch",
+            run.micro_batches, run.batch
+        )
+        .into());
+    }
     let per_rank = LAYERS.len() / world;
     let first = rank * per_rank;
     let model = match &run.init {
@@ -278,13 +291,20 @@ pub fn train(comm: Arc<dyn Communicator>, device: Device, run: &PipeRun) -> CliR
 
 /// Print the report (rank 0).
 pub fn table(r: &PipeReport, out: &mut dyn std::io::Write) -> CliResult<()> {
+    // Each rank's stage groups, "71→47→23 + 23→11→5" (one GPU holds "+"-joined groups).
+    let per_group = LAYERS.len() / r.groups;
     let stages: Vec<String> = r
         .stage_layers
         .iter()
         .map(|ls| {
-            let mut w = vec![ls[0].0];
-            w.extend(ls.iter().map(|l| l.1));
-            w.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("→")
+            ls.chunks(per_group)
+                .map(|g| {
+                    let mut w = vec![g[0].0];
+                    w.extend(g.iter().map(|l| l.1));
+                    w.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("→")
+                })
+                .collect::<Vec<_>>()
+                .join(" + ")
         })
         .collect();
     let mem = match &r.step_memory_bytes {
@@ -372,5 +392,9 @@ mod tests {
         });
         assert!(rs[0].as_ref().unwrap_err().contains("3 ranks"), "{:?}", rs[0]);
         assert!(check(3, 4, 100).is_err() && check(4, 0, 100).is_err() && check(4, 200, 100).is_err());
+        // 5041 in batches of 1000: the last has 41 rows, too few for 64 micro-batches.
+        let run = PipeRun { micro_batches: 64, batch: 1000, ..small(4, ScheduleKind::GPipe) };
+        let e = train(Arc::new(Solo::new(Device::Cpu)), Device::Cpu, &run).unwrap_err().to_string();
+        assert!(e.contains("41 rows"), "{e}");
     }
 }
