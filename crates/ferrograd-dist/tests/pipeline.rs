@@ -333,3 +333,53 @@ fn a_stage_whose_parameters_are_elsewhere_is_refused() {
     let e = LocalPipeline::new(vec![(Device::Cuda(0), st)], ScheduleKind::GPipe, 2).err().unwrap().to_string();
     assert!(e.contains("parameter w is on cpu"), "{e}");
 }
+
+/// The measured bubble of stages whose forward sleeps 4 ms (backward nearly free: the bubble of
+/// both schedules is still (p - 1) / (m + p - 1)) beside the theory, on the thread communicator:
+/// prints the numbers, asserts nothing about time (run with --ignored).
+#[test]
+#[ignore]
+fn measured_bubble_of_sleeping_stages() {
+    for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB] {
+        for (p, m) in [(2, 4), (2, 8), (4, 8), (4, 16)] {
+            let res = run_ranks(p, |comm| {
+                let last = comm.rank() + 1 == p;
+                let w = Tensor::ones((1, 1), DType::F32, CPU)?.requires_grad();
+                let wf = w.clone();
+                let stage = Stage::new(vec![("w".into(), w)], move |x, _| {
+                    std::thread::sleep(Duration::from_millis(4));
+                    let x = match x {
+                        Some(x) => x.clone(),
+                        None => Tensor::ones((2, 1), DType::F32, CPU)?,
+                    };
+                    let y = x.matmul(&wf)?;
+                    if last {
+                        y.sum_all()
+                    } else {
+                        Ok(y)
+                    }
+                });
+                let cfg = PipelineConfig {
+                    schedule: kind,
+                    micro_batches: m,
+                    boundary: Arc::new(|_, _| vec![2, 1]),
+                    dtype: DType::F32,
+                };
+                let mut pipe = Pipeline::new(comm.clone(), stage, cfg)?;
+                let start = Instant::now();
+                for _ in 0..3 {
+                    pipe.run_micro_batches()?;
+                    pipe.zero_grad();
+                }
+                let c = pipe.take_compute_ms()?;
+                Measure::gather(comm.as_ref(), m, c, start.elapsed().as_secs_f64() * 1e3)
+            });
+            let ms = res[0].as_ref().unwrap();
+            println!(
+                "{kind} p={p} m={m}: bubble {:.1}% measured, {:.1}% theory",
+                100.0 * ms.bubble(),
+                100.0 * ms.theory()
+            );
+        }
+    }
+}

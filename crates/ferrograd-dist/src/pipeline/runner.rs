@@ -272,6 +272,13 @@ impl Pipeline {
     }
 }
 
+/// Events are created in the thread's current context: make it this device's.
+fn bind(dev: &CudaDevice) -> DistResult<()> {
+    dev.context()
+        .bind_to_thread()
+        .map_err(|e| DistError::Collective { op: "pipeline timing", msg: format!("cuCtxSetCurrent: {e:?}") })
+}
+
 /// Compute time of one rank: events on the compute stream on a GPU, the host clock on the CPU.
 enum Clock {
     Host { total_ms: f64 },
@@ -296,6 +303,7 @@ impl Clock {
             Clock::Host { .. } => Timer::Host(Instant::now()),
             Clock::Device { dev, .. } => {
                 // Recorded after the receive's wait: the stream reaches it once the input is there.
+                bind(dev)?;
                 let e = Event::timing()?;
                 e.record(dev.current_cuda_stream())?;
                 Timer::Device(e)
@@ -307,6 +315,7 @@ impl Clock {
         match (self, t) {
             (Clock::Host { total_ms }, Timer::Host(s)) => *total_ms += s.elapsed().as_secs_f64() * 1e3,
             (Clock::Device { dev, pending, total_ms }, Timer::Device(s)) => {
+                bind(dev)?;
                 let e = Event::timing()?;
                 e.record(dev.current_cuda_stream())?;
                 pending.push((s, e));
