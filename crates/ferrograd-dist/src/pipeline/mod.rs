@@ -18,7 +18,7 @@
 //! ```no_run
 //! use ferrograd_dist::pipeline::{Pipeline, PipelineConfig, ScheduleKind, Stage};
 //! use ferrograd_dist::ProcessGroup;
-//! use ferrograd_core::{Device, Tensor};
+//! use ferrograd_core::DType;
 //! use std::sync::Arc;
 //! # fn stage_for(_: usize) -> Stage { todo!() }
 //! # fn adam_for(_: &Stage) -> Box<dyn ferrograd_nn::optim::Optimizer> { todo!() }
