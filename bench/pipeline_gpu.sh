@@ -66,7 +66,7 @@ step() { # step NAME LIMIT_S COMMAND...
 
 { nvidia-smi -L; nvidia-smi topo -m; } > "$out/gpus.log" 2>&1
 step precompile 90 ferro kernels --precompile
-step tests 120 run_tests pipeline pipeline_gpu-test pipeline-test ferrograd_dist-lib ferrograd_cli-lib
+step tests 120 bash -c 'run_tests "" pipeline_gpu-test pipeline-test; a=$?; run_tests pipeline ferrograd_dist-lib ferrograd_cli-lib && exit $a' 
 W="--copies $COPIES --epochs $EPOCHS"
 step pipe1_1f1b 60 ferro monster-walk --pipeline 4 --device cuda:0 $W --micro-batches "$MICRO" --schedule 1f1b --report "$out/pipe1_1f1b.json"
 step pipe2_gpipe 60 launch2 29611 monster-walk --pipeline 4 $W --micro-batches "$MICRO" --schedule gpipe --report "$out/pipe2_gpipe.json"
