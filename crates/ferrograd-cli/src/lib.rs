@@ -31,6 +31,7 @@ mod mamba;
 mod memory;
 mod monster;
 mod monster_dist;
+mod monster_pipeline;
 mod plot;
 mod timing;
 

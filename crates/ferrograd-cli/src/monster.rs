@@ -86,6 +86,18 @@ pub struct MonsterArgs {
     /// Matrix-product precision of the persistent kernel: f32 (3xTF32, f32-accurate), tf32, bf16.
     #[arg(long, default_value = "f32")]
     pub precision: String,
+    /// Pipeline parallel: cut the eight layers into N stage groups (4: encoder, bottleneck,
+    /// decoder, output, as the design document places them) over the ranks of `ferrograd launch`
+    /// (N / ranks groups per GPU); without a launcher all groups run on one device.
+    #[arg(long, value_parser = crate::parse_count,
+          conflicts_with_all = ["fill", "budget", "unfused", "step", "no_graph", "skip_nonfinite"])]
+    pub pipeline: Option<usize>,
+    /// With --pipeline: micro-batches per step.
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 8, requires = "pipeline")]
+    pub micro_batches: usize,
+    /// With --pipeline: gpipe or 1f1b.
+    #[arg(long, default_value = "1f1b", requires = "pipeline")]
+    pub schedule: String,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,6 +184,10 @@ pub fn check(a: &MonsterArgs) -> CliResult<()> {
     if a.command.is_some() {
         return Ok(());
     }
+    if let Some(n) = a.pipeline {
+        crate::monster_pipeline::check(n, a.micro_batches, a.batch.unwrap_or(SAMPLES).min(SAMPLES))?;
+        a.schedule.parse::<ferrograd_dist::pipeline::ScheduleKind>()?;
+    }
     if a.epochs == Some(0) {
         return Err("--epochs must be at least 1".into());
     }
@@ -220,6 +236,9 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
         }
         writeln!(out, "wrote {}", path.display())?;
         return Ok(());
+    }
+    if a.pipeline.is_some() {
+        return run_pipelined(&a, out);
     }
     // Under `ferrograd launch`: data parallel, this process on cuda:LOCAL_RANK.
     let pg = crate::monster_dist::group()?;
@@ -329,6 +348,74 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
     }
     if let Some(p) = &a.report {
         let text = serde_json::to_string_pretty(&report)?;
+        ferrograd_core::io::write_atomic(p, (text + "\n").as_bytes())?;
+        writeln!(out, "report: {}", p.display())?;
+    }
+    Ok(())
+}
+
+/// `--pipeline N`: the stage groups over the launcher's ranks, or all on one device.
+fn run_pipelined(a: &MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
+    use ferrograd_dist::{Communicator, Solo};
+    let pg = crate::monster_dist::group()?;
+    let (comm, device, why): (std::sync::Arc<dyn Communicator>, Device, String) = match (&pg, a.device) {
+        (Some(pg), Some(d)) if d != pg.device() => {
+            return Err(format!("--device {d}: under launch, rank {} trains on {}", pg.rank(), pg.device()).into())
+        }
+        (Some(pg), _) => (pg.comm(), pg.device(), format!("rank {} of {}, pipeline", pg.rank(), pg.world_size())),
+        (None, d) => {
+            let (d, why) = match d {
+                Some(d) => (d, "--device".to_string()),
+                None => Device::best_with_reason()?,
+            };
+            (std::sync::Arc::new(Solo::new(d)), d, why)
+        }
+    };
+    let on_cpu = device.is_cpu();
+    let run = crate::monster_pipeline::PipeRun {
+        groups: a.pipeline.unwrap_or(4),
+        micro_batches: a.micro_batches,
+        schedule: a.schedule.parse()?,
+        copies: a.copies.unwrap_or(if on_cpu { CPU_DEFAULT_COPIES } else { 113 }),
+        epochs: a.epochs.unwrap_or(if on_cpu { CPU_DEFAULT_EPOCHS } else { 71 }),
+        batch: a.batch.unwrap_or(if on_cpu { CPU_DEFAULT_BATCH } else { SAMPLES }),
+        lr: a.lr,
+        seed: a.seed,
+        init: a.init.clone(),
+    };
+    let main = comm.rank() == 0;
+    if main {
+        writeln!(
+            out,
+            "monster-walk on {} ({why}): {} stage groups on {} rank(s), {} copies x {} epochs in batches of {}, {} \
+             micro-batches ({})",
+            describe(device),
+            run.groups,
+            comm.world_size(),
+            run.copies,
+            run.epochs,
+            run.batch,
+            run.micro_batches,
+            run.schedule
+        )?;
+        out.flush()?;
+    }
+    let r = crate::monster_pipeline::train(comm, device, &run)?;
+    if !main {
+        writeln!(out, "rank {}: done (rank 0 reports)", pg.as_ref().map_or(0, |p| p.rank()))?;
+        return Ok(());
+    }
+    crate::monster_pipeline::table(&r, out)?;
+    if let Some(p) = &a.save {
+        let m = ferrograd_models::monster_walk::Autoencoder::init(0, Device::Cpu)?;
+        for (dst, src) in m.parameters().iter().zip(&r.weights) {
+            dst.set(src)?;
+        }
+        m.save(p)?;
+        writeln!(out, "weights: {}", p.display())?;
+    }
+    if let Some(p) = &a.report {
+        let text = serde_json::to_string_pretty(&r)?;
         ferrograd_core::io::write_atomic(p, (text + "\n").as_bytes())?;
         writeln!(out, "report: {}", p.display())?;
     }

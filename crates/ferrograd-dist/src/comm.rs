@@ -72,6 +72,12 @@ pub trait Communicator: Send + Sync {
         Err(format!("{} collectives cannot be recorded in a CUDA graph", self.backend()))
     }
 
+    /// This rank has failed with `reason` and will post no more operations: wake every rank
+    /// waiting on it with an error naming the reason (the thread communicator does). NCCL has no
+    /// way to tell its peers, so the default does nothing: under `ferrograd launch` the launcher
+    /// stops the other ranks when this one exits, and host waits time out.
+    fn abort(&self, _reason: &str) {}
+
     /// Time every operation on the device from now on (`stats().device_ms`); costs two events
     /// per operation. Backends without a device clock ignore it.
     fn set_timing(&self, _on: bool) {}

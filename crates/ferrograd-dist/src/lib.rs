@@ -7,6 +7,7 @@
 //! - [`DataParallel`]: an optimizer wrapper that averages gradients in buckets while backward
 //!   runs (optionally in bf16), or shards AdamW's state with ZeRO-1, and checkpoints that resume
 //!   on any number of GPUs;
+//! - [`pipeline`]: pipeline (model) parallelism, GPipe and 1F1B schedules over send/recv;
 //! - [`testing`]: an in-process communicator over threads, the test scaffolding that lets all of
 //!   this be tested without GPUs.
 //!
@@ -32,6 +33,7 @@ pub mod env;
 pub mod error;
 pub mod group;
 pub mod nccl;
+pub mod pipeline;
 pub mod rendezvous;
 pub mod testing;
 pub mod workload;

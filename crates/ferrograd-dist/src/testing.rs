@@ -212,6 +212,9 @@ impl Communicator for ThreadComm {
         let start = Instant::now();
         let mut st = self.lock();
         loop {
+            if let Some(b) = &st.broken {
+                return Err(DistError::Collective { op: "recv", msg: b.clone() });
+            }
             if let Some((s, data)) = st.mail.get_mut(&(peer, self.rank)).and_then(|q| q.pop_front()) {
                 drop(st);
                 if s != sig("message", buf) {
@@ -233,6 +236,14 @@ impl Communicator for ThreadComm {
 
     fn barrier(&self) -> DistResult<()> {
         self.exchange("barrier", "barrier".into(), vec![]).map(|_| ())
+    }
+
+    fn abort(&self, reason: &str) {
+        let mut st = self.lock();
+        if st.broken.is_none() {
+            st.broken = Some(format!("rank {} failed: {reason}", self.rank));
+        }
+        self.shared.cv.notify_all();
     }
 }
 

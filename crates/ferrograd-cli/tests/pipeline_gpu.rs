@@ -1,0 +1,132 @@
+//! Pipeline parallelism across GPUs through `ferrograd launch` (NCCL send/recv). Each test skips
+//! with one line where fewer than two GPUs or no NCCL library exist; on a 2-GPU machine they check
+//! that
+//!
+//! - `monster-walk --pipeline 4` on 2 GPUs (two stage groups each) trains the parameters the same
+//!   four groups train on one GPU, for the same micro-batches (f32, 1e-5 relative to each tensor's
+//!   scale), under GPipe and 1F1B, and the two schedules agree;
+//! - a stage that fails (an injected error on rank 1) stops every rank with a message naming it,
+//!   with no hang.
+
+mod common;
+
+use common::bin;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn two_gpus(test: &str) -> bool {
+    let n = ferrograd_core::cuda::device_count().unwrap_or(0);
+    if n < 2 {
+        println!("skipped {test}: {n} CUDA device(s) visible, 2 needed");
+        return false;
+    }
+    if let Err(e) = ferrograd_dist::nccl::nccl() {
+        println!("skipped {test}: {e}");
+        return false;
+    }
+    true
+}
+
+fn port(k: u16) -> String {
+    (21000 + (std::process::id() % 20000) as u16 + 7 * k).to_string()
+}
+
+fn ferrograd(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(bin());
+    c.args(args).env("NCCL_NVLS_ENABLE", "0");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("failed to start ferrograd")
+}
+
+fn ok(o: &Output) -> String {
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "status {:?}\nstdout:\n{out}\nstderr:\n{err}", o.status);
+    out.into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ferrograd-pipe-{}-{name}", std::process::id()))
+}
+
+fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.data().chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
+        .collect()
+}
+
+/// Largest over tensors of max|a - b| / max|b|.
+fn max_rel(a: &Path, b: &Path) -> f64 {
+    let (a, b) = (weights(a), weights(b));
+    assert_eq!(a.len(), 16);
+    let mut worst = 0.0f64;
+    for (name, wb) in &b {
+        let wa = &a[name];
+        let scale = wb.iter().fold(1e-6f32, |m, v| m.max(v.abs())) as f64;
+        let d = wa.iter().zip(wb).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) as f64;
+        worst = worst.max(d / scale);
+    }
+    worst
+}
+
+const RUN: [&str; 10] =
+    ["monster-walk", "--pipeline", "4", "--copies", "2", "--epochs", "2", "--batch", "1200", "--micro-batches"];
+
+/// `monster-walk --pipeline 4` with 4 micro-batches on `nproc` GPUs (launch) or on cuda:0.
+fn walk(nproc: usize, k: u16, schedule: &str, save: &Path, env: &[(&str, &str)]) -> Output {
+    let s = save.to_str().unwrap();
+    let mut a: Vec<&str> = vec![];
+    let (n, p) = (nproc.to_string(), port(k));
+    if nproc > 1 {
+        a.extend_from_slice(&["launch", "--nproc-per-node", &n, "--master-port", &p, "--", "ferrograd"]);
+    }
+    a.extend_from_slice(&RUN);
+    a.extend_from_slice(&["4", "--schedule", schedule, "--save", s]);
+    if nproc == 1 {
+        a.extend_from_slice(&["--device", "cuda:0"]);
+    }
+    ferrograd(&a, env)
+}
+
+#[test]
+fn pipeline_gpu_two_gpus_train_as_one_does() {
+    if !two_gpus("pipeline_gpu_two_gpus_train_as_one_does") {
+        return;
+    }
+    let one = tmp("one.safetensors");
+    println!("{}", ok(&walk(1, 0, "gpipe", &one, &[])));
+    let mut runs = vec![];
+    for (k, schedule) in [(1, "gpipe"), (2, "1f1b")] {
+        let two = tmp(&format!("two-{schedule}.safetensors"));
+        let out = ok(&walk(2, k, schedule, &two, &[]));
+        println!("{out}");
+        assert!(out.contains("bubble"), "{out}");
+        let rel = max_rel(&two, &one);
+        println!("{schedule}: 2 GPUs vs 1 GPU, largest relative difference {rel:.2e}");
+        assert!(rel <= 1e-5, "{schedule}: {rel}");
+        runs.push(two);
+    }
+    let rel = max_rel(&runs[0], &runs[1]);
+    println!("gpipe vs 1f1b on 2 GPUs: {rel:.2e}");
+    assert!(rel <= 1e-5, "{rel}");
+}
+
+#[test]
+fn pipeline_gpu_failing_stage_stops_every_rank() {
+    if !two_gpus("pipeline_gpu_failing_stage_stops_every_rank") {
+        return;
+    }
+    let start = Instant::now();
+    let o = walk(2, 3, "1f1b", &tmp("fail.safetensors"), &[("FERROGRAD_PIPELINE_FAIL", "1")]);
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    println!("{text}");
+    assert!(!o.status.success());
+    assert!(text.contains("injected failure") && text.contains("rank 1"), "{text}");
+    assert!(start.elapsed() < Duration::from_secs(90), "took {:?}", start.elapsed());
+}
