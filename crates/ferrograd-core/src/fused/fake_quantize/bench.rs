@@ -6,6 +6,7 @@ use super::FakeQuant;
 use crate::fused::bench::{row_f64, Workload};
 use crate::{Result, Tensor};
 
+/// The fake-quantize workload of the fused-op benches: one input with its scale and zero point.
 pub struct FakeQuantizeBench {
     x: Tensor,
     scale: Tensor,

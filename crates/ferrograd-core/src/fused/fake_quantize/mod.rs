@@ -44,7 +44,9 @@ pub const MODULE: Module = Module::new("fake_quantize", include_str!("fake_quant
 /// whole tensor) and, for a learnable scale and zero point, LSQ's gradient factor.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FakeQuant {
+    /// The smallest quantized integer (PyTorch's `quant_min`, e.g. -128 or 0).
     pub qmin: i32,
+    /// The largest quantized integer (`quant_max`, e.g. 127 or 255).
     pub qmax: i32,
     /// The dim that indexes `scale` / `zero_point` (per channel), or `None` (per tensor).
     pub axis: Option<usize>,
