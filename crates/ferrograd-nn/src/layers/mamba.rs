@@ -17,16 +17,25 @@ use ferrograd_core::{shape_err, DType, Device, Error, Result, Rng, Tensor};
 /// dt_scale, dt_init_floor, conv_bias, bias)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MambaConfig {
+    /// Model width (the block's input and output features).
     pub d_model: usize,
+    /// SSM state size per channel (16).
     pub d_state: usize,
+    /// Causal conv1d width (4).
     pub d_conv: usize,
+    /// Inner width factor: `d_inner = expand * d_model` (2).
     pub expand: usize,
     /// `None`: `ceil(d_model / 16)` (mamba_ssm's "auto").
     pub dt_rank: Option<usize>,
+    /// Smallest initial step size (dt is drawn log-uniformly in `[dt_min, dt_max]`).
     pub dt_min: f64,
+    /// Largest initial step size.
     pub dt_max: f64,
+    /// Scale of `dt_proj`'s initial weights.
     pub dt_scale: f64,
+    /// Initial dt values are clamped to at least this.
     pub dt_init_floor: f64,
+    /// Whether the conv has a bias.
     pub conv_bias: bool,
     /// Biases of the in- and out-projections.
     pub bias: bool,
@@ -50,14 +59,17 @@ impl MambaConfig {
         }
     }
 
+    /// `expand * d_model`.
     pub fn d_inner(&self) -> usize {
         self.expand * self.d_model
     }
 
+    /// The rank of dt's projection (`dt_rank`, or `ceil(d_model / 16)`).
     pub fn dt_rank(&self) -> usize {
         self.dt_rank.unwrap_or(self.d_model.div_ceil(16))
     }
 
+    /// `Error::InvalidArgument` for a zero size or an invalid dt range.
     pub fn validate(&self) -> Result<()> {
         if self.d_model == 0 || self.d_state == 0 || self.d_conv == 0 || self.expand == 0 || self.dt_rank() == 0 {
             return Err(Error::InvalidArgument(format!("mamba: every size must be positive, got {self:?}")));
@@ -73,17 +85,22 @@ impl MambaConfig {
 /// conv inputs, oldest first) and `ssm` `[batch, d_inner, d_state]`.
 #[derive(Debug, Clone)]
 pub struct MambaState {
+    /// The last `d_conv` conv inputs.
     pub conv: Tensor,
+    /// The scan's state.
     pub ssm: Tensor,
 }
 
+/// mamba_ssm's `Mamba` block (see the module documentation); parameters named as there.
 #[derive(Debug, Clone)]
 pub struct Mamba {
+    /// The sizes it was built with.
     pub config: MambaConfig,
     /// `[2 d_inner, d_model]`: x then z.
     pub in_proj: Linear,
     /// `[d_inner, d_conv]` (PyTorch's Conv1d weight `[d_inner, 1, d_conv]` without the middle dim).
     pub conv_weight: Tensor,
+    /// `[d_inner]`, where the config asks for it.
     pub conv_bias: Option<Tensor>,
     /// `[dt_rank + 2 d_state, d_inner]`, no bias.
     pub x_proj: Linear,

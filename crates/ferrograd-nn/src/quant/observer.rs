@@ -38,17 +38,24 @@ pub enum ObserverKind {
 /// `Tensor::fake_quantize`.
 #[derive(Clone, Debug)]
 pub struct QParams {
+    /// The quantization step, `[C]`.
     pub scale: Tensor,
+    /// The integer that 0 maps to, `[C]` (f32, rounded by the kernel).
     pub zero_point: Tensor,
 }
 
 /// A running range per tensor (`axis: None`) or per channel along `axis`.
 #[derive(Clone, Debug)]
 pub struct Observer {
+    /// How the range is tracked (min-max or moving average).
     pub kind: ObserverKind,
+    /// Symmetric or affine.
     pub scheme: QScheme,
+    /// The smallest quantized integer.
     pub qmin: i32,
+    /// The largest quantized integer.
     pub qmax: i32,
+    /// The channel dim (`None`: one range for the tensor).
     pub axis: Option<usize>,
     /// f32 `[C]`, `None` before the first batch.
     min: Option<Tensor>,
@@ -56,6 +63,7 @@ pub struct Observer {
 }
 
 impl Observer {
+    /// An observer that has seen nothing yet; `Error::InvalidArgument` unless `qmin < qmax`.
     pub fn new(kind: ObserverKind, scheme: QScheme, qmin: i32, qmax: i32, axis: Option<usize>) -> Result<Observer> {
         if qmin >= qmax {
             return Err(Error::InvalidArgument(format!("observer: qmin {qmin} must be below qmax {qmax}")));

@@ -11,8 +11,11 @@ use crate::Module;
 use ferrograd_core::{FakeQuant, Result, Tensor};
 use std::sync::{Mutex, MutexGuard};
 
+/// A `Linear` trained with fake quantization: weights per output channel, the input per tensor
+/// (symmetric int8), observed until frozen, straight-through gradients.
 #[derive(Debug)]
 pub struct QatLinear {
+    /// The float layer whose weights are trained.
     pub linear: Linear,
     weight_obs: Mutex<Observer>,
     input_obs: Mutex<Observer>,
