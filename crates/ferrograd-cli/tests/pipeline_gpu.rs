@@ -95,6 +95,7 @@ fn walk(nproc: usize, k: u16, schedule: &str, save: &Path, env: &[(&str, &str)])
 }
 
 #[test]
+#[ignore = "hangs on 2 x H200 (2026-11-23): the NCCL pipeline path is disabled until fixed (monster_pipeline.rs)"]
 fn pipeline_gpu_two_gpus_train_as_one_does() {
     if !two_gpus("pipeline_gpu_two_gpus_train_as_one_does") {
         return;
@@ -123,7 +124,10 @@ fn pipeline_gpu_failing_stage_stops_every_rank() {
         return;
     }
     let start = Instant::now();
-    let o = walk(2, 3, "1f1b", &tmp("fail.safetensors"), &[("FERROGRAD_PIPELINE_FAIL", "1")]);
+    // The NCCL pipeline is opt-in while it hangs (monster_pipeline.rs); a failure at step 2 comes
+    // before the hang (this passed on 2 x H200), so the abort path stays tested.
+    let env = [("FERROGRAD_PIPELINE_FAIL", "1"), ("FERROGRAD_PIPELINE_NCCL", "1")];
+    let o = walk(2, 3, "1f1b", &tmp("fail.safetensors"), &env);
     let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     println!("{text}");
     assert!(!o.status.success());

@@ -116,7 +116,10 @@ fn cuda_packed_matches_the_views_every_dtype_and_backend() -> Result<()> {
                 // The forward runs the same kernel on the same views; the backward may get another cuDNN
                 // engine for its other output strides, so it agrees to rounding.
                 assert!(same_o <= 1e-6 && same_g <= tol / 2.0, "{what}: packed differs from the views");
-                assert!(ref_o < tol && ref_g < tol, "{what}: against f64 {ref_o:.2e} / {ref_g:.2e} (tolerance {tol:.0e})");
+                assert!(
+                    ref_o < tol && ref_g < tol,
+                    "{what}: against f64 {ref_o:.2e} / {ref_g:.2e} (tolerance {tol:.0e})"
+                );
             }
         }
     }

@@ -285,7 +285,8 @@ fn cuda_strided_operands_match_cpu() -> Result<()> {
     // (a random pre-activation within rounding of 0 flips one dz element: a 4e-2 error in bf16
     // that is the test's, not the kernel's). dy stays random.
     let ints = |rng: &mut Rng, dims: &[usize], shift: f64| -> Result<Tensor> {
-        let v: Vec<f64> = randn(rng, dims, DType::F64).to_f64_vec()?.iter().map(|x| (1.5 * x).round() + shift).collect();
+        let v: Vec<f64> =
+            randn(rng, dims, DType::F64).to_f64_vec()?.iter().map(|x| (1.5 * x).round() + shift).collect();
         Tensor::from_vec(v, dims.to_vec(), CPU)
     };
     for d in [DType::F32, DType::F16, DType::BF16] {

@@ -236,7 +236,7 @@ impl Gpt {
         // (the attention kernels read them in place).
         let qkv = linear(&a, &blk.c_attn_w, Some(&blk.c_attn_b))?.reshape((b, t, 3, h, d))?;
         let part = |qkv: &Tensor, i: usize| qkv.narrow(2, i, 1)?.squeeze(2); // [B, T, H, D]
-        // [B, T, H, D]
+                                                                             // [B, T, H, D]
         let y = match cache {
             None => self_attention(&qkv, || self.train_mask(t))?,
             Some(kv) => {
@@ -250,7 +250,8 @@ impl Gpt {
                 let keys = kv.k.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
                 let vals = kv.v.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
                 let q = part(&qkv, 0)?.permute(&[0, 2, 1, 3])?;
-                attention(&q, &keys, &vals, kv.start, || causal_mask(t, kv.start, self.device()))?.permute(&[0, 2, 1, 3])?
+                attention(&q, &keys, &vals, kv.start, || causal_mask(t, kv.start, self.device()))?
+                    .permute(&[0, 2, 1, 3])?
             }
         };
         let y = y.reshape((b, t, c))?;
