@@ -11,48 +11,18 @@
 
 mod common;
 
-use common::bin;
+use common::{bin, ferrograd, ok, two_gpus};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// Whether the machine can run these tests; prints the one-line reason when not.
-fn two_gpus(test: &str) -> bool {
-    let n = ferrograd_core::cuda::device_count().unwrap_or(0);
-    if n < 2 {
-        println!("skipped {test}: {n} CUDA device(s) visible, 2 needed");
-        return false;
-    }
-    if let Err(e) = ferrograd_dist::nccl::nccl() {
-        println!("skipped {test}: {e}");
-        return false;
-    }
-    true
-}
-
-/// A port for this test's rendezvous (tests of one binary run one at a time on the GPU machine).
 fn port(k: u16) -> String {
-    (20000 + (std::process::id() % 20000) as u16 + 7 * k).to_string()
-}
-
-fn ferrograd(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(bin());
-    c.args(args).env("NCCL_NVLS_ENABLE", "0");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("failed to start ferrograd")
-}
-
-fn ok(o: &Output) -> String {
-    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(o.status.success(), "status {:?}\nstdout:\n{out}\nstderr:\n{err}", o.status);
-    out.into_owned()
+    common::port(20000, k)
 }
 
 fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("ferrograd-dist-{}-{name}", std::process::id()))
+    common::tmp("dist", name)
 }
 
 /// `launch --nproc-per-node N -- ferrograd dist mlp ARGS --out FILE`.

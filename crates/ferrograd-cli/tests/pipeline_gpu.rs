@@ -10,46 +10,18 @@
 
 mod common;
 
-use common::bin;
+use common::{ferrograd, ok, two_gpus};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-fn two_gpus(test: &str) -> bool {
-    let n = ferrograd_core::cuda::device_count().unwrap_or(0);
-    if n < 2 {
-        println!("skipped {test}: {n} CUDA device(s) visible, 2 needed");
-        return false;
-    }
-    if let Err(e) = ferrograd_dist::nccl::nccl() {
-        println!("skipped {test}: {e}");
-        return false;
-    }
-    true
-}
-
 fn port(k: u16) -> String {
-    (21000 + (std::process::id() % 20000) as u16 + 7 * k).to_string()
-}
-
-fn ferrograd(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(bin());
-    c.args(args).env("NCCL_NVLS_ENABLE", "0");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("failed to start ferrograd")
-}
-
-fn ok(o: &Output) -> String {
-    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(o.status.success(), "status {:?}\nstdout:\n{out}\nstderr:\n{err}", o.status);
-    out.into_owned()
+    common::port(21000, k)
 }
 
 fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("ferrograd-pipe-{}-{name}", std::process::id()))
+    common::tmp("pipe", name)
 }
 
 fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
