@@ -353,6 +353,25 @@ fn small_vocab_gpt2_tokens() -> GptConfig {
 
 // ---- sampling -------------------------------------------------------------------------------
 
+/// Under a bf16 autocast scope (as the gpt2_sample example samples on a GPU) the QKV projection
+/// writes bf16 while the KV cache is f32: decoding stores into the cache in its dtype and tracks
+/// the full forward under the same scope (it failed with a set dtype mismatch on an H200).
+#[test]
+fn kv_cache_decode_under_bf16_autocast() -> Result<()> {
+    let m = Gpt::new(small_vocab(), 11, Device::Cpu)?;
+    let ids: Vec<u32> = vec![5, 17, 3, 70, 42, 8];
+    let _ac = ferrograd_nn::amp::autocast(DType::BF16)?;
+    let full = m.logits(&Tensor::from_vec(ids.clone(), (1, ids.len()), Device::Cpu)?)?;
+    let mut dec = Decoder::new(&m, 12)?;
+    dec.prefill(&ids[..4])?;
+    let got = values(&dec.step(ids[4])?);
+    let want = values(&full.narrow(1, 4, 1)?.flatten_all()?);
+    let scale = want.iter().fold(0f32, |a, b| a.max(b.abs()));
+    let err = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(err <= 3e-2 * scale, "max error {err} (scale {scale})");
+    Ok(())
+}
+
 #[test]
 fn kv_cache_decode_matches_the_full_forward() -> Result<()> {
     let cfg = small_vocab();

@@ -244,8 +244,11 @@ impl Gpt {
                     return Err(shape_err!("gpt decode", "the KV cache holds one sequence, got batch {b}"));
                 }
                 let end = kv.start + t;
-                kv.k.narrow(0, kv.start, t)?.set(&part(&qkv, 1)?.squeeze(0)?)?;
-                kv.v.narrow(0, kv.start, t)?.set(&part(&qkv, 2)?.squeeze(0)?)?;
+                // The cache keeps its own dtype: under autocast the projection wrote bf16 (the
+                // attention below casts the cached keys and values back as it casts q).
+                let cached = |i: usize, cache: &Tensor| part(&qkv, i)?.squeeze(0)?.to_dtype(cache.dtype());
+                kv.k.narrow(0, kv.start, t)?.set(&cached(1, kv.k)?)?;
+                kv.v.narrow(0, kv.start, t)?.set(&cached(2, kv.v)?)?;
                 // [end, H, D] -> [1, H, end, D], views of the cache.
                 let keys = kv.k.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
                 let vals = kv.v.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
