@@ -11,8 +11,7 @@
 
 mod common;
 
-use common::{bin, ferrograd, ok, two_gpus};
-use std::collections::HashMap;
+use common::{bin, ferrograd, max_rel, ok, two_gpus, weights};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -34,29 +33,6 @@ fn mlp(nproc: usize, k: u16, args: &[&str], out: &Path) -> Output {
     let o = out.to_str().unwrap();
     a.extend_from_slice(&["--out", o]);
     ferrograd(&a, &[])
-}
-
-fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.data().chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
-        .collect()
-}
-
-/// Largest over tensors of max|a - b| / max|b|.
-fn max_rel(a: &Path, b: &Path) -> f64 {
-    let (a, b) = (weights(a), weights(b));
-    assert_eq!(a.len(), b.len());
-    let mut worst = 0.0f64;
-    for (name, x) in &a {
-        let y = &b[name];
-        let diff = x.iter().zip(y).map(|(p, q)| (p - q).abs() as f64).fold(0.0, f64::max);
-        let scale = y.iter().map(|q| q.abs() as f64).fold(1e-30, f64::max);
-        worst = worst.max(diff / scale);
-    }
-    worst
 }
 
 #[test]

@@ -10,8 +10,7 @@
 
 mod common;
 
-use common::{ferrograd, ok, two_gpus};
-use std::collections::HashMap;
+use common::{ferrograd, ok, two_gpus, weights};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -24,27 +23,10 @@ fn tmp(name: &str) -> PathBuf {
     common::tmp("pipe", name)
 }
 
-fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.data().chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
-        .collect()
-}
-
-/// Largest over tensors of max|a - b| / max|b|.
+/// [`common::max_rel`] of two Monster Walk weight files (its 16 tensors).
 fn max_rel(a: &Path, b: &Path) -> f64 {
-    let (a, b) = (weights(a), weights(b));
-    assert_eq!(a.len(), 16);
-    let mut worst = 0.0f64;
-    for (name, wb) in &b {
-        let wa = &a[name];
-        let scale = wb.iter().fold(1e-6f32, |m, v| m.max(v.abs())) as f64;
-        let d = wa.iter().zip(wb).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) as f64;
-        worst = worst.max(d / scale);
-    }
-    worst
+    assert_eq!(weights(a).len(), 16);
+    common::max_rel(a, b)
 }
 
 const RUN: [&str; 10] =

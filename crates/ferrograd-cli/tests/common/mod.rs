@@ -2,7 +2,8 @@
 //! the `ferrograd` binary under test is, and its output as text.
 #![allow(dead_code)] // each test crate uses a different part
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// The binary under test: $FERROGRAD_BIN, else cargo's build path, else (when the test binary was
@@ -67,4 +68,28 @@ pub fn ok(o: &Output) -> String {
 /// A path in the temp dir unique to this process: `ferrograd-PREFIX-PID-NAME`.
 pub fn tmp(prefix: &str, name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("ferrograd-{prefix}-{}-{name}", std::process::id()))
+}
+
+/// The f32 tensors of a safetensors file, by name.
+pub fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.data().chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
+        .collect()
+}
+
+/// Largest over the tensors of two weight files (the same names) of max|a - b| / max|b|.
+pub fn max_rel(a: &Path, b: &Path) -> f64 {
+    let (a, b) = (weights(a), weights(b));
+    assert_eq!(a.len(), b.len());
+    let mut worst = 0.0f64;
+    for (name, x) in &a {
+        let y = &b[name];
+        let diff = x.iter().zip(y).map(|(p, q)| (p - q).abs() as f64).fold(0.0, f64::max);
+        let scale = y.iter().map(|q| q.abs() as f64).fold(1e-30, f64::max);
+        worst = worst.max(diff / scale);
+    }
+    worst
 }
