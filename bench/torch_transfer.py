@@ -9,7 +9,9 @@ bit-exact round trip.
 - h2d pageable  x.to(dev)                              (ours: Tensor::to_device, staged)
 - h2d pinned    x.pin_memory() -> .to(dev, non_blocking=True)   (ours: pin_memory + to_device)
 - d2h pageable  xd.to("cpu")                            (ours: to_device(Device::Cpu))
-- d2h pinned    pinned.copy_(xd, non_blocking=True)     (PyTorch only: ferrograd has no such API)
+- d2h pinned    pinned.copy_(xd, non_blocking=True)     (ours: copy_to_pinned_async into Tensor::empty_pinned)
+- h2d compressed bf16  x.to(torch.bfloat16).pin_memory().to(dev, non_blocking=True).float()
+                (ours: to_device_compressed(dev, BF16): narrow into pinned memory, pipelined; GB/s of f32)
 - d2d           xd.to("cuda:1") where a second GPU exists   (ours: to_device(Device::Cuda(1)), peer to peer)
 - 100 x 4 KiB: 100 separate .to(dev), against torch.cat + one .to(dev) + split (ours:
   Tensor::to_device_many, which packs into pinned memory and makes one copy)
@@ -87,6 +89,11 @@ def main() -> None:
         hp.copy_(xd, non_blocking=True)
         return None
     gbps(f"d2h pinned {a.mib} MiB", bl.measure_self_timed(timed(d2h_pinned), **BIG))
+
+    def compressed():
+        return x.to(torch.bfloat16).pin_memory().to(dev, non_blocking=True).float()
+    same("h2d compressed bf16", compressed(), x.to(torch.bfloat16).float())
+    gbps(f"h2d compressed bf16 {a.mib} MiB (effective)", bl.measure_self_timed(timed(compressed), **BIG))
 
     # GPU to GPU (ours: Tensor::to_device(Device::Cuda(j)), peer to peer where the pair allows).
     if torch.cuda.device_count() > 1:

@@ -140,6 +140,8 @@ enum BenchCommand {
     Matmul(MatmulArgs),
     /// Host<->device GB/s (pageable and pinned) and many small copies against one coalesced copy.
     Transfer(TransferArgs),
+    /// The GPU memory guide's "Expected Improvements" table, measured (twin: bench/torch_guide.py).
+    Guide(GuideArgs),
     /// Allocate+free of device memory: the caching allocator against raw driver calls.
     Alloc(AllocArgs),
     /// Memory-bound ops (copy, add, mul, relu, sigmoid, softmax, layer_norm): GB/s and % of copy.
@@ -160,6 +162,9 @@ enum BenchCommand {
     /// Fused selective scan (Mamba) forward and forward+backward time and peak memory (twin:
     /// bench/torch_selective_scan.py, the sequential recurrence in plain PyTorch).
     SelectiveScan(SelectiveScanArgs),
+    /// Causal depthwise conv1d (Mamba) forward and forward+backward time and peak memory (twin:
+    /// bench/torch_conv1d.py, depthwise F.conv1d with left padding).
+    Conv1d(Conv1dArgs),
     /// int8 x int8 -> int32 matmul (cuBLASLt IMMA) TOPS against bf16 TFLOP/s, and the W8A8 / W8A16
     /// linears (twin: bench/torch_int8.py, torch._int_mm).
     Int8(Int8Args),
@@ -257,6 +262,34 @@ struct Int8Args {
     #[arg(long, value_delimiter = ',', value_parser = crate::parse_count, default_value = "4096")]
     sizes: Vec<usize>,
     /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Seed of the Philox generator that fills the inputs.
+    #[arg(long, value_parser = crate::parse_seed, default_value_t = 42)]
+    seed: u64,
+}
+
+#[derive(Args, Debug)]
+struct Conv1dArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Element type of x, w, b: bf16 or f32.
+    #[arg(long, default_value = "bf16", value_parser = parse_matmul_dtype)]
+    dtype: DType,
+    /// Batch size.
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 4)]
+    batch: usize,
+    /// Channels (Mamba's d_inner).
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 1536)]
+    dim: usize,
+    /// Kernel width (Mamba's d_conv).
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 4)]
+    k: usize,
+    /// Sequence lengths, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = crate::parse_count, default_value = "256,1024,4096")]
+    seqs: Vec<usize>,
+    /// Also write the results as JSON to this file (the bench draws no figure).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
     /// Seed of the Philox generator that fills the inputs.
@@ -437,6 +470,21 @@ struct TransferArgs {
 }
 
 #[derive(Args, Debug)]
+struct GuideArgs {
+    /// CUDA device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: Device,
+    /// Size of the large transfers and of the file read, MiB.
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 256)]
+    mib: usize,
+    /// JSON of bench/torch_guide.py, for the PyTorch column.
+    #[arg(long, value_name = "FILE")]
+    torch: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
 struct AllocArgs {
     /// CUDA device: cuda or cuda:N.
     #[arg(long, default_value = "cuda")]
@@ -517,6 +565,7 @@ pub enum Job {
     Mamba(mamba::MambaArgs),
     Matmul(bench::matmul::Config),
     Transfer(bench::transfer::Config),
+    Guide(bench::guide::Config),
     Alloc(bench::alloc::Config),
     Elementwise(bench::elementwise::Config),
     Launch(bench::launch::Config),
@@ -525,6 +574,7 @@ pub enum Job {
     Attention(bench::attention::Config),
     Linear(bench::linear::Config),
     SelectiveScan(bench::selective_scan::Config),
+    Conv1d(bench::conv1d::Config),
     Int8(bench::int8::Config),
     Fused(bench::fused::Config),
     Predictor(bench::predictor::Config),
@@ -575,6 +625,14 @@ impl Job {
                 mib: a.mib,
                 count: a.count,
                 kib: a.kib,
+                json: a.common.json,
+                plot: a.common.plot,
+                seed: a.common.seed,
+            }),
+            Command::Bench(BenchCommand::Guide(a)) => Job::Guide(bench::guide::Config {
+                device: a.device,
+                mib: a.mib,
+                torch: a.torch,
                 json: a.common.json,
                 plot: a.common.plot,
                 seed: a.common.seed,
@@ -654,6 +712,16 @@ impl Job {
                 json: a.json,
                 seed: a.seed,
             }),
+            Command::Bench(BenchCommand::Conv1d(a)) => Job::Conv1d(conv1d::Config {
+                device: a.device,
+                dtype: a.dtype,
+                batch: a.batch,
+                dim: a.dim,
+                k: a.k,
+                seqs: a.seqs,
+                json: a.json,
+                seed: a.seed,
+            }),
             Command::Kernels(a) => {
                 let ordinal = match a.device {
                     Device::Cuda(n) => n,
@@ -676,6 +744,7 @@ impl Job {
             Job::MonsterWalk(a) => monster::outputs(a),
             Job::Matmul(c) => two(&c.json, &c.plot),
             Job::Transfer(c) => two(&c.json, &c.plot),
+            Job::Guide(c) => two(&c.json, &c.plot),
             Job::Alloc(c) => two(&c.json, &c.plot),
             Job::Elementwise(c) => two(&c.json, &c.plot),
             Job::Launch(c) => two(&c.json, &c.plot),
@@ -686,6 +755,7 @@ impl Job {
             Job::Fused(c) => two(&c.json, &c.plot),
             Job::Predictor(c) => two(&c.json, &None),
             Job::SelectiveScan(c) => two(&c.json, &None),
+            Job::Conv1d(c) => two(&c.json, &None),
             Job::Int8(c) => two(&c.json, &None),
             Job::Allreduce(c) => two(&c.json, &None),
             Job::Dist(c) => dist::outputs(c),
@@ -705,6 +775,7 @@ impl Job {
             Job::MonsterWalk(a) => monster::check(a),
             Job::Matmul(c) => matmul::check(c),
             Job::Transfer(c) => transfer::check(c),
+            Job::Guide(c) => guide::check(c),
             Job::Alloc(c) => alloc::check(c),
             Job::Elementwise(c) => elementwise::check(c),
             Job::Launch(c) => launch::check(c),
@@ -715,6 +786,7 @@ impl Job {
             Job::Fused(c) => fused::check(c),
             Job::Predictor(c) => predictor::check(c),
             Job::SelectiveScan(c) => selective_scan::check(c),
+            Job::Conv1d(c) => conv1d::check(c),
             Job::Int8(c) => bench::int8::check(c),
             Job::Allreduce(c) => allreduce::check(c),
             Job::LaunchRanks(a) => crate::launch::check(a),
@@ -735,6 +807,7 @@ impl Job {
             Job::Mamba(a) => mamba::run(a, out),
             Job::Matmul(c) => matmul::run(&c, out),
             Job::Transfer(c) => transfer::run(&c, out),
+            Job::Guide(c) => guide::run(&c, out),
             Job::Alloc(c) => alloc::run(&c, out),
             Job::Elementwise(c) => elementwise::run(&c, out),
             Job::Launch(c) => launch::run(&c, out),
@@ -743,6 +816,7 @@ impl Job {
             Job::Attention(c) => attention::run(&c, out),
             Job::Linear(c) => linear::run(&c, out),
             Job::SelectiveScan(c) => selective_scan::run(&c, out),
+            Job::Conv1d(c) => conv1d::run(&c, out),
             Job::Int8(c) => bench::int8::run(&c, out),
             Job::Fused(c) => fused::run(&c, out),
             Job::Predictor(c) => predictor::run(&c, out),
@@ -779,6 +853,7 @@ fn oom_hint(c: &Command) -> &'static str {
         Command::Bench(BenchCommand::Attention(_)) => "try shorter sequences (--seqs) or fewer heads (--heads)",
         Command::Bench(BenchCommand::Linear(_)) => "try fewer tokens (--rows 4096)",
         Command::Bench(BenchCommand::SelectiveScan(_)) => "try shorter sequences (--seqs) or fewer channels (--dim)",
+        Command::Bench(BenchCommand::Conv1d(_)) => "try shorter sequences (--seqs) or fewer channels (--dim)",
         Command::Bench(BenchCommand::Int8(_)) => "try smaller sizes (--sizes)",
         Command::Bench(BenchCommand::Allreduce(_)) => "try smaller buffers (--sizes 1,16,64)",
         Command::Bench(BenchCommand::Fused(_)) => "try fewer rows (--shapes 4096x768)",

@@ -242,19 +242,7 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
     }
     // Under `ferrograd launch`: data parallel, this process on cuda:LOCAL_RANK.
     let pg = crate::monster_dist::group()?;
-    let (device, why) = match (&pg, a.device) {
-        (Some(pg), Some(d)) if d != pg.device() => {
-            return Err(format!(
-                "--device {d}: under launch, rank {} trains on {} (LOCAL_RANK)",
-                pg.rank(),
-                pg.device()
-            )
-            .into())
-        }
-        (Some(pg), _) => (pg.device(), format!("rank {} of {}, data parallel", pg.rank(), pg.world_size())),
-        (None, Some(d)) => (d, "--device".to_string()),
-        (None, None) => Device::best_with_reason()?,
-    };
+    let (device, why) = crate::monster_dist::device_for(pg.as_ref(), a.device)?;
     let main_rank = pg.as_ref().is_none_or(|p| p.is_main());
     let mut cfg = config(&a, device)?;
     cfg.dist = pg.as_ref().map(crate::monster_dist::hooks);
@@ -323,6 +311,11 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
         }
     }
     let (mut report, plan) = result?;
+    if device.is_cuda() && ferrograd_core::cuda::profile::enabled() {
+        // FERROGRAD_PROFILE=1: device time per kernel and per step over the run (the eager steps
+        // only: a replayed CUDA graph records no timings, so profile with --no-graph).
+        eprint!("{}", ferrograd_core::cuda::profile::report_table(report.steps as u64)?);
+    }
     if let Some(pg) = &pg {
         report.allreduce_share = Some(crate::monster_dist::allreduce_share(&pg.comm(), report.training_time_s)?);
         if !pg.is_main() {

@@ -5,7 +5,7 @@
 //! two kernels), and reports the share of the run the all-reduces took.
 
 use crate::CliResult;
-use ferrograd_core::{DType, Tensor};
+use ferrograd_core::{DType, Device, Tensor};
 use ferrograd_dist::{Communicator, DistEnv, ProcessGroup, ReduceOp};
 use ferrograd_models::monster_walk::train::DistHooks;
 use std::sync::Arc;
@@ -16,6 +16,25 @@ pub fn group() -> CliResult<Option<ProcessGroup>> {
         Some(env) if env.world_size > 1 => Ok(Some(ProcessGroup::from_env(env)?)),
         _ => Ok(None),
     }
+}
+
+/// The device a training command runs on, and why: under a launch this rank's GPU (LOCAL_RANK;
+/// a `--device` naming another is an error), else `--device`, else the best one present.
+/// `gpt train` and `monster-walk` both choose this way.
+pub fn device_for(pg: Option<&ProcessGroup>, requested: Option<Device>) -> CliResult<(Device, String)> {
+    Ok(match (pg, requested) {
+        (Some(pg), Some(d)) if d != pg.device() => {
+            return Err(format!(
+                "--device {d}: under launch, rank {} trains on {} (LOCAL_RANK)",
+                pg.rank(),
+                pg.device()
+            )
+            .into())
+        }
+        (Some(pg), _) => (pg.device(), format!("rank {} of {}, data parallel", pg.rank(), pg.world_size())),
+        (None, Some(d)) => (d, "--device".to_string()),
+        (None, None) => Device::best_with_reason()?,
+    })
 }
 
 /// What the training run needs from the group; times every collective on the device.

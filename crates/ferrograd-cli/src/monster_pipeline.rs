@@ -107,15 +107,6 @@ fn apply(layers: &[Linear], first: usize, x: &Tensor) -> Result<Tensor> {
 pub fn train(comm: Arc<dyn Communicator>, device: Device, run: &PipeRun) -> CliResult<PipeReport> {
     let (rank, world) = (comm.rank(), comm.world_size());
     check(run.groups, run.micro_batches, run.batch)?;
-    // The NCCL path hung on its first 2 x H200 run (2026-11-23: `--pipeline 4` on 2 ranks made no
-    // progress in 60 s, while the thread communicator's runs and the 1-rank pipeline pass): until
-    // it is fixed, a multi-rank NCCL pipeline is refused with this error instead of hanging, and
-    // FERROGRAD_PIPELINE_NCCL=1 runs it anyway (for debugging it).
-    if world > 1 && comm.backend() == "nccl" && std::env::var("FERROGRAD_PIPELINE_NCCL").map_or(true, |v| v != "1") {
-        return Err("--pipeline over NCCL on several ranks is disabled: it hung on its first 2-GPU run (known \
-                    bug, issue 16); run it on one rank, or set FERROGRAD_PIPELINE_NCCL=1 to try it"
-            .into());
-    }
     if !run.groups.is_multiple_of(world) {
         return Err(format!(
             "--pipeline {}: {} ranks cannot hold the stage groups evenly (use a rank count dividing it)",

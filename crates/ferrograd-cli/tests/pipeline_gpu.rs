@@ -7,13 +7,45 @@
 //!   scale), under GPipe and 1F1B, and the two schedules agree;
 //! - a stage that fails (an injected error on rank 1) stops every rank with a message naming it,
 //!   with no hang.
+//!
+//! A run that takes longer than a minute and a half is killed and fails its test (the first 2-GPU
+//! run of the pipeline hung: see `ferrograd_dist::pipeline::runner`).
 
 mod common;
 
-use common::{ferrograd, ok, two_gpus, weights};
+use common::{ok, two_gpus, weights};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// How long one run may take before it counts as a hang (a run takes seconds).
+const HANG: Duration = Duration::from_secs(90);
+
+/// `common::ferrograd`, but a run that outlives [`HANG`] is killed with its ranks (its own process
+/// group) and fails the test, instead of hanging it.
+fn ferrograd(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(common::bin());
+    c.args(args).env("NCCL_NVLS_ENABLE", "0").stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let child = c.spawn().expect("failed to start ferrograd");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(HANG) {
+        Ok(out) => out.expect("failed to wait for ferrograd"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status();
+            let out = rx.recv_timeout(Duration::from_secs(10)).ok().and_then(|o| o.ok());
+            let (o, e) = out.as_ref().map(common::text).unwrap_or_default();
+            panic!("ferrograd {args:?} made no progress in {HANG:?} (a hang): killed\nstdout:\n{o}\nstderr:\n{e}");
+        }
+    }
+}
 
 fn port(k: u16) -> String {
     common::port(21000, k)
@@ -49,7 +81,6 @@ fn walk(nproc: usize, k: u16, schedule: &str, save: &Path, env: &[(&str, &str)])
 }
 
 #[test]
-#[ignore = "hangs on 2 x H200 (2026-11-23): the NCCL pipeline path is disabled until fixed (monster_pipeline.rs)"]
 fn pipeline_gpu_two_gpus_train_as_one_does() {
     if !two_gpus("pipeline_gpu_two_gpus_train_as_one_does") {
         return;
@@ -78,9 +109,7 @@ fn pipeline_gpu_failing_stage_stops_every_rank() {
         return;
     }
     let start = Instant::now();
-    // The NCCL pipeline is opt-in while it hangs (monster_pipeline.rs); a failure at step 2 comes
-    // before the hang (this passed on 2 x H200), so the abort path stays tested.
-    let env = [("FERROGRAD_PIPELINE_FAIL", "1"), ("FERROGRAD_PIPELINE_NCCL", "1")];
+    let env = [("FERROGRAD_PIPELINE_FAIL", "1")];
     let o = walk(2, 3, "1f1b", &tmp("fail.safetensors"), &env);
     let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     println!("{text}");

@@ -15,6 +15,14 @@ enum FgBinaryOp { FG_ADD = 0, FG_SUB = 1, FG_MUL = 2, FG_DIV = 3, FG_MAXIMUM = 4
 enum FgCmpOp { FG_EQ = 0, FG_NE = 1, FG_LT = 2, FG_LE = 3, FG_GT = 4, FG_GE = 5 };
 
 // bin_f64 / bin_f32 in ACC; maximum / minimum: a if a is NaN or a >= b (<=) else b.
+// Floored remainder out of line: fmod is a long loop, and inlined into every unrolled element of
+// every dtype it was most of this module's NVRTC time; Rem is rare.
+template <typename A>
+static __device__ __noinline__ A fg_rem(A a, A b) {
+  A r = fmod(a, b);
+  return (r != A(0) && ((r < A(0)) != (b < A(0)))) ? r + b : r;
+}
+
 template <typename A>
 static __device__ __forceinline__ A fg_binary_eval(int op, A a, A b) {
   switch (op) {
@@ -25,10 +33,7 @@ static __device__ __forceinline__ A fg_binary_eval(int op, A a, A b) {
     case FG_MAXIMUM: return (a != a || a >= b) ? a : b;
     case FG_MINIMUM: return (a != a || a <= b) ? a : b;
     case FG_MASK_POSITIVE: return (b > A(0) || b != b) ? a : A(0);  // NaN x passes g, as PyTorch
-    default: {  // FG_REM
-      A r = fmod(a, b);
-      return (r != A(0) && ((r < A(0)) != (b < A(0)))) ? r + b : r;
-    }
+    default: return fg_rem(a, b);  // FG_REM
   }
 }
 
@@ -105,8 +110,12 @@ static __device__ __forceinline__ void fg_binary(const Layout& al, const T* __re
     const T* ap = a + al.offset;
     const T* bp = b + bl.offset;
     if (fg_aligned(ap, 16) && fg_aligned(bp, 16) && fg_aligned(y, 16) && fg_binary_vec<T>(ap, bp, y, n, op)) return;
-    fg_unrolled(n, [&](fg_u64 i) { return FgPack<T, 2>{{ap[i], bp[i]}}; },
-                [&](fg_u64 i, const FgPack<T, 2>& v) { y[i] = FgBinary<T>::apply(op, v.v[0], v.v[1]); });
+    if constexpr (FgVecBinary<T>::ok) {
+      fg_unrolled(n, [&](fg_u64 i) { return FgPack<T, 2>{{ap[i], bp[i]}}; },
+                  [&](fg_u64 i, const FgPack<T, 2>& v) { y[i] = FgBinary<T>::apply(op, v.v[0], v.v[1]); });
+    } else {  // integers, rare: one loop (NVRTC time grows with every inlined copy)
+      FG_GRID_STRIDE(i, n) y[i] = FgBinary<T>::apply(op, ap[i], bp[i]);
+    }
     return;
   }
   FG_GRID_STRIDE(i, n) y[i] = FgBinary<T>::apply(op, a[fg_offset_m(al, am, i)], b[fg_offset_m(bl, bm, i)]);

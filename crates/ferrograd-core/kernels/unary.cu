@@ -31,21 +31,18 @@ static __device__ __noinline__ double fg_cos(double x) { return cos(x); }
 static __device__ __noinline__ float fg_pow(float x, float e) { return powf(x, e); }
 static __device__ __noinline__ double fg_pow(double x, double e) { return pow(x, e); }
 
+// The transcendental ops (exp, log, tanh, erf and what is built on them) are out of line: one copy
+// per accumulation type instead of one per unrolled element and loop of every dtype's kernel.
+// Inlined, they made this module the slowest of a cold precompile (3.1 s of NVRTC on the dev
+// machine, 1.3 s out of line). The cheap ops and, in f32, the exp-based activations (the hot
+// ones of elementwise traffic) stay inline.
 template <typename A>
-static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double p1) {
+static __device__ __noinline__ A fg_unary_eval_math(int op, A x) {
   typedef FgK<A> K;
   const A one = (A)1, half = (A)0.5;
   switch (op) {
-    case FG_NEG: return -x;
-    case FG_ABS: return fg_fabs(x);
-    case FG_SQR: return x * x;
-    case FG_SIGN: return x > (A)0 ? one : (x < (A)0 ? -one : (A)0);
-    case FG_RELU: return (x > (A)0 || x != x) ? x : (A)0;  // NaN propagates (PyTorch)
     case FG_EXP: return fg_exp(x);
     case FG_LOG: return fg_log(x);
-    case FG_SQRT: return fg_sqrt(x);
-    case FG_RSQRT: return one / fg_sqrt(x);
-    case FG_RECIP: return one / x;
     case FG_TANH: return fg_tanh(x);
     case FG_SIGMOID: return one / (one + fg_exp(-x));
     case FG_GELU_TANH: return fg_gelu_tanh(x);
@@ -53,10 +50,6 @@ static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double
     case FG_SILU: return x / (one + fg_exp(-x));
     case FG_SIN: return fg_sin(x);
     case FG_COS: return fg_cos(x);
-    // `(x as f64 * mul + add) as T`: two roundings in f64, never fused.
-    case FG_AFFINE: return (A)__dadd_rn(__dmul_rn((double)x, p0), p1);
-    case FG_POWF: return fg_pow(x, (A)p0);
-    case FG_CLAMP: return x != x ? x : fg_fmin(fg_fmax(x, (A)p0), (A)p1);  // NaN propagates
     case FG_GELU_TANH_GRAD: return fg_gelu_tanh_grad(x);
     case FG_GELU_ERF_GRAD: {
       const A pdf = fg_exp(-half * x * x) * K::frac_2_sqrt_pi() / ((A)2 * K::sqrt_2());
@@ -67,6 +60,40 @@ static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double
       return s * (one + x * (one - s));
     }
     default: return x;
+  }
+}
+
+template <typename A>
+static __device__ __forceinline__ A fg_unary_eval(int op, A x, double p0, double p1) {
+  const A one = (A)1;
+  switch (op) {
+    case FG_NEG: return -x;
+    case FG_ABS: return fg_fabs(x);
+    case FG_SQR: return x * x;
+    case FG_SIGN: return x > (A)0 ? one : (x < (A)0 ? -one : (A)0);
+    case FG_RELU: return (x > (A)0 || x != x) ? x : (A)0;  // NaN propagates (PyTorch)
+    case FG_SQRT: return fg_sqrt(x);
+    case FG_RSQRT: return one / fg_sqrt(x);
+    case FG_RECIP: return one / x;
+    // `(x as f64 * mul + add) as T`: two roundings in f64, never fused.
+    case FG_AFFINE: return (A)__dadd_rn(__dmul_rn((double)x, p0), p1);
+    case FG_POWF: return fg_pow(x, (A)p0);
+    case FG_CLAMP: return x != x ? x : fg_fmin(fg_fmax(x, (A)p0), (A)p1);  // NaN propagates
+    default:
+      // The exp-based activations in f32 (and f16/bf16, computed in f32) stay inline, the same
+      // expressions as below: out of line, sigmoid f32 fell from 3688 to 3027 GB/s on an H200 (the
+      // call per element breaks up the unrolled loop's batched loads). f64 and the rest, rarely
+      // hot, keep the one out-of-line copy.
+      if constexpr (sizeof(A) == 4) {
+        switch (op) {
+          case FG_EXP: return fg_exp(x);
+          case FG_SIGMOID: return one / (one + fg_exp(-x));
+          case FG_SILU: return x / (one + fg_exp(-x));
+          case FG_TANH: return fg_tanh(x);
+          default: break;
+        }
+      }
+      return fg_unary_eval_math<A>(op, x);
   }
 }
 
@@ -100,8 +127,12 @@ static __device__ __forceinline__ void fg_unary(const Layout& xl, const T* __res
   const int mode = fg_mode(xl);
   if (mode == FG_CONTIG) {
     const T* xp = x + xl.offset;
-    fg_unrolled(n, [&](fg_u64 i) { return xp[i]; },
-                [&](fg_u64 i, T v) { y[i] = FgUnary<T, INT>::apply(op, v, p0, p1); });
+    if constexpr (INT) {  // rare: one loop (NVRTC time grows with every inlined copy)
+      FG_GRID_STRIDE(i, n) y[i] = FgUnary<T, INT>::apply(op, xp[i], p0, p1);
+    } else {
+      fg_unrolled(n, [&](fg_u64 i) { return xp[i]; },
+                  [&](fg_u64 i, T v) { y[i] = FgUnary<T, INT>::apply(op, v, p0, p1); });
+    }
     return;
   }
   FG_GRID_STRIDE(i, n) y[i] = FgUnary<T, INT>::apply(op, x[fg_offset_m(xl, mode, i)], p0, p1);

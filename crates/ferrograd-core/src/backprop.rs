@@ -167,6 +167,7 @@ pub(crate) fn backward_from(
     store: &mut GradStore,
     mut on_leaf: Option<LeafHook>,
 ) -> Result<()> {
+    let _nvtx = crate::cuda::nvtx::range("backward");
     if seed.dims() != root.dims() || seed.dtype() != root.dtype() || seed.device() != root.device() {
         return Err(Error::Backward(format!(
             "the seed gradient ({:?} {} on {}) must match the tensor ({:?} {} on {})",

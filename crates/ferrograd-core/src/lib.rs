@@ -16,6 +16,7 @@
 
 pub mod backend;
 pub mod backprop;
+mod compressed;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
@@ -23,6 +24,7 @@ pub mod dtype;
 pub mod error;
 pub mod fused;
 pub mod host;
+mod host_pinned;
 pub mod io;
 pub mod layout;
 mod nn_ops;
@@ -35,9 +37,11 @@ pub mod shape;
 pub mod storage;
 mod tensor;
 mod transfer;
+mod unified;
 mod views;
 
 pub use backprop::{is_grad_enabled, no_grad, with_no_grad, GradStore, NoGradGuard};
+pub use compressed::CompressionRule;
 pub use cuda::memory_status;
 pub use device::Device;
 pub use dtype::{DType, WithDType};
@@ -45,6 +49,7 @@ pub use error::{Error, Result};
 pub use fused::attention::AttentionOpts;
 pub use fused::fake_quantize::FakeQuant;
 pub use half::{bf16, f16};
+pub use host_pinned::HostCopy;
 pub use layout::Layout;
 pub use rng::{manual_seed, Rng};
 pub use shape::{AllDims, Dim, Dims, Shape};

@@ -1,5 +1,5 @@
-//! Ops with a neural-network flavour: the mse loss, dropout, and the structural ops cat/stack/chunk
-//! and indexing (index_select, gather, embedding). The fused ones (softmax, layer norm, cross
+//! Ops with a neural-network flavour: dropout, and the structural ops cat/stack/chunk
+//! and indexing (index_select, gather, embedding). The fused ones (softmax, layer norm, mse loss, cross
 //! entropy) live in their folders under `src/fused/`.
 
 use crate::backend::BackendStorage;
@@ -20,20 +20,6 @@ fn renamed(e: Error, op: &'static str) -> Error {
 }
 
 impl Tensor {
-    /// Mean squared error, `mean((self - target)^2)`, a 0-d tensor (`F.mse_loss`, reduction
-    /// `mean`). Shapes must match exactly ([`Error::ShapeMismatch`]; no broadcasting), as must
-    /// dtype and device. Float dtypes, CPU and CUDA, differentiable in both.
-    pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
-        if self.dims() != target.dims() {
-            return Err(Error::ShapeMismatch {
-                op: "mse_loss",
-                lhs: self.dims().to_vec(),
-                rhs: target.dims().to_vec(),
-            });
-        }
-        self.sub(target)?.sqr()?.mean_all()
-    }
-
     /// Inverted dropout (`F.dropout(x, p, training)`): when `train`, zero each element with
     /// probability `p` (in `[0, 1)`, else [`Error::InvalidArgument`]) and scale the rest by
     /// `1/(1-p)`; otherwise `self`. The mask comes from `rng`'s Philox stream (the same mask on

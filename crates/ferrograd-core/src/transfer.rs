@@ -122,20 +122,28 @@ impl Tensor {
     /// buffer padded by two pages, and only whole pages of that buffer are registered, so pinned
     /// tensors never share a page (the driver refuses to register a page twice).
     pub fn pin_memory(&self) -> Result<Tensor> {
+        let src = self.cpu_storage()?;
+        Self::new_pinned(self.shape().clone(), self.dtype(), Some(src.as_bytes()))
+    }
+
+    /// A contiguous CPU tensor of `shape` in page-locked memory, holding `fill` (its bytes) or, with
+    /// `None`, zeros: the layout [`Tensor::pin_memory`] describes.
+    pub(crate) fn new_pinned(shape: crate::Shape, dtype: crate::DType, fill: Option<&[u8]>) -> Result<Tensor> {
         const PAGE: usize = 4096;
         let dev = CudaDevice::get(0)?;
-        let src = self.cpu_storage()?;
-        let esz = self.dtype().size_in_bytes();
-        let n = self.elem_count();
-        let mut buf = CpuStorage::full(0.0, n + 2 * PAGE / esz, self.dtype())?;
+        let esz = dtype.size_in_bytes();
+        let n = shape.elem_count();
+        let mut buf = CpuStorage::full(0.0, n + 2 * PAGE / esz, dtype)?;
         let base = buf.as_bytes().as_ptr() as usize;
         let skip = (base.next_multiple_of(PAGE) - base) / esz;
-        buf.as_bytes_mut()[skip * esz..(skip + n) * esz].copy_from_slice(src.as_bytes());
+        if let Some(src) = fill {
+            buf.as_bytes_mut()[skip * esz..(skip + n) * esz].copy_from_slice(src);
+        }
         let start = base + skip * esz;
         let len = (n * esz).next_multiple_of(PAGE).max(PAGE);
         let pin = crate::cuda::pinned::HostPin::register(&dev, start as *const u8, len)?;
         let t = Self::from_storage(Storage::Cpu(buf), n, None);
-        let layout = crate::Layout::contiguous_with_offset(self.shape().clone(), skip);
+        let layout = crate::Layout::contiguous_with_offset(shape, skip);
         Ok(Tensor(Arc::new(crate::tensor::Inner {
             id: TensorId::new(),
             pinned: Some(Arc::new(pin)),
@@ -143,7 +151,7 @@ impl Tensor {
             layout,
             op: None,
             is_variable: false,
-            dtype: self.dtype(),
+            dtype,
             device: Device::Cpu,
         })))
     }

@@ -29,7 +29,13 @@ fn targets(rows: usize, classes: usize, ignore: Option<i64>) -> Tensor {
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     let (a, b) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
     assert_eq!(a.len(), b.len());
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    // NaN on one side only is an infinite difference (f64::max would drop it).
+    let diff = |x: f64, y: f64| match (x.is_nan(), y.is_nan()) {
+        (true, true) => 0.0,
+        (false, false) => (x - y).abs(),
+        _ => f64::INFINITY,
+    };
+    a.iter().zip(&b).map(|(&x, &y)| diff(x, y)).fold(0.0, f64::max)
 }
 
 #[test]
@@ -140,8 +146,18 @@ fn cuda_matches_the_cpu() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let mut rng = Rng::new(8);
     // (rows, columns, classes): short rows, a row shorter than one vector per thread, columns not a
-    // multiple of 8, GPT-2's padded vocabulary.
-    let shapes = [(7, 5, 5), (33, 77, 77), (5, 1000, 999), (9, 8200, 8193), (4, 50304, 50257)];
+    // multiple of 8 (each row then starts at another 16-byte alignment: a head before the first
+    // vector), GPT-2's padded vocabulary and its unpadded 50257, more rows than the grid (a block
+    // reuses its shared-memory row cache).
+    let shapes = [
+        (7, 5, 5),
+        (33, 77, 77),
+        (5, 1000, 999),
+        (9, 8200, 8193),
+        (4, 50304, 50257),
+        (6, 50257, 50257),
+        (9000, 301, 300),
+    ];
     for dtype in [DType::F32, DType::BF16] {
         let (tl, tg) = tol(dtype);
         for &(rows, cols, classes) in &shapes {
@@ -181,6 +197,27 @@ fn cuda_matches_the_cpu() -> Result<()> {
         let gg = got.mul_scalar(3.0)?.backward()?.get(&xg).cloned().unwrap();
         assert!((got.item_f64()? - want.item_f64()?).abs() <= tl * want.item_f64()?.abs());
         assert!(max_abs_diff(&gg.to_dtype(DType::F64)?, &gw) * 11.0 <= 3.0 * tg, "{dtype} tape gradient");
+    }
+    // Masked logits: -inf entries (not the target) take no probability; a row of -inf whose target
+    // is ignored gets gradient 0 (its log-sum-exp is -inf: the kernel's non-finite path).
+    for dtype in [DType::F32, DType::BF16] {
+        let (tl, tg) = tol(dtype);
+        let (rows, cols) = (5, 4099);
+        let mut v = randn(&mut rng, rows, cols, 2.0, DType::F64).to_f64_vec()?;
+        for (i, e) in v.iter_mut().enumerate() {
+            if (i % cols) % 3 == 1 || i / cols == 3 {
+                *e = f64::NEG_INFINITY;
+            }
+        }
+        let x = Tensor::from_vec(v, (rows, cols), CPU)?.to_dtype(dtype)?;
+        let t = Tensor::from_vec(vec![0i32, 3, 6, -1, 4098], rows, CPU)?;
+        let opts = ClassifierOpts { ignore_index: Some(-1), ..Default::default() };
+        let (want_l, want_d) = x.to_dtype(DType::F64)?.classifier_loss_grad(&t, opts)?;
+        let (l, d) = x.to_device(dev)?.classifier_loss_grad(&t.to_device(dev)?, opts)?;
+        let (a, b) = (l.item_f64()?, want_l.item_f64()?);
+        assert!((a - b).abs() <= tl * b.abs().max(1.0), "{dtype} masked: loss {a} vs {b}");
+        let err = max_abs_diff(&d.to_dtype(DType::F64)?, &want_d) * rows as f64;
+        assert!(err <= tg, "{dtype} masked: gradient error {err}");
     }
     // Every row ignored: NaN loss (0 / 0, as PyTorch) and a zero gradient.
     let x = randn(&mut rng, 3, 40, 1.0, DType::F32).to_device(dev)?;

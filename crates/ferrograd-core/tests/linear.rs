@@ -214,9 +214,12 @@ fn run(
 fn cuda_matches_cpu_forward_and_backward() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let mut rng = Rng::new(13);
-    // (x dims, out, whether x is passed transposed): odd sizes, 3-D, multiples of 8, one row.
-    let cases: [(&[usize], usize, bool); 6] = [
+    // (x dims, out, whether x is passed transposed): odd sizes, 3-D, multiples of 8, one row;
+    // 300 rows (the bias gradient's partial sums then span more splits than a column-sum block
+    // has lanes).
+    let cases: [(&[usize], usize, bool); 7] = [
         (&[7, 13], 11, false),
+        (&[300, 24], 70, false),
         (&[2, 5, 24], 40, false),
         (&[3, 1, 17], 9, false),
         (&[1, 64], 48, false),

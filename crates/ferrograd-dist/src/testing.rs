@@ -6,6 +6,19 @@
 //! travel as f64 (exact for every dtype ferrograd has) and reductions run in rank order, so results
 //! are deterministic. Ranks that call different collectives, or never call one, get an error naming
 //! what each rank called or which ranks never arrived, instead of a hang.
+//!
+//! Point-to-point messages have two modes ([`P2p`]). `Buffered` (the default) queues a send and
+//! returns at once. `Rendezvous` behaves as NCCL does, so that CI catches the orderings that hang
+//! on GPUs: a send returns only once the peer has taken the message (`ncclSend` completes when the
+//! matching `ncclRecv` runs); `send_recv` posts both halves before waiting for either (an NCCL
+//! group); and the first message on each directed pair of ranks blocks the host until the peer has
+//! reached its own first operation on that pair, as NCCL's lazy point-to-point connection set-up
+//! does inside `ncclGroupEnd` (the cause of the first 2-GPU pipeline hang). Every operation then
+//! also blocks its host until it completes, which is the strictest thing a GPU host can do (a
+//! stream synchronisation, a lazily loaded kernel or a `cuMemFree` between any two operations):
+//! a program that passes here cannot wait for ever on NCCL either, given that its connections are
+//! made (see `pipeline::connect_peers`). A wait past the group's timeout is an error naming what
+//! the rank waited for, and breaks the group so every other rank fails at once too.
 
 use crate::comm::{check_buffer, check_peer, Communicator, ReduceOp, Work};
 use crate::error::{DistError, DistResult};
@@ -15,6 +28,16 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 type Round = Arc<Result<Vec<Vec<f64>>, String>>;
+
+/// How point-to-point messages behave (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum P2p {
+    /// A send is queued and returns at once.
+    Buffered,
+    /// NCCL's semantics: a send waits for its receive, and the first use of each directed pair of
+    /// ranks waits for the peer's first use of it (lazy connection set-up).
+    Rendezvous,
+}
 /// Messages in flight per (sender, receiver): their signature and values.
 type Mailboxes = HashMap<(usize, usize), VecDeque<(String, Vec<f64>)>>;
 
@@ -24,6 +47,13 @@ struct State {
     arrived: usize,
     last: Round,
     mail: Mailboxes,
+    /// Per directed pair (sender, receiver): messages taken by the receiver so far (rendezvous
+    /// sends wait for theirs to be taken).
+    taken: HashMap<(usize, usize), u64>,
+    /// Per directed pair: messages posted so far.
+    posted: HashMap<(usize, usize), u64>,
+    /// Per directed pair: whether the sender / the receiver has reached its first operation on it.
+    connecting: HashMap<(usize, usize), [bool; 2]>,
     /// A failed round poisons the group: every later call fails with this message.
     broken: Option<String>,
 }
@@ -31,6 +61,7 @@ struct State {
 struct Shared {
     world: usize,
     timeout: Duration,
+    p2p: P2p,
     st: Mutex<State>,
     cv: Condvar,
 }
@@ -47,15 +78,28 @@ impl ThreadComm {
     }
 
     pub fn group_with_timeout(world: usize, timeout: Duration) -> Vec<ThreadComm> {
+        Self::group_with(world, timeout, P2p::Buffered)
+    }
+
+    /// `world` communicators whose point-to-point messages behave as NCCL's (`P2p::Rendezvous`).
+    pub fn rendezvous_group(world: usize, timeout: Duration) -> Vec<ThreadComm> {
+        Self::group_with(world, timeout, P2p::Rendezvous)
+    }
+
+    pub fn group_with(world: usize, timeout: Duration, p2p: P2p) -> Vec<ThreadComm> {
         let shared = Arc::new(Shared {
             world,
             timeout,
+            p2p,
             st: Mutex::new(State {
                 round: 0,
                 slots: (0..world).map(|_| None).collect(),
                 arrived: 0,
                 last: Arc::new(Ok(vec![])),
                 mail: HashMap::new(),
+                taken: HashMap::new(),
+                posted: HashMap::new(),
+                connecting: HashMap::new(),
                 broken: None,
             }),
             cv: Condvar::new(),
@@ -111,6 +155,118 @@ impl ThreadComm {
         match &*st.last.clone() {
             Ok(v) => Ok(Arc::new(v.clone())),
             Err(m) => Err(DistError::Collective { op, msg: m.clone() }),
+        }
+    }
+    /// Rendezvous mode: the first operation on each directed pair `(from, to)` waits until the
+    /// other end (`side` 0 the sender, 1 the receiver) has reached its first operation on it.
+    fn connect(&self, pairs: &[(usize, usize, usize)]) -> DistResult<()> {
+        if self.shared.p2p == P2p::Buffered {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        for &(from, to, side) in pairs {
+            st.connecting.entry((from, to)).or_default()[side] = true;
+        }
+        self.shared.cv.notify_all();
+        let start = Instant::now();
+        loop {
+            if let Some(b) = &st.broken {
+                return Err(DistError::Collective { op: "connect", msg: b.clone() });
+            }
+            let missing = pairs.iter().find(|&&(f, t, _)| st.connecting.get(&(f, t)).is_none_or(|c| !(c[0] && c[1])));
+            let Some(&(f, t, side)) = missing else { return Ok(()) };
+            let left = self.shared.timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                let peer = if side == 0 { t } else { f };
+                let msg = format!(
+                    "rank {} waited {:?} for rank {peer} to make the connection {f}->{t} (NCCL connects a pair \
+                     on its first message, blocking both hosts until each reaches it): a point-to-point hang",
+                    self.rank,
+                    start.elapsed()
+                );
+                st.broken = Some(msg.clone());
+                self.shared.cv.notify_all();
+                return Err(DistError::Timeout { op: msg, waited: start.elapsed() });
+            }
+            st = self.shared.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Queue `buf` for `peer`; returns how many messages on the pair precede it.
+    fn post(&self, buf: &Tensor, peer: usize) -> DistResult<u64> {
+        let data = buf.to_f64_vec()?;
+        let mut st = self.lock();
+        if let Some(b) = &st.broken {
+            return Err(DistError::Collective { op: "send", msg: b.clone() });
+        }
+        st.mail.entry((self.rank, peer)).or_default().push_back((sig("message", buf), data));
+        let n = st.posted.entry((self.rank, peer)).or_default();
+        *n += 1;
+        let n = *n - 1;
+        self.shared.cv.notify_all();
+        Ok(n)
+    }
+
+    /// Rendezvous mode: wait until `peer` has taken message `n` of this rank's messages to it.
+    fn wait_taken(&self, peer: usize, n: u64) -> DistResult<()> {
+        if self.shared.p2p == P2p::Buffered {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut st = self.lock();
+        loop {
+            if st.taken.get(&(self.rank, peer)).is_some_and(|&t| t > n) {
+                return Ok(());
+            }
+            if let Some(b) = &st.broken {
+                return Err(DistError::Collective { op: "send", msg: b.clone() });
+            }
+            let left = self.shared.timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                let msg = format!(
+                    "rank {} waited {:?} for rank {peer} to receive its message {n} (a send completes only when \
+                     the matching receive runs): a point-to-point hang",
+                    self.rank,
+                    start.elapsed()
+                );
+                st.broken = Some(msg.clone());
+                self.shared.cv.notify_all();
+                return Err(DistError::Timeout { op: msg, waited: start.elapsed() });
+            }
+            st = self.shared.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Wait for the next message from `peer` and write it into `buf`.
+    fn take(&self, buf: &Tensor, peer: usize) -> DistResult<()> {
+        let start = Instant::now();
+        let mut st = self.lock();
+        loop {
+            if let Some(b) = &st.broken {
+                return Err(DistError::Collective { op: "recv", msg: b.clone() });
+            }
+            if let Some((s, data)) = st.mail.get_mut(&(peer, self.rank)).and_then(|q| q.pop_front()) {
+                *st.taken.entry((peer, self.rank)).or_default() += 1;
+                self.shared.cv.notify_all();
+                drop(st);
+                if s != sig("message", buf) {
+                    return Err(DistError::Collective {
+                        op: "recv",
+                        msg: format!("rank {peer} sent a {s}, rank {} expected a {}", self.rank, sig("message", buf)),
+                    });
+                }
+                return write(buf, 0, data);
+            }
+            let left = self.shared.timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                let msg = format!("recv from rank {peer} on rank {}: nothing arrived", self.rank);
+                if self.shared.p2p == P2p::Rendezvous {
+                    st.broken = Some(format!("{msg} (a point-to-point hang)"));
+                    self.shared.cv.notify_all();
+                }
+                return Err(DistError::Timeout { op: msg, waited: start.elapsed() });
+            }
+            st = self.shared.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 }
@@ -199,39 +355,31 @@ impl Communicator for ThreadComm {
     fn send(&self, buf: &Tensor, peer: usize) -> DistResult<Work> {
         check_buffer("send", self, buf, false)?;
         check_peer("send", self, peer)?;
-        let data = buf.to_f64_vec()?;
-        let mut st = self.lock();
-        st.mail.entry((self.rank, peer)).or_default().push_back((sig("message", buf), data));
-        self.shared.cv.notify_all();
+        self.connect(&[(self.rank, peer, 0)])?;
+        let n = self.post(buf, peer)?;
+        self.wait_taken(peer, n)?;
         Ok(Work::done())
     }
 
     fn recv(&self, buf: &Tensor, peer: usize) -> DistResult<Work> {
         check_buffer("recv", self, buf, false)?;
         check_peer("recv", self, peer)?;
-        let start = Instant::now();
-        let mut st = self.lock();
-        loop {
-            if let Some(b) = &st.broken {
-                return Err(DistError::Collective { op: "recv", msg: b.clone() });
-            }
-            if let Some((s, data)) = st.mail.get_mut(&(peer, self.rank)).and_then(|q| q.pop_front()) {
-                drop(st);
-                if s != sig("message", buf) {
-                    return Err(DistError::Collective {
-                        op: "recv",
-                        msg: format!("rank {peer} sent a {s}, rank {} expected a {}", self.rank, sig("message", buf)),
-                    });
-                }
-                write(buf, 0, data)?;
-                return Ok(Work::done());
-            }
-            let left = self.shared.timeout.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                return Err(DistError::Timeout { op: format!("recv from rank {peer}"), waited: start.elapsed() });
-            }
-            st = self.shared.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
+        self.connect(&[(peer, self.rank, 1)])?;
+        self.take(buf, peer)?;
+        Ok(Work::done())
+    }
+
+    /// Both halves posted before waiting for either, as an NCCL group is.
+    fn send_recv(&self, send: &Tensor, to: usize, recv: &Tensor, from: usize) -> DistResult<Work> {
+        for (b, peer, op) in [(send, to, "send"), (recv, from, "recv")] {
+            check_buffer(op, self, b, false)?;
+            check_peer(op, self, peer)?;
         }
+        self.connect(&[(self.rank, to, 0), (from, self.rank, 1)])?;
+        let n = self.post(send, to)?;
+        self.take(recv, from)?;
+        self.wait_taken(to, n)?;
+        Ok(Work::done())
     }
 
     fn barrier(&self) -> DistResult<()> {
@@ -249,7 +397,11 @@ impl Communicator for ThreadComm {
 
 /// Run `f` on `world` threads, one rank each, and return their results in rank order.
 pub fn run_ranks<R: Send>(world: usize, f: impl Fn(Arc<dyn Communicator>) -> R + Sync) -> Vec<R> {
-    let comms = ThreadComm::group(world);
+    run_group(ThreadComm::group(world), f)
+}
+
+/// `run_ranks` over the given communicators (e.g. `ThreadComm::rendezvous_group`).
+pub fn run_group<R: Send>(comms: Vec<ThreadComm>, f: impl Fn(Arc<dyn Communicator>) -> R + Sync) -> Vec<R> {
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()

@@ -1,11 +1,13 @@
 //! Pipeline parallelism on the CPU over the in-process thread communicator: a pipelined run trains
 //! the same parameters as the unsplit model on one device for the same micro-batches (GPipe and
 //! 1F1B, 2 to 4 stages, unequal micro-batches), the two schedules agree, and a stage that fails
-//! stops every rank at once with an error naming it.
+//! stops every rank at once with an error naming it. The ranks' point-to-point messages behave as
+//! NCCL's (`testing::P2p::Rendezvous`: a send waits for its receive, a pair's first message for
+//! the peer's connection), so an ordering that hangs on GPUs fails here within the timeout.
 
 use ferrograd_core::{DType, Device, Result, Rng, Tensor};
 use ferrograd_dist::pipeline::{LocalPipeline, Measure, Pipeline, PipelineConfig, ScheduleKind, Stage};
-use ferrograd_dist::testing::run_ranks;
+use ferrograd_dist::testing::{run_group, run_ranks, ThreadComm};
 use ferrograd_dist::DistResult;
 use ferrograd_nn::optim::{Adam, AdamConfig, Optimizer};
 use ferrograd_nn::{Linear, Module};
@@ -108,7 +110,20 @@ type RankResult = (Vec<Vec<f32>>, Vec<f64>);
 /// Every rank builds the model from the same seed and keeps its layers; returns each rank's
 /// trained layers and step losses (the last rank's).
 fn pipelined(p: usize, m: usize, kind: ScheduleKind, fail: Option<(usize, usize)>) -> Vec<DistResult<RankResult>> {
-    run_ranks(p, |comm| {
+    pipelined_with(p, m, kind, fail, true, Duration::from_secs(30))
+}
+
+/// `pipelined` under NCCL's point-to-point semantics with `timeout`; `connect`: whether the
+/// pipeline makes its connections before the first step (as `Pipeline::new` does).
+fn pipelined_with(
+    p: usize,
+    m: usize,
+    kind: ScheduleKind,
+    fail: Option<(usize, usize)>,
+    connect: bool,
+    timeout: Duration,
+) -> Vec<DistResult<RankResult>> {
+    run_group(ThreadComm::rendezvous_group(p, timeout), |comm| {
         let s = comm.rank();
         let range = split(s, p);
         let first = range.start;
@@ -147,7 +162,10 @@ fn pipelined(p: usize, m: usize, kind: ScheduleKind, fail: Option<(usize, usize)
             boundary: Arc::new(move |b, i| vec![rows(i, m).len(), WIDTHS[split(b, p).end]]),
             dtype: DType::F32,
         };
-        let mut pipe = Pipeline::new(comm.clone(), stage, cfg)?;
+        let mut pipe = match connect {
+            true => Pipeline::new(comm.clone(), stage, cfg)?,
+            false => Pipeline::unconnected(comm.clone(), stage, cfg)?,
+        };
         let mut losses = vec![];
         let start = Instant::now();
         for step in 0..STEPS {
@@ -196,6 +214,27 @@ fn pipelined_training_equals_the_unsplit_model() {
     }
 }
 
+/// The first 2 x H200 run hung here: GPipe's stage 0 posts its last activation grouped with its
+/// first gradient receive, whose new connection waits for stage 1's first gradient send, while
+/// stage 1 waits for that activation. Under NCCL's semantics without the connections made first
+/// the thread group reports the hang (a timeout naming the connection) instead of passing, and
+/// with them (every other test here) it trains.
+#[test]
+fn gpipe_without_its_connections_made_first_hangs_under_nccl_semantics() {
+    let start = Instant::now();
+    let res = pipelined_with(2, 4, ScheduleKind::GPipe, None, false, Duration::from_secs(2));
+    assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
+    let errs: Vec<String> = res.iter().filter_map(|r| r.as_ref().err().map(|e| e.to_string())).collect();
+    assert_eq!(errs.len(), 2, "both ranks must fail: {errs:?}");
+    // Which wait times out first (rank 0's connection or rank 1's receive) depends on the
+    // scheduler: a 2-core CI machine saw the receive first. Either names the hang.
+    assert!(errs.iter().all(|e| e.contains("a point-to-point hang")), "{errs:?}");
+    // The same run with the connections made first.
+    for r in pipelined_with(2, 4, ScheduleKind::GPipe, None, true, Duration::from_secs(30)) {
+        r.unwrap();
+    }
+}
+
 #[test]
 fn the_last_stage_reports_the_step_loss() {
     let res = pipelined(2, 4, ScheduleKind::OneFOneB, None);
@@ -213,7 +252,7 @@ fn a_failing_stage_stops_every_rank_with_its_reason() {
     for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB] {
         let start = Instant::now();
         let res = pipelined(3, 4, kind, Some((1, 2)));
-        // The thread group's timeout is 60 s: an abort ends the step long before.
+        // The thread group's timeout is 30 s: an abort ends the step long before.
         assert!(start.elapsed() < Duration::from_secs(20), "{kind}: took {:?}", start.elapsed());
         for (rank, r) in res.iter().enumerate() {
             let e = r.as_ref().err().unwrap_or_else(|| panic!("{kind}: rank {rank} did not fail")).to_string();

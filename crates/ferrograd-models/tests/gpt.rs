@@ -2,6 +2,9 @@
 //! its errors, the loader's order, training that lowers the loss, bit-identical resume, and
 //! sampling (greedy determinism, the KV cache against the full forward).
 
+mod common;
+
+use common::gpu;
 use ferrograd_core::{DType, Device, Result, Tensor};
 use ferrograd_models::gpt::hf::{from_pretrained, load_weights, save_pretrained, save_weights, weights_bytes};
 use ferrograd_models::gpt::loader::{LoaderPos, TokenLoader};
@@ -503,16 +506,6 @@ fn bf16_autocast_loss_and_gradients_track_f32() -> Result<()> {
 /// runs go through them and not the materialized fallback.
 fn cuda_small(vocab_size: usize) -> GptConfig {
     GptConfig { vocab_size, n_embd: 64, ..small_vocab() }
-}
-
-fn gpu() -> Option<Device> {
-    match ferrograd_core::cuda::CudaDevice::get(0) {
-        Ok(_) => Some(Device::Cuda(0)),
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
 }
 
 #[test]

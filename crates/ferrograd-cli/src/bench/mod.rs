@@ -6,8 +6,10 @@ pub mod alloc;
 pub mod allreduce;
 pub mod attention;
 pub mod check;
+pub mod conv1d;
 pub mod elementwise;
 pub mod fused;
+pub mod guide;
 pub mod int8;
 pub mod launch;
 pub mod linear;
@@ -16,6 +18,7 @@ pub mod optim;
 pub mod overlap;
 pub mod predictor;
 pub mod selective_scan;
+pub mod seq_op;
 pub mod transfer;
 
 use crate::CliResult;

@@ -12,8 +12,8 @@
 //! inputs included.
 
 use super::check::{poisoned, require};
-use super::{cuda_device, finish_json, write_head, Environment, Report, Row, EVENT_TIMING};
-use crate::timing::{measure_device, Clock, DevicePlan};
+use super::{cuda_device, finish_json, seq_op, write_head, Environment, Report, EVENT_TIMING};
+use crate::timing::Clock;
 use crate::CliResult;
 use ferrograd_core::fused::selective_scan::bench::{tolerance, Workload};
 use ferrograd_core::fused::selective_scan::MAX_CUDA_STATE;
@@ -85,11 +85,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         "D, z, delta_bias, softplus; one group of B/C; GB/s = minimal bytes moved / time; CUDA events, median"
     )?;
     writeln!(out)?;
-    let head = format!(
-        "{:34} | {:>9} | {:>7} | {:>9} | {:>7} | {:>9} | {:>9}",
-        "what", "fwd ms", "GB/s", "f+b ms", "GB/s", "peak MiB", "rel err"
-    );
-    write_head(out, &head)?;
+    write_head(out, &seq_op::head())?;
     let mut rng = Rng::new(cfg.seed);
     let mut report = Report::new("selective_scan", cfg.device, env, EVENT_TIMING);
     for &l in &cfg.seqs {
@@ -101,40 +97,10 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         require(&format!("selective scan {dtype} L={l} backward (8 channels)"), bwd_err, tolerance(dtype) * 2.0)?;
         drop((small, o));
         let w = Workload::new(&mut rng, (b, d, l, n), dtype, cfg.device)?;
-        let tf = measure_device(&clock, DevicePlan::GPU, || w.forward())?;
-        let tb = measure_device(&clock, DevicePlan::GPU, || w.forward_backward())?;
-        clock.synchronize()?;
-        dev.reset_peak_stats();
-        drop(w.forward_backward()?);
-        clock.synchronize()?;
-        let peak = dev.memory_stats().allocated_bytes.peak as f64 / (1 << 20) as f64;
-        let (gf, gb) = (w.bytes(false) / tf.median_s() / 1e9, w.bytes(true) / tb.median_s() / 1e9);
+        let m = seq_op::measure(&clock, &dev, || w.forward(), || w.forward_backward())?;
         let shape = (b, d, n, l);
-        writeln!(
-            out,
-            "{:34} | {:>9.4} | {:>7.1} | {:>9.4} | {:>7.1} | {:>9.1} | {:>9.2e}",
-            row_name("", dtype, shape).trim(),
-            tf.median_s() * 1e3,
-            gf,
-            tb.median_s() * 1e3,
-            gb,
-            peak,
-            fwd_err.max(bwd_err)
-        )?;
-        out.flush()?;
-        report.rows.push(
-            Row::new(row_name("fwd", dtype, shape), tf.median_s() * 1e3, "ms", false)
-                .with("reps", tf.reps())
-                .with("gb_per_s", gf)
-                .with("rel_err_small", fwd_err),
-        );
-        report.rows.push(
-            Row::new(row_name("fwd+bwd", dtype, shape), tb.median_s() * 1e3, "ms", false)
-                .with("reps", tb.reps())
-                .with("gb_per_s", gb)
-                .with("rel_err_small", bwd_err),
-        );
-        report.rows.push(Row::new(row_name("peak fwd+bwd", dtype, shape), peak, "MiB", false));
+        let name = |mode: &str| row_name(mode, dtype, shape);
+        seq_op::record(out, &mut report, name, &m, (w.bytes(false), w.bytes(true)), (fwd_err, bwd_err))?;
     }
     report.notes.push(format!(
         "B={b} D={d} N={n}, one group; u, delta/2, z, B, C, dout N(0,1) from Philox (seed {}); A[d,n] = -(n+1); D = 1; \

@@ -1,10 +1,13 @@
 //! `ferrograd gpt ...`: GPT-2 on real text. `prepare` turns text files into token shards, `train`
 //! trains (GPU or CPU), `sample` generates from a checkpoint, `logits` prints a checkpoint's logits
-//! for a prompt (the Hugging Face check), `plot` draws loss curves from JSON-lines logs.
+//! for a prompt (the Hugging Face check), `plot` draws loss curves from JSON-lines logs, `quantize`
+//! writes an int8 weights file and `eval` prints validation perplexity in float, bf16 and int8.
 
 pub(crate) mod dist;
+mod pipeline;
 mod plot;
 mod prepare;
+mod quant;
 mod sample;
 pub(crate) mod train;
 
@@ -26,6 +29,10 @@ pub enum GptCommand {
     Train(Box<train::TrainArgs>),
     /// Continue a prompt with a trained model or a Hugging Face save_pretrained directory.
     Sample(sample::SampleArgs),
+    /// Quantize a checkpoint's block projections to int8 (per output channel) into a safetensors file.
+    Quantize(quant::QuantizeArgs),
+    /// Validation loss and perplexity of a checkpoint: f32, bf16, int8 W8A16 and W8A8.
+    Eval(quant::EvalArgs),
     /// Write a model's logits for a prompt to a safetensors file (checks against Hugging Face).
     Logits(sample::LogitsArgs),
     /// Draw the loss curves of one or more JSON-lines logs (ours or the PyTorch twin's) as a PNG.
@@ -38,6 +45,8 @@ pub fn run(a: GptArgs, out: &mut dyn Write) -> CliResult<()> {
         GptCommand::Train(a) => train::run(*a, out),
         GptCommand::Sample(a) => sample::run(a, out),
         GptCommand::Logits(a) => sample::logits(a, out),
+        GptCommand::Quantize(a) => quant::quantize(a, out),
+        GptCommand::Eval(a) => quant::eval(a, out),
         GptCommand::Plot(a) => plot::run(a, out),
     }
 }
@@ -49,7 +58,9 @@ pub fn oom_hint(c: &GptCommand) -> &'static str {
             "try a smaller micro-batch (--batch 8, or --batch auto to find the largest that fits) and keep the \
              step size with --total-batch, or a shorter --context"
         }
-        GptCommand::Sample(_) | GptCommand::Logits(_) => "try a smaller model or run on the CPU (--device cpu)",
+        GptCommand::Sample(_) | GptCommand::Logits(_) | GptCommand::Eval(_) => {
+            "try a smaller model or run on the CPU (--device cpu)"
+        }
         _ => "free memory held by other processes (nvidia-smi lists them)",
     }
 }

@@ -39,6 +39,11 @@ pub struct SampleArgs {
     /// Keep going after <|endoftext|>.
     #[arg(long)]
     pub ignore_eot: bool,
+    /// Run the block projections in int8: w8a16 (weight-only) or w8a8 (`--int8` alone); a float
+    /// checkpoint is quantized on load, an int8 file from `gpt quantize` runs in its own mode
+    /// unless this names one.
+    #[arg(long, num_args = 0..=1, default_missing_value = "w8a8", value_parser = super::quant::parse_mode)]
+    pub int8: Option<ferrograd_models::gpt::quant::QuantMode>,
 }
 
 fn load(path: &std::path::Path, device: Option<Device>) -> CliResult<(Gpt, String, Device)> {
@@ -80,7 +85,11 @@ impl Utf8Stream {
 }
 
 pub fn run(a: SampleArgs, out: &mut dyn Write) -> CliResult<()> {
-    let (model, note, device) = load(&a.checkpoint, a.device)?;
+    let device = match a.device {
+        Some(d) => d,
+        None => Device::best()?,
+    };
+    let (model, note) = super::quant::load_for_sampling(&a.checkpoint, device, a.int8)?;
     let tok = Tokenizer::gpt2()?;
     let mut prompt = tok.encode(&a.prompt);
     if prompt.is_empty() {

@@ -114,6 +114,11 @@ pub struct TrainArgs {
     /// Run every step eagerly instead of replaying it as a CUDA graph (CUDA only).
     #[arg(long)]
     pub no_graph: bool,
+    /// Quantization-aware training: the block projections fake-quantized to int8 (weights per
+    /// output channel, inputs per token) as `gpt quantize` / `gpt eval` run them; usually a short
+    /// fine-tune from --init.
+    #[arg(long)]
+    pub qat: bool,
     #[arg(long, value_enum, default_value = "auto")]
     pub progress: ProgressArg,
     /// Under `ferrograd launch`: gradients travel between GPUs as f32 or bf16.
@@ -122,6 +127,17 @@ pub struct TrainArgs {
     /// Under `ferrograd launch`: gradient bucket size in MiB (all-reduced while backward runs).
     #[arg(long, default_value_t = 25.0)]
     pub bucket_mib: f64,
+    /// Pipeline parallel: cut the blocks into N even stage groups (embeddings with the first; ln_f,
+    /// head and loss with the last) over the ranks of `ferrograd launch` (N / ranks groups per GPU),
+    /// or N stages in this process; f32, `gpt/pipeline.rs`.
+    #[arg(long, value_parser = crate::parse_count, conflicts_with_all = ["resume", "init", "save_init"])]
+    pub pipeline: Option<usize>,
+    /// With --pipeline: micro-batches (of --batch sequences) per step.
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 8, requires = "pipeline")]
+    pub micro_batches: usize,
+    /// With --pipeline: gpipe or 1f1b.
+    #[arg(long, default_value = "1f1b", requires = "pipeline")]
+    pub schedule: String,
 }
 
 fn parse_batch(s: &str) -> Result<BatchSize, String> {
@@ -217,6 +233,7 @@ fn config(a: &TrainArgs, device: Device) -> CliResult<(TrainConfig, Vec<String>)
     c.init = a.init.clone();
     c.save_init = a.save_init.clone();
     c.graph = !a.no_graph;
+    c.qat = a.qat;
     Ok((c, notes))
 }
 
@@ -240,20 +257,11 @@ pub fn run(a: TrainArgs, out: &mut dyn Write) -> CliResult<()> {
     }
     // Under `ferrograd launch`: data parallel, this process on cuda:LOCAL_RANK.
     let pg = crate::monster_dist::group()?;
-    let (device, why) = match (&pg, a.device) {
-        (Some(pg), Some(d)) if d != pg.device() => {
-            return Err(format!(
-                "--device {d}: under launch, rank {} trains on {} (LOCAL_RANK)",
-                pg.rank(),
-                pg.device()
-            )
-            .into())
-        }
-        (Some(pg), _) => (pg.device(), format!("rank {} of {}, data parallel", pg.rank(), pg.world_size())),
-        (None, Some(d)) => (d, "--device".to_string()),
-        (None, None) => Device::best_with_reason()?,
-    };
+    let (device, why) = crate::monster_dist::device_for(pg.as_ref(), a.device)?;
     let (mut cfg, notes) = config(&a, device)?;
+    if a.pipeline.is_some() {
+        return super::pipeline::run(&a, &cfg, pg, out);
+    }
     let main_rank = pg.as_ref().is_none_or(|p| p.is_main());
     if let Some(pg) = &pg {
         let dp = ferrograd_dist::DpConfig {

@@ -40,10 +40,12 @@ impl AllocGuard {
 }
 
 /// A buffer's claim on its allocation: its own (every op output: no reference count to allocate)
-/// or a share of one that several buffers use (a coalesced transfer).
+/// or a share of one that several buffers use (a coalesced transfer), or a managed allocation
+/// outside the caching allocator (`cuda/managed.rs`, unified tensors).
 enum Claim {
     Own(AllocGuard),
     Shared(Arc<AllocGuard>),
+    Managed(Arc<super::managed::ManagedAlloc>),
 }
 
 impl Claim {
@@ -51,6 +53,14 @@ impl Claim {
         match self {
             Claim::Own(g) => g.allocation(),
             Claim::Shared(g) => g.allocation(),
+            Claim::Managed(_) => None,
+        }
+    }
+
+    fn base(&self) -> u64 {
+        match self {
+            Claim::Managed(m) => m.ptr(),
+            _ => self.allocation().map_or(0, |a| a.ptr()),
         }
     }
 }
@@ -89,6 +99,23 @@ impl CudaBuffer {
         Ok(CudaBuffer { dev: dev.clone(), guard, byte_offset: 0, len, dtype })
     }
 
+    /// Room for `len` elements in managed (unified) memory, addressable from the host too.
+    pub fn managed(dev: &Arc<CudaDevice>, len: usize, dtype: DType) -> Result<CudaBuffer> {
+        let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| {
+            crate::Error::InvalidArgument(format!("{len} elements of {dtype} overflow the address space"))
+        })?;
+        let m = Arc::new(super::managed::ManagedAlloc::new(dev, bytes)?);
+        Ok(CudaBuffer { dev: dev.clone(), guard: Claim::Managed(m), byte_offset: 0, len, dtype })
+    }
+
+    /// The managed allocation under this buffer, if it is one.
+    pub fn managed_alloc(&self) -> Option<&Arc<super::managed::ManagedAlloc>> {
+        match &self.guard {
+            Claim::Managed(m) => Some(m),
+            _ => None,
+        }
+    }
+
     /// Work on `stream` uses this buffer too: its block is not reused before that work is done
     /// (PyTorch's `record_stream`).
     pub(crate) fn record_use_on(&self, stream: super::alloc::StreamId) -> Result<()> {
@@ -115,7 +142,7 @@ impl CudaBuffer {
 
     /// Device address of element `i`.
     pub fn ptr_at(&self, i: usize) -> u64 {
-        let base = self.guard.allocation().map_or(0, |a| a.ptr());
+        let base = self.guard.base();
         base + (self.byte_offset + i * self.dtype.size_in_bytes()) as u64
     }
 

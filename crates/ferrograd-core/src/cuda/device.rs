@@ -296,6 +296,7 @@ impl CudaDevice {
             });
         };
         self.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+        let _nvtx = super::nvtx::range_with(|| name.to_string());
         let span = super::profile::begin(self, || name.to_string());
         // SAFETY: the caller vouches for the arguments.
         let launched = unsafe {

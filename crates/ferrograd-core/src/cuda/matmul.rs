@@ -221,6 +221,7 @@ pub fn matmul(a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout, d: Mat
     dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
     let mut blas_state = dev.blas.lock().unwrap_or_else(|e| e.into_inner());
     let handle = blas_state.bind(dev)?;
+    let _nvtx = super::nvtx::range_with(|| format!("cublas_gemm {dtype} b{batch} {m}x{n}x{k}"));
     let span = super::profile::begin(dev, || format!("cublas_gemm {dtype} b{batch} {m}x{n}x{k}"));
     // SAFETY: pointers address live buffers holding `batch` matrices at the given strides and
     // leading dims (checked by `operand`); alpha/beta live until the call returns.

@@ -27,6 +27,9 @@ pub mod headers {
     header!(ACC_MATH, "acc_math.cuh");
     // The running (max, sum of exp) pair of softmax and cross entropy.
     header!(ONLINE_SOFTMAX, "online_softmax.cuh");
+    // Cross entropy's row pass (online pair by vectors, log-sum-exp, target decoding, loss), shared
+    // by cross_entropy.cu and classifier.cu; the encoded ignored target is the index kernels' "no id".
+    header!(CE_ROW, "ce_row.cuh", &[Define::uint("FG_CE_IGNORED", crate::cuda::ops::index::NO_ID)]);
     // Rows in registers: which rows a thread holds, reductions over a row's group of threads.
     header!(
         ROW_REDUCE,
@@ -44,7 +47,7 @@ pub mod headers {
     header!(COL_SUMS, "col_sums.cuh");
 
     /// Every shared header, for the tests that read them all.
-    pub const ALL: &[Header] = &[COMMON, ACC_MATH, ONLINE_SOFTMAX, ROW_REDUCE, VEC_LOAD, ERROR_FLAG, COL_SUMS];
+    pub const ALL: &[Header] = &[COMMON, ACC_MATH, ONLINE_SOFTMAX, CE_ROW, ROW_REDUCE, VEC_LOAD, ERROR_FLAG, COL_SUMS];
 }
 
 use headers::{ACC_MATH, COMMON, ERROR_FLAG};
@@ -59,8 +62,8 @@ macro_rules! core_module {
 }
 
 core_module!(COPY, "copy", &[COMMON]; ms 300);
-core_module!(CAST, "cast", &[COMMON]; ms 2500);
-core_module!(UNARY, "unary", &[COMMON, ACC_MATH]; ms 2500);
+core_module!(CAST, "cast", &[COMMON]; ms 1500);
+core_module!(UNARY, "unary", &[COMMON, ACC_MATH]; ms 1300);
 // binary.cu in three parts that compile in parallel (`FG_BINARY_PART`; ops/binary.rs `module`
 // picks one): `binary_{f32,f64}`; `binary_{f16,bf16}`; the integer binaries, `cmp_*`, `where_*`.
 macro_rules! binary_part {
@@ -72,9 +75,9 @@ macro_rules! binary_part {
             .with_cost_ms($ms);
     };
 }
-binary_part!(BINARY, "binary", 0, 1100);
-binary_part!(BINARY_HALF, "binary_half", 1, 1400);
-binary_part!(BINARY_REST, "binary_rest", 2, 2200);
+binary_part!(BINARY, "binary", 0, 1000);
+binary_part!(BINARY_HALF, "binary_half", 1, 1300);
+binary_part!(BINARY_REST, "binary_rest", 2, 1400);
 core_module!(REDUCE, "reduce", &[COMMON]; ms 1100);
 core_module!(INDEX, "index", &[COMMON, ERROR_FLAG], &[Define::uint("FG_ID_NONE", super::ops::index::NO_ID)]; ms 600);
 core_module!(RNG, "rng", &[COMMON]; ms 500);
@@ -95,6 +98,7 @@ pub const ALL: &[&Module] = &[
     &OPTIM,
     &crate::fused::softmax::MODULE,
     &crate::fused::layer_norm::MODULE,
+    &crate::fused::layer_norm::MODULE_BWD,
     &crate::fused::add_layer_norm::MODULE,
     &crate::fused::bias_gelu::MODULE,
     &crate::fused::fake_quantize::MODULE,
@@ -102,6 +106,7 @@ pub const ALL: &[&Module] = &[
     &crate::fused::classifier::MODULE,
     &crate::fused::cross_entropy::MODULE,
     &crate::fused::linear::MODULE,
+    &crate::fused::mse_loss::MODULE,
     // src/fused/attention: one module per head dim and dtype.
     crate::fused::attention::MODULES[0],
     crate::fused::attention::MODULES[1],

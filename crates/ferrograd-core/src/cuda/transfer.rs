@@ -52,18 +52,30 @@ fn copy_after_compute(dev: &CudaDevice) -> Result<()> {
     e.wait_on(dev.copy_stream())
 }
 
+/// Every DMA on the copy stream goes through these two, so the profiler (`cuda/profile.rs`,
+/// `FERROGRAD_PROFILE=1`) times and counts each one.
 unsafe fn dma_htod(dev: &CudaDevice, dst: u64, src: *const u8, n: usize) -> Result<()> {
+    let span = super::profile::begin_copy(dev, super::profile::CopyKind::HtoD, n);
     // SAFETY (caller): `src` is pinned (or staged by the driver) and `dst` holds `n` bytes.
     unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const _, n, dev.copy_stream().cu_stream()) }
         .result()
-        .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))
+        .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))?;
+    if let Some(s) = span {
+        s.end_copy(dev);
+    }
+    Ok(())
 }
 
 unsafe fn dma_dtoh(dev: &CudaDevice, dst: *mut u8, src: u64, n: usize) -> Result<()> {
+    let span = super::profile::begin_copy(dev, super::profile::CopyKind::DtoH, n);
     // SAFETY (caller): `dst` is pinned and holds `n` bytes, `src` is a live device range.
     unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut _, src, n, dev.copy_stream().cu_stream()) }
         .result()
-        .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))
+        .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
+    if let Some(s) = span {
+        s.end_copy(dev);
+    }
+    Ok(())
 }
 
 /// Copy `src` into the start of `dst`. Returns once `src` may be reused.
@@ -84,6 +96,7 @@ pub fn htod(dev: &Arc<CudaDevice>, src: &[u8], dst: &CudaBuffer) -> Result<()> {
         });
     }
     not_capturable("cuMemcpyHtoDAsync")?;
+    super::profile::note_useful(src.len());
     copy_after_compute(dev)?;
     let mut bufs = [PinnedBuf::new(dev, CHUNK)?, PinnedBuf::new(dev, CHUNK)?];
     let events = [Event::new()?, Event::new()?];
@@ -131,9 +144,40 @@ pub unsafe fn htod_pinned(
     if after_compute {
         copy_after_compute(dev)?;
     }
+    super::profile::note_useful(n);
     if n > 0 {
         // SAFETY: `src` is page-locked and kept alive by `keep` until `release` completes.
         unsafe { dma_htod(dev, dst.ptr(), src, n)? };
+    }
+    let (done, release) = (Event::new()?, Event::new()?);
+    done.record(dev.copy_stream())?;
+    release.record(dev.copy_stream())?;
+    dev.defer(release, keep);
+    Ok(done)
+}
+
+/// DMA `n` bytes at device address `src` into pinned host memory on the copy stream, after the
+/// compute queued so far (which may still be writing `src`), without blocking the host; returns
+/// the event that marks its completion. `keep` (the owner of `dst` and of `src`'s buffer) lives
+/// until the copy is done.
+///
+/// # Safety
+/// `dst` must point to `n` writable bytes of page-locked memory owned by `keep`, not read until
+/// the returned event completes; `src` must be a live device range of `n` bytes owned by `keep`.
+pub unsafe fn dtoh_pinned(
+    dev: &Arc<CudaDevice>,
+    src: u64,
+    dst: *mut u8,
+    n: usize,
+    keep: Box<dyn Send + Sync>,
+) -> Result<Event> {
+    not_capturable("cuMemcpyDtoHAsync")?;
+    bind(dev)?;
+    copy_after_compute(dev)?;
+    super::profile::note_useful(n);
+    if n > 0 {
+        // SAFETY (caller): `dst` is page-locked, holds `n` bytes and is kept alive by `keep`.
+        unsafe { dma_dtoh(dev, dst, src, n)? };
     }
     let (done, release) = (Event::new()?, Event::new()?);
     done.record(dev.copy_stream())?;
@@ -158,6 +202,7 @@ pub fn dtoh(dev: &Arc<CudaDevice>, src: &CudaBuffer, dst: &mut [u8]) -> Result<(
         });
     }
     not_capturable("cuMemcpyDtoH")?;
+    super::profile::note_useful(dst.len());
     copy_after_compute(dev)?;
     let mut bufs = [PinnedBuf::new(dev, CHUNK)?, PinnedBuf::new(dev, CHUNK)?];
     let events = [Event::new()?, Event::new()?];
@@ -203,6 +248,7 @@ pub(crate) fn htod_many(
     if total == 0 {
         return Ok((guard, offsets));
     }
+    super::profile::note_useful(parts.iter().map(|p| p.len()).sum());
     let mut staging = PinnedBuf::new(dev, total)?;
     {
         let dst = staging.as_mut_slice(total);
@@ -220,4 +266,52 @@ pub(crate) fn htod_many(
     done.wait_on(dev.stream())?;
     dev.defer(done, Box::new(staging));
     Ok((guard, offsets))
+}
+
+/// Narrow f32 `src` to `via` (BF16 or F16; anything else is F16) into `out` (`2 * src.len()`
+/// bytes), round to nearest even, on all cores.
+pub fn narrow_into(src: &[f32], via: crate::DType, out: &mut [u8]) {
+    use half::slice::HalfFloatSliceExt;
+    const PAR: usize = 64 << 10;
+    if via == crate::DType::BF16 {
+        let h: &mut [half::bf16] = bytemuck::cast_slice_mut(out);
+        h.par_chunks_mut(PAR).zip(src.par_chunks(PAR)).for_each(|(d, s)| d.convert_from_f32_slice(s));
+    } else {
+        let h: &mut [half::f16] = bytemuck::cast_slice_mut(out);
+        h.par_chunks_mut(PAR).zip(src.par_chunks(PAR)).for_each(|(d, s)| d.convert_from_f32_slice(s));
+    }
+}
+
+/// Elements narrowed per pipelined piece of a compressed copy (8 MiB of f32 in, 4 MiB out).
+const NARROW_PIECE: usize = 2 << 20;
+
+/// Narrow `src` (f32) to `via` (BF16 or F16, round to nearest even) into one pinned buffer, piece
+/// by piece on all cores, each piece's DMA into `dst` (which holds `src.len()` elements of `via`)
+/// queued as soon as it is narrowed, so narrowing piece i+1 overlaps the copy of piece i. The
+/// compute stream waits for the last piece; the host returns without waiting for the copy.
+pub fn htod_narrowed(dev: &Arc<CudaDevice>, src: &[f32], via: crate::DType, dst: &CudaBuffer) -> Result<()> {
+    if !matches!(via, crate::DType::BF16 | crate::DType::F16) {
+        return Err(crate::Error::UnsupportedDType { op: "to_device_compressed (via)", dtype: via });
+    }
+    if src.is_empty() {
+        return Ok(());
+    }
+    not_capturable("cuMemcpyHtoDAsync")?;
+    bind(dev)?;
+    super::profile::note_useful(src.len() * 4);
+    copy_after_compute(dev)?;
+    let mut staging = PinnedBuf::new(dev, src.len() * 2)?;
+    let out = staging.as_mut_slice(src.len() * 2);
+    for (i, (piece, bytes)) in src.chunks(NARROW_PIECE).zip(out.chunks_mut(NARROW_PIECE * 2)).enumerate() {
+        narrow_into(piece, via, bytes);
+        // SAFETY: the piece lies in the pinned staging buffer, kept alive below until the copy is
+        // done, and `dst` holds `src.len()` two-byte elements.
+        unsafe { dma_htod(dev, dst.ptr() + (i * NARROW_PIECE * 2) as u64, bytes.as_ptr(), bytes.len())? };
+    }
+    let (done, release) = (Event::new()?, Event::new()?);
+    done.record(dev.copy_stream())?;
+    done.wait_on(dev.stream())?;
+    release.record(dev.copy_stream())?;
+    dev.defer(release, Box::new(staging));
+    Ok(())
 }

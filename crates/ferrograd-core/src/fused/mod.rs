@@ -37,6 +37,7 @@ pub mod cross_entropy;
 pub mod fake_quantize;
 pub mod layer_norm;
 pub mod linear;
+pub mod mse_loss;
 mod rows;
 pub mod selective_scan;
 pub mod softmax;

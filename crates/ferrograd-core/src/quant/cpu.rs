@@ -2,6 +2,7 @@
 //! accumulation type (f32 for f32 / f16 / bf16 inputs, f64 for f64; `r` rounds). The int8 matmul
 //! accumulates in i64 and must fit i32 (checked by the caller: k * 127 * 127 < 2^31).
 
+use super::RescaleArgs;
 use crate::backend::BackendStorage;
 use crate::cpu::CpuStorage;
 use crate::fused::fake_quantize::from_acc;
@@ -68,14 +69,8 @@ pub(super) fn matmul_nt((a, al): Arg<'_>, (b, bl): Arg<'_>, m: usize, n: usize, 
 }
 
 /// `acc[i, j] * sa[i] * sb[j] (+ bias[j])` in `dtype`.
-pub(super) fn scale(
-    acc: Arg<'_>,
-    sa: Arg<'_>,
-    sb: Arg<'_>,
-    bias: Option<Arg<'_>>,
-    n: usize,
-    dtype: DType,
-) -> Result<CpuStorage> {
+pub(super) fn scale(a: RescaleArgs<'_, CpuStorage>) -> Result<CpuStorage> {
+    let RescaleArgs { acc, sa, sb, bias, n, dtype } = a;
     let r = rounding(dtype);
     let (acc, sa, sb) = (acc.0.to_f64_vec(acc.1)?, sa.0.to_f64_vec(sa.1)?, sb.0.to_f64_vec(sb.1)?);
     let bias = bias.map(|(b, l)| b.to_f64_vec(l)).transpose()?;

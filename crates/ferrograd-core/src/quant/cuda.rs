@@ -1,7 +1,7 @@
 //! The CUDA launches of `quant.cu`, and the int8 matmul: cuBLASLt's IMMA kernels
 //! (`cuda/blaslt/int8.rs`) where they take the problem, `int8_gemm_nt` otherwise.
 
-use super::MODULE;
+use super::{RescaleArgs, MODULE};
 use crate::cuda::blaslt::int8::{gemm_i8, GemmI8};
 use crate::cuda::launch::{cfg_1d, cfg_rows, launch};
 use crate::cuda::CudaStorage;
@@ -61,14 +61,9 @@ pub(super) fn matmul_nt((a, al): Arg<'_>, (b, bl): Arg<'_>, m: usize, n: usize, 
     Ok(c)
 }
 
-pub(super) fn scale(
-    acc: Arg<'_>,
-    sa: Arg<'_>,
-    sb: Arg<'_>,
-    bias: Option<Arg<'_>>,
-    n: usize,
-    dtype: DType,
-) -> Result<CudaStorage> {
+/// `acc[i, j] * sa[i] * sb[j] (+ bias[j])` in `dtype`.
+pub(super) fn scale(a: RescaleArgs<'_, CudaStorage>) -> Result<CudaStorage> {
+    let RescaleArgs { acc, sa, sb, bias, n, dtype } = a;
     let dev = acc.0.dev();
     let len = acc.1.elem_count();
     let y = CudaStorage::uninit(dev, len, dtype)?;

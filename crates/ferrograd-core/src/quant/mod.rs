@@ -134,19 +134,46 @@ impl FusedOp for MatmulNt {
     }
 }
 
+/// The W8A8 epilogue's operands on one backend: `acc [m, n]` i32, `sa [m]` and `sb [n]` f32, an
+/// optional bias `[n]`, and the output dtype (one type for `cpu::scale` and `cuda::scale`).
+struct RescaleArgs<'a, S> {
+    acc: (&'a S, &'a Layout),
+    sa: (&'a S, &'a Layout),
+    sb: (&'a S, &'a Layout),
+    bias: Option<(&'a S, &'a Layout)>,
+    n: usize,
+    dtype: DType,
+}
+
+impl Rescale {
+    fn args<'a, S>(&self, i: &[(&'a S, &'a Layout)]) -> Result<RescaleArgs<'a, S>> {
+        match i {
+            [acc, sa, sb, rest @ ..] if rest.len() <= 1 => Ok(RescaleArgs {
+                acc: *acc,
+                sa: *sa,
+                sb: *sb,
+                bias: rest.first().copied(),
+                n: acc.1.dims().get(1).copied().unwrap_or(0),
+                dtype: self.0,
+            }),
+            _ => Err(Error::InvalidArgument(format!("int8_rescale: 3 or 4 inputs, got {}", i.len()))),
+        }
+    }
+}
+
 impl FusedOp for Rescale {
     fn name(&self) -> &'static str {
         "int8_rescale"
     }
     fn cpu_fwd(&self, i: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>> {
-        let n = i[0].1.dims().get(1).copied().unwrap_or(0);
-        let y = cpu::scale(i[0], i[1], i[2], i.get(3).copied(), n, self.0)?;
-        Ok(vec![(y, i[0].1.shape().clone())])
+        let a = self.args(i)?;
+        let shape = a.acc.1.shape().clone();
+        Ok(vec![(cpu::scale(a)?, shape)])
     }
     fn cuda_fwd(&self, i: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
-        let n = i[0].1.dims().get(1).copied().unwrap_or(0);
-        let y = cuda::scale(i[0], i[1], i[2], i.get(3).copied(), n, self.0)?;
-        Ok(vec![(y, i[0].1.shape().clone())])
+        let a = self.args(i)?;
+        let shape = a.acc.1.shape().clone();
+        Ok(vec![(cuda::scale(a)?, shape)])
     }
 }
 

@@ -46,6 +46,16 @@ impl LocalPipeline {
         self.grads.get(s)
     }
 
+    /// Stage `s`'s accumulated gradients, to change before the optimizers step (tied weights).
+    pub fn grads_mut(&mut self, s: usize) -> Option<&mut GradStore> {
+        self.grads.get_mut(s)
+    }
+
+    /// Forget the accumulated gradients of every stage.
+    pub fn zero_grad(&mut self) {
+        self.grads.iter_mut().for_each(GradStore::clear);
+    }
+
     /// Every micro-batch forward and backward; returns the step's loss (on the last device).
     pub fn run_micro_batches(&mut self) -> DistResult<Tensor> {
         let p = self.stages.len();

@@ -6,6 +6,17 @@
 //! Gradients add up over the micro-batches in one store; `step` then applies this stage's
 //! optimizer.
 //!
+//! Before the first step every rank exchanges one element with each neighbour ([`connect_peers`]):
+//! NCCL makes a point-to-point connection on a pair's first message, inside `ncclGroupEnd`, and
+//! that blocks the host until the peer's host reaches its own first message on the pair. Left to
+//! the first step, it hung GPipe on 2 x H200: stage 0's host blocked posting its last activation
+//! (grouped with its first gradient receive, a new direction) until stage 1 posted its first
+//! gradient, while stage 1's host waited (a lazily loaded backward kernel synchronises the
+//! context) for that very activation. With the connections made, the device-side rendezvous of
+//! the programs is all that is left, and `Schedule::check_programs` proves it cannot wait for ever
+//! even if a host waits for its device between any two operations. `FERROGRAD_PIPELINE_TRACE=1`
+//! prints every operation a rank posts (stderr), to find where a hang stopped.
+//!
 //! A stage that fails aborts the communicator (`Communicator::abort`) before returning its error,
 //! so that ranks waiting on it fail at once with the reason instead of waiting (NCCL: the launcher
 //! stops them, and host waits time out).
@@ -19,7 +30,34 @@ use ferrograd_core::{DType, Device, GradStore, Tensor};
 use ferrograd_nn::optim::Optimizer;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long the connection exchange of [`connect_peers`] may wait for a peer.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Make the point-to-point connections between this rank and each of `peers` before any step
+/// needs them (see the module comment): one grouped exchange of one element per pair, the pairs
+/// taken in one global order (lowest rank first, then the other) so that the first unfinished
+/// pair always has both ranks at it. Every rank of a pair must list the other.
+pub fn connect_peers(comm: &dyn Communicator, peers: &[usize], timeout: Duration) -> DistResult<()> {
+    let me = comm.rank();
+    let mut pairs: Vec<(usize, usize)> = peers.iter().filter(|&&p| p != me).map(|&p| (me.min(p), me.max(p))).collect();
+    pairs.sort_unstable();
+    pairs.dedup();
+    for (a, b) in pairs {
+        let peer = if a == me { b } else { a };
+        let out = Tensor::from_vec(vec![me as f32], 1, Device::Cpu)?.to_device(comm.device())?;
+        let back = Tensor::zeros(1, DType::F32, comm.device())?;
+        comm.send_recv(&out, peer, &back, peer)?.synchronize(timeout)?;
+        if back.to_vec::<f32>()? != [peer as f32] {
+            return Err(DistError::Collective {
+                op: "pipeline connect",
+                msg: format!("rank {me} got {:?} from rank {peer}", back.to_vec::<f32>()?),
+            });
+        }
+    }
+    Ok(())
+}
 
 /// A stage's forward: `(input, micro-batch)` to output. The first stage gets `None` and loads its
 /// micro-batch itself; the last returns that micro-batch's scalar loss, already weighted as its
@@ -74,16 +112,43 @@ pub struct Pipeline {
     program: Vec<Op>,
     grads: GradStore,
     clock: Clock,
+    trace: bool,
 }
 
 impl Pipeline {
     /// This rank's part of a pipeline of `comm.world_size()` stages (rank `s` runs stage `s`).
+    /// Makes this rank's connections to its neighbours first ([`connect_peers`]): every rank of the
+    /// pipeline must call it at the same point.
     pub fn new(comm: Arc<dyn Communicator>, stage: Stage, cfg: PipelineConfig) -> DistResult<Pipeline> {
+        Self::with_peers(comm, stage, cfg, &[])
+    }
+
+    /// `new`, connecting `extra` peers too (ranks that exchange more than activations with this
+    /// one, e.g. the first and last stages of a model with tied embeddings).
+    pub fn with_peers(
+        comm: Arc<dyn Communicator>,
+        stage: Stage,
+        cfg: PipelineConfig,
+        extra: &[usize],
+    ) -> DistResult<Pipeline> {
+        let (r, w) = (comm.rank(), comm.world_size());
+        let mut peers: Vec<usize> = extra.to_vec();
+        peers.extend(r.checked_sub(1));
+        peers.extend(Some(r + 1).filter(|&n| n < w));
+        connect_peers(comm.as_ref(), &peers, CONNECT_TIMEOUT)?;
+        Self::unconnected(comm, stage, cfg)
+    }
+
+    /// A pipeline that leaves NCCL's connections to its first step: only for the test that shows
+    /// that this hangs (`tests/pipeline.rs`).
+    #[doc(hidden)]
+    pub fn unconnected(comm: Arc<dyn Communicator>, stage: Stage, cfg: PipelineConfig) -> DistResult<Pipeline> {
         let schedule = Schedule::new(cfg.schedule, comm.world_size(), cfg.micro_batches)?;
         schedule.validate()?;
         let program = schedule.program(comm.rank());
         let clock = Clock::new(comm.device())?;
-        Ok(Pipeline { comm, stage, cfg, schedule, program, grads: GradStore::default(), clock })
+        let trace = std::env::var("FERROGRAD_PIPELINE_TRACE").is_ok_and(|v| v == "1");
+        Ok(Pipeline { comm, stage, cfg, schedule, program, grads: GradStore::default(), clock, trace })
     }
 
     pub fn schedule(&self) -> &Schedule {
@@ -103,8 +168,18 @@ impl Pipeline {
         &self.grads
     }
 
+    /// The accumulated gradients, to change before the optimizer steps (tied weights).
+    pub fn grads_mut(&mut self) -> &mut GradStore {
+        &mut self.grads
+    }
+
     pub fn zero_grad(&mut self) {
         self.grads.clear();
+    }
+
+    /// This rank's communicator.
+    pub fn comm(&self) -> &Arc<dyn Communicator> {
+        &self.comm
     }
 
     /// Run every micro-batch forward and backward, adding this stage's gradients into `grads()`.
@@ -155,6 +230,9 @@ impl Pipeline {
         let (mut in_flight, mut peak) = (0usize, 0usize);
         let program = self.program.clone();
         for op in &program {
+            if self.trace {
+                eprintln!("[pipeline rank {rank}] {op:?}");
+            }
             match op {
                 Op::Comm(group) => {
                     let mut send: Option<(Tensor, usize)> = None;

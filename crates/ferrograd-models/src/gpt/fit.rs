@@ -144,30 +144,120 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
     let mut log = JsonLog::open(&run.cfg.out, run.cfg.resume, writer)?;
     log.write(serde_json::json!({ "kind": "start", "settings": run.settings(), "info": &run.info }))?;
     let mut summary = Summary { log: log.path.clone(), ..Default::default() };
-    let device = run.cfg.device;
-    let (steps, tokens_per_step) = (run.cfg.steps, run.info.tokens_per_step);
+    let plan = FitPlan {
+        steps: run.cfg.steps,
+        log_every: run.cfg.log_every,
+        val_every: run.cfg.val_every,
+        save_every: run.cfg.save_every,
+        device: run.cfg.device,
+        flops_per_token: run.cfg.model.flops_per_token(run.cfg.context),
+        started,
+    };
+    fit_loop(&mut run, &plan, &mut log, &mut summary, &mut on_event)?;
+    if run.step > 0 && writer {
+        let dir = run.cfg.out.join("model");
+        hf::save_pretrained(&run.model, &dir)?;
+        summary.exported = Some(dir);
+    }
+    write_summary(&mut log, &summary)?;
+    Ok(summary)
+}
+
+/// What the shared training loop ([`fit_loop`]) needs of a run: `gpt train`'s [`Run`] and `mamba
+/// train`'s `MambaRun` step, evaluate and checkpoint their own way; the loop around them (log
+/// windows, throughput and MFU, the steady-state clock, validation and checkpoints between steps,
+/// the summary's figures) is one.
+pub(crate) trait FitRun {
+    /// The next batch, then one optimizer step: `(loss, gradient norm)` as device scalars.
+    fn train_step(&mut self) -> Result<(Tensor, Tensor)>;
+    /// Optimizer steps taken so far (a resumed run counts the earlier ones).
+    fn steps_done(&self) -> u64;
+    /// The learning rate of the step just taken.
+    fn lr(&self) -> f64;
+    fn info(&self) -> &RunInfo;
+    /// Mean validation loss, or `None` without a validation split.
+    fn evaluate(&mut self) -> Result<Option<f64>>;
+    fn save_checkpoint(&mut self) -> Result<PathBuf>;
+    /// A window of summed losses as every process should report it (data parallel: the mean over
+    /// the ranks).
+    fn window_loss(&self, w: Tensor) -> Result<Tensor> {
+        Ok(w)
+    }
+}
+
+/// The loop's settings.
+pub(crate) struct FitPlan {
+    pub steps: u64,
+    pub log_every: u64,
+    /// Validation every this many steps (0: only at the end).
+    pub val_every: u64,
+    /// A checkpoint every this many steps (0: only at the end).
+    pub save_every: u64,
+    pub device: Device,
+    pub flops_per_token: f64,
+    /// When the process started (the summary's startup time runs from it to the first step's end).
+    pub started: Instant,
+}
+
+impl FitRun for Run {
+    fn train_step(&mut self) -> Result<(Tensor, Tensor)> {
+        Run::train_step(self)
+    }
+    fn steps_done(&self) -> u64 {
+        self.step
+    }
+    fn lr(&self) -> f64 {
+        self.opt.lr()
+    }
+    fn info(&self) -> &RunInfo {
+        &self.info
+    }
+    fn evaluate(&mut self) -> Result<Option<f64>> {
+        Run::evaluate(self)
+    }
+    fn save_checkpoint(&mut self) -> Result<PathBuf> {
+        Run::save_checkpoint(self)
+    }
+    fn window_loss(&self, w: Tensor) -> Result<Tensor> {
+        mean_over_ranks(self.cfg.dist.as_ref(), w)
+    }
+}
+
+/// Steps until `plan.steps`: the loss summed on the device and read back every `log_every`
+/// steps (a `train` record and [`Event::Logged`]; a non-finite mean stops the run), validation
+/// and checkpoints between steps (their time left out of the throughput), and the summary's
+/// steps, times, tokens/s (from the end of the warm-up steps), MFU and peak memory.
+/// FERROGRAD_PROFILE=1 prints the device time per kernel over the steady steps.
+pub(crate) fn fit_loop<R: FitRun>(
+    run: &mut R,
+    plan: &FitPlan,
+    log: &mut JsonLog,
+    summary: &mut Summary,
+    on_event: &mut impl FnMut(Event<'_>),
+) -> Result<()> {
+    let device = plan.device;
+    let (steps, tokens_per_step, start_step) = (plan.steps, run.info().tokens_per_step, run.info().start_step);
     let skip = (steps / 10).clamp(1, 10).min(steps.saturating_sub(1));
-    let flops_per_token = run.cfg.model.flops_per_token(run.cfg.context);
     let t0 = Instant::now();
     let mut window: Option<Tensor> = None;
     let (mut window_steps, mut window_start) = (0u64, Instant::now());
     let mut steady: Option<(u64, Instant)> = None;
     // Time spent validating and checkpointing, left out of the throughput.
     let mut paused = std::time::Duration::ZERO;
-    while run.step < steps {
+    while run.steps_done() < steps {
         let (loss, norm) = run.train_step()?;
-        let step = run.step;
+        let step = run.steps_done();
         window = Some(match window.take() {
             Some(w) => w.add(&loss)?,
             None => loss,
         });
         window_steps += 1;
         on_event(Event::Progress(step));
-        if step == run.info.start_step + 1 {
+        if step == start_step + 1 {
             device.synchronize()?;
-            summary.startup_s = started.elapsed().as_secs_f64();
+            summary.startup_s = plan.started.elapsed().as_secs_f64();
         }
-        if step == run.info.start_step + skip.max(1) && steady.is_none() {
+        if step == start_step + skip.max(1) && steady.is_none() {
             device.synchronize()?;
             steady = Some((step, Instant::now()));
             if device.is_cuda() {
@@ -175,8 +265,8 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
             }
         }
         let last = step == steps;
-        if step.is_multiple_of(run.cfg.log_every) || last {
-            let mean = window.take().map(|w| mean_over_ranks(run.cfg.dist.as_ref(), w)).transpose()?;
+        if step.is_multiple_of(plan.log_every) || last {
+            let mean = window.take().map(|w| run.window_loss(w)).transpose()?;
             let sum = mean.map(|w| w.item_f64()).transpose()?.unwrap_or(f64::NAN);
             let secs = window_start.elapsed().as_secs_f64();
             let tps = (window_steps as usize * tokens_per_step) as f64 / secs.max(1e-9);
@@ -184,10 +274,10 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
             let stats = StepStats {
                 step,
                 loss: sum / window_steps as f64,
-                lr: run.opt.lr(),
+                lr: run.lr(),
                 grad_norm: norm.item_f64()?,
                 tokens_per_s: tps,
-                mfu: run.info.peak_flops.map(|p| tps * flops_per_token / p),
+                mfu: run.info().peak_flops.map(|p| tps * plan.flops_per_token / p),
                 mem_bytes: mem.map(|m| m.0),
                 peak_mem_bytes: mem.map(|m| m.1),
                 elapsed_s: t0.elapsed().as_secs_f64(),
@@ -212,7 +302,7 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
             eprint!("{}", ferrograd_core::cuda::profile::report_table(n)?);
         }
         let pause = Instant::now();
-        if (run.cfg.val_every > 0 && step.is_multiple_of(run.cfg.val_every)) || last {
+        if (plan.val_every > 0 && step.is_multiple_of(plan.val_every)) || last {
             if let Some(v) = run.evaluate()? {
                 summary.final_val_loss = Some(v);
                 log.write(serde_json::json!({ "kind": "val", "step": step, "val_loss": v }))?;
@@ -220,7 +310,7 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
             }
             window_start = Instant::now();
         }
-        if (run.cfg.save_every > 0 && step.is_multiple_of(run.cfg.save_every)) || last {
+        if (plan.save_every > 0 && step.is_multiple_of(plan.save_every)) || last {
             let p = run.save_checkpoint()?;
             on_event(Event::Saved { step, path: &p });
             summary.checkpoint = Some(p);
@@ -232,10 +322,9 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
     }
     device.synchronize()?;
     summary.train_s = t0.elapsed().as_secs_f64();
-
-    summary.steps = run.step - run.info.start_step;
+    summary.steps = run.steps_done() - start_step;
     if let Some((s0, i0)) = steady {
-        let n = run.step.saturating_sub(s0);
+        let n = run.steps_done().saturating_sub(s0);
         if n > 0 {
             let secs = i0.elapsed().saturating_sub(paused).as_secs_f64();
             summary.tokens_per_s = (n as usize * tokens_per_step) as f64 / secs.max(1e-9);
@@ -244,15 +333,14 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
     if summary.tokens_per_s == 0.0 && summary.train_s > 0.0 {
         summary.tokens_per_s = (summary.steps as usize * tokens_per_step) as f64 / summary.train_s;
     }
-    summary.mfu = run.info.peak_flops.map(|p| summary.tokens_per_s * flops_per_token / p);
+    summary.mfu = run.info().peak_flops.map(|p| summary.tokens_per_s * plan.flops_per_token / p);
     summary.peak_mem_bytes = memory(device).map(|m| m.1);
-    if run.step > 0 && writer {
-        let dir = run.cfg.out.join("model");
-        hf::save_pretrained(&run.model, &dir)?;
-        summary.exported = Some(dir);
-    }
-    let mut line = serde_json::to_value(&summary).map_err(json_err)?;
+    Ok(())
+}
+
+/// The closing `summary` record of `log.jsonl`.
+pub(crate) fn write_summary(log: &mut JsonLog, summary: &Summary) -> Result<()> {
+    let mut line = serde_json::to_value(summary).map_err(json_err)?;
     line["kind"] = "summary".into();
-    log.write(line)?;
-    Ok(summary)
+    log.write(line)
 }

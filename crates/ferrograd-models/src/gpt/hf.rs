@@ -187,29 +187,37 @@ pub fn from_pretrained(path: &Path, device: Device) -> Result<(Gpt, String)> {
     Ok((model, note))
 }
 
+/// One tensor's dtype, shape and little-endian bytes, for `safetensors::serialize` (this file's
+/// f32 weights; the int8 file's i8 values and f32 scales, `quant.rs`).
+pub(crate) struct Blob(pub StDtype, pub Vec<usize>, pub Vec<u8>);
+
+impl safetensors::View for &Blob {
+    fn dtype(&self) -> StDtype {
+        self.0
+    }
+    fn shape(&self) -> &[usize] {
+        &self.1
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.2)
+    }
+    fn data_len(&self) -> usize {
+        self.2.len()
+    }
+}
+
+/// `t`'s values as an f32 [`Blob`].
+pub(crate) fn f32_blob(t: &Tensor) -> Result<Blob> {
+    let v = t.to_dtype(DType::F32)?.to_vec::<f32>()?;
+    Ok(Blob(StDtype::F32, t.dims().to_vec(), v.iter().flat_map(|x| x.to_le_bytes()).collect()))
+}
+
 /// Bytes of a weights-only safetensors file: Hugging Face names with the prefix, no `lm_head`
 /// (tied), `wte` with the real vocabulary, metadata `format: pt` and our config.
 pub fn weights_bytes(model: &Gpt) -> Result<Vec<u8>> {
-    struct Blob(Vec<usize>, Vec<u8>);
-    impl safetensors::View for &Blob {
-        fn dtype(&self) -> StDtype {
-            StDtype::F32
-        }
-        fn shape(&self) -> &[usize] {
-            &self.0
-        }
-        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-            std::borrow::Cow::Borrowed(&self.1)
-        }
-        fn data_len(&self) -> usize {
-            self.1.len()
-        }
-    }
     let mut blobs = Vec::new();
     for (n, t) in model.hf_params()? {
-        let v = t.to_dtype(DType::F32)?.to_vec::<f32>()?;
-        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        blobs.push((n, Blob(t.dims().to_vec(), bytes)));
+        blobs.push((n, f32_blob(&t)?));
     }
     let mut meta = HashMap::new();
     meta.insert("format".to_string(), "pt".to_string());

@@ -10,6 +10,7 @@
 //!   checkpoints, resume); `fit`: the loop, its log and summary; `autobatch`: `--batch auto`;
 //!   `dp`: data parallel over several GPUs (hooks from `ferrograd-dist`).
 //! - `sample`: generation with a KV cache, temperature and top-k.
+//! - `quant`: int8 projections (W8A16, W8A8), the int8 weights file, QAT (issue 18).
 
 mod autobatch;
 pub mod config;
@@ -20,7 +21,9 @@ pub mod loader;
 pub mod model;
 pub mod ops;
 pub mod optim;
+pub mod pipeline;
 pub mod prepare;
+pub mod quant;
 pub mod sample;
 pub mod shards;
 pub mod tokenizer;

@@ -4,9 +4,8 @@
 //! [`HfView`] shows the model with the real vocabulary, as files and outputs see it.
 
 use super::config::GptConfig;
-use super::ops::{
-    attention, causal_mask, linear, lm_logits, lm_logits_padded, lm_loss, mlp, residual_norm, self_attention,
-};
+use super::ops::{attention, causal_mask, gemm_norm, lm_logits, lm_logits_padded, lm_loss, self_attention};
+use super::quant::{Linears, Proj};
 use ferrograd_core::fused::classifier::ClassifierOpts;
 use ferrograd_core::{shape_err, DType, Device, Error, Result, Rng, Tensor};
 use ferrograd_nn::module::join_name;
@@ -74,6 +73,8 @@ pub struct Gpt {
     pub blocks: Vec<Block>,
     pub ln_f_w: Tensor,
     pub ln_f_b: Tensor,
+    /// How the blocks' projections run: float (default), QAT or int8 (`quant.rs`).
+    pub linears: Linears,
     /// The causal mask of the last training length, kept so that a step does not rebuild it; only
     /// the fallback of `ops::attention` (a head dim the CUDA kernels lack) reads it.
     mask: Mutex<Option<Tensor>>,
@@ -143,6 +144,7 @@ impl Gpt {
             blocks,
             ln_f_w: leaf(ones(c)?),
             ln_f_b: leaf(zeros(c)?),
+            linears: Linears::Float,
             mask: Mutex::new(None),
         })
     }
@@ -200,7 +202,7 @@ impl Gpt {
     }
 
     /// Token plus position embeddings of `ids` `[B, T]` placed at positions `start..start + T`.
-    fn embed(&self, ids: &Tensor, start: usize) -> Result<Tensor> {
+    pub(crate) fn embed(&self, ids: &Tensor, start: usize) -> Result<Tensor> {
         let (_, t) = self.check_ids(ids, "gpt forward")?;
         if start + t > self.config.n_positions {
             return Err(shape_err!(
@@ -218,8 +220,9 @@ impl Gpt {
     /// and leaves the same way, `(x, mlp output)`, for the next block's `ln_1` or `ln_f`. With
     /// `cache`, `x` is `[1, T, C]` at positions `start..start + T` and the keys and values are
     /// written into the cache.
-    fn block(
+    pub(crate) fn block(
         &self,
+        layer: usize,
         blk: &Block,
         x: &Tensor,
         branch: Option<&Tensor>,
@@ -231,10 +234,10 @@ impl Gpt {
         };
         let (h, d) = (cfg.n_head, cfg.head_dim());
         let eps = cfg.layer_norm_epsilon;
-        let (x, a) = residual_norm(x, branch, &blk.ln_1_w, &blk.ln_1_b, eps)?;
+        let (x, a) = gemm_norm(x, branch, &blk.ln_1_w, &blk.ln_1_b, eps)?;
         // [B, T, 3, H, D]: q, k and v are permuted views of this one buffer, never copied out
         // (the attention kernels read them in place).
-        let qkv = linear(&a, &blk.c_attn_w, Some(&blk.c_attn_b))?.reshape((b, t, 3, h, d))?;
+        let qkv = self.linears.linear(layer, Proj::Qkv, &a, &blk.c_attn_w, &blk.c_attn_b)?.reshape((b, t, 3, h, d))?;
         let part = |qkv: &Tensor, i: usize| qkv.narrow(2, i, 1)?.squeeze(2); // [B, T, H, D]
                                                                              // [B, T, H, D]
         let y = match cache {
@@ -258,9 +261,9 @@ impl Gpt {
             }
         };
         let y = y.reshape((b, t, c))?;
-        let proj = linear(&y, &blk.attn_proj_w, Some(&blk.attn_proj_b))?;
-        let (x, m) = residual_norm(&x, Some(&proj), &blk.ln_2_w, &blk.ln_2_b, eps)?;
-        let out = mlp(&m, &blk.c_fc_w, &blk.c_fc_b, &blk.mlp_proj_w, &blk.mlp_proj_b)?;
+        let proj = self.linears.linear(layer, Proj::AttnOut, &y, &blk.attn_proj_w, &blk.attn_proj_b)?;
+        let (x, m) = gemm_norm(&x, Some(&proj), &blk.ln_2_w, &blk.ln_2_b, eps)?;
+        let out = self.linears.mlp(layer, &m, blk)?;
         Ok((x, out))
     }
 
@@ -269,14 +272,15 @@ impl Gpt {
         let (mut x, mut branch) = (x, None);
         for (i, blk) in self.blocks.iter().enumerate() {
             let cache = caches.map(|(k, v, start)| LayerCache { k: &k[i], v: &v[i], start });
-            let (nx, out) = self.block(blk, &x, branch.as_ref(), cache)?;
+            let (nx, out) = self.block(i, blk, &x, branch.as_ref(), cache)?;
             (x, branch) = (nx, Some(out));
         }
         let eps = self.config.layer_norm_epsilon;
-        Ok(residual_norm(&x, branch.as_ref(), &self.ln_f_w, &self.ln_f_b, eps)?.1)
+        Ok(gemm_norm(&x, branch.as_ref(), &self.ln_f_w, &self.ln_f_b, eps)?.1)
     }
 
-    /// The final hidden states `[B, T, C]` (after `ln_f`) of `ids` `[B, T]`.
+    /// The final hidden states `[B, T, C]` (after `ln_f`) of `ids` `[B, T]`: f32, or bf16 under a bf16
+    /// autocast (they only feed the classifier GEMM: `ops::gemm_norm`).
     pub fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
         self.run_blocks(self.embed(ids, 0)?, None)
     }

@@ -8,6 +8,7 @@
 //! | [`self_attention`] | `Tensor::attention_packed` on the QKV buffer: its gradient written in place |
 //! | [`attention`]     | `Tensor::scaled_dot_product_attention` (FlashAttention-2 style on CUDA)  |
 //! | [`residual_norm`] | `add_layer_norm`: the residual add and the next layer norm, one kernel   |
+//! | [`gemm_norm`]     | [`residual_norm`] for a norm that feeds a GEMM: its output in the GEMM's dtype |
 //! | [`layer_norm`]    | `Tensor::layer_norm` (the first block's, which has no residual to add)   |
 //! | [`lm_logits`]     | `x wte^T` over the padded vocabulary, real columns viewed                |
 //! | [`lm_loss`]       | `cross_entropy_acc` on the bf16 logits (the training step uses the fused classifier, `train.rs`) |
@@ -71,6 +72,21 @@ pub fn residual_norm(
     match branch {
         None => Ok((x.clone(), layer_norm(x, w, b, eps)?)),
         Some(r) => x.add_layer_norm(&r.to_dtype(x.dtype())?, Some(w), Some(b), eps),
+    }
+}
+
+/// [`residual_norm`] for a layer norm whose output only feeds a GEMM (GPT's `ln_1`, `ln_2`, `ln_f`):
+/// under a bf16 autocast with the f32 residual stream, the norm writes its output in bf16 itself
+/// and takes the bf16 branch as it is (`add_layer_norm_mixed`, `layer_norm_to`), where autocast
+/// would cast the branch up and the output down around it: the same values, without the two cast
+/// kernels forward and the gradient's cast backward. Anything else runs [`residual_norm`].
+pub fn gemm_norm(x: &Tensor, branch: Option<&Tensor>, w: &Tensor, b: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    let mixed = matmul_dtype(x) == Some(DType::BF16) && x.dtype() == DType::F32 && w.dtype() == DType::F32;
+    match branch {
+        _ if !mixed => residual_norm(x, branch, w, b, eps),
+        None => Ok((x.clone(), x.layer_norm_to(Some(w), Some(b), eps, DType::BF16)?)),
+        Some(r) if r.dtype() == DType::BF16 => x.add_layer_norm_mixed(r, Some(w), Some(b), eps),
+        Some(_) => residual_norm(x, branch, w, b, eps),
     }
 }
 

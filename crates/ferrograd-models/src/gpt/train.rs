@@ -143,6 +143,9 @@ pub struct TrainConfig {
     pub graph: bool,
     /// Data parallel over the ranks of a launch (`gpt/dp.rs`); `None`: one process.
     pub dist: Option<GptDist>,
+    /// Quantization-aware training: the block projections fake-quantized as int8 inference runs
+    /// them (`quant::Linears::Qat`), typically a short fine-tune from `init`.
+    pub qat: bool,
 }
 
 /// Eager steps (on the graph's side stream and pool) before the step is captured: kernels loaded,
@@ -177,6 +180,7 @@ impl TrainConfig {
             save_init: None,
             graph: true,
             dist: None,
+            qat: false,
         }
     }
 
@@ -319,7 +323,13 @@ impl Run {
             )));
         }
         let mut notes = vec![];
-        let model = Gpt::new(cfg.model, cfg.seed, cfg.device)?;
+        let mut model = Gpt::new(cfg.model, cfg.seed, cfg.device)?;
+        if cfg.qat {
+            model.linears = super::quant::Linears::Qat;
+            notes.push(
+                "QAT: int8 fake quantization of the block projections (weights per channel, inputs per token)".into(),
+            );
+        }
         if let Some(init) = &cfg.init {
             let src = hf::Source::locate(init)?;
             let (file_cfg, _) = hf::read_config(&src)?;

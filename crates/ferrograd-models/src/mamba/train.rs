@@ -6,10 +6,10 @@
 //! once as a CUDA graph and replayed. One micro-batch per step; no resume.
 
 use super::model::{MambaLm, MambaLmConfig};
-use crate::gpt::fit::{memory, JsonLog};
+use crate::gpt::fit::{fit_loop, write_summary, FitPlan, FitRun, JsonLog};
 use crate::gpt::loader::{LoaderPos, StepInputs, TokenLoader};
 use crate::gpt::optim::GptAdamW;
-use crate::gpt::train::{device_name, precision_guard, Event, Precision, RunInfo, StepStats, Summary, GRAPH_WARMUP};
+use crate::gpt::train::{device_name, precision_guard, Event, Precision, RunInfo, Summary, GRAPH_WARMUP};
 use ferrograd_core::cuda::{Capture, CudaDevice, Graph};
 use ferrograd_core::{Device, Error, GradStore, Result, Tensor};
 use ferrograd_nn::checkpoint::{self, TrainState};
@@ -271,8 +271,30 @@ impl MambaRun {
     }
 }
 
-/// Train as `cfg` says, reporting through `on_event` (`gpt train`'s events); the log lines are
-/// `gpt train`'s records (`kind` start / train / val / summary).
+impl FitRun for MambaRun {
+    fn train_step(&mut self) -> Result<(Tensor, Tensor)> {
+        MambaRun::train_step(self)
+    }
+    fn steps_done(&self) -> u64 {
+        self.step
+    }
+    fn lr(&self) -> f64 {
+        self.opt.lr()
+    }
+    fn info(&self) -> &RunInfo {
+        &self.info
+    }
+    fn evaluate(&mut self) -> Result<Option<f64>> {
+        MambaRun::evaluate(self)
+    }
+    fn save_checkpoint(&mut self) -> Result<PathBuf> {
+        MambaRun::save_checkpoint(self)
+    }
+}
+
+/// Train as `cfg` says, reporting through `on_event` (`gpt train`'s events), in `gpt train`'s
+/// loop (`gpt::fit::fit_loop`: a checkpoint at the end); the log lines are `gpt train`'s records
+/// (`kind` start / train / val / summary).
 pub fn train(cfg: MambaTrainConfig, started: Instant, mut on_event: impl FnMut(Event<'_>)) -> Result<Summary> {
     let mut run = MambaRun::new(cfg)?;
     on_event(Event::Started(&run.info));
@@ -280,98 +302,16 @@ pub fn train(cfg: MambaTrainConfig, started: Instant, mut on_event: impl FnMut(E
     let model_json = serde_json::to_value(run.cfg.model).map_err(|e| Error::InvalidArgument(e.to_string()))?;
     log.write(serde_json::json!({ "kind": "start", "model": model_json, "info": &run.info }))?;
     let mut summary = Summary { log: log.path.clone(), ..Default::default() };
-    let device = run.cfg.device;
-    let (steps, tokens_per_step) = (run.cfg.steps, run.info.tokens_per_step);
-    let skip = (steps / 10).clamp(1, 10).min(steps.saturating_sub(1));
-    let flops_per_token = run.cfg.model.flops_per_token();
-    let t0 = Instant::now();
-    let mut window: Option<Tensor> = None;
-    let (mut window_steps, mut window_start) = (0u64, Instant::now());
-    let mut steady: Option<(u64, Instant)> = None;
-    let mut paused = std::time::Duration::ZERO;
-    while run.step < steps {
-        let (loss, norm) = run.train_step()?;
-        let step = run.step;
-        window = Some(match window.take() {
-            Some(w) => w.add(&loss)?,
-            None => loss,
-        });
-        window_steps += 1;
-        on_event(Event::Progress(step));
-        if step == 1 {
-            device.synchronize()?;
-            summary.startup_s = started.elapsed().as_secs_f64();
-        }
-        if step == skip.max(1) && steady.is_none() {
-            device.synchronize()?;
-            steady = Some((step, Instant::now()));
-        }
-        let last = step == steps;
-        if step.is_multiple_of(run.cfg.log_every) || last {
-            let sum = window.take().map(|w| w.item_f64()).transpose()?.unwrap_or(f64::NAN);
-            let secs = window_start.elapsed().as_secs_f64();
-            let tps = (window_steps as usize * tokens_per_step) as f64 / secs.max(1e-9);
-            let mem = memory(device);
-            let stats = StepStats {
-                step,
-                loss: sum / window_steps as f64,
-                lr: run.opt.lr(),
-                grad_norm: norm.item_f64()?,
-                tokens_per_s: tps,
-                mfu: run.info.peak_flops.map(|p| tps * flops_per_token / p),
-                mem_bytes: mem.map(|m| m.0),
-                peak_mem_bytes: mem.map(|m| m.1),
-                elapsed_s: t0.elapsed().as_secs_f64(),
-            };
-            if !stats.loss.is_finite() {
-                return Err(Error::InvalidArgument(format!(
-                    "the loss became {} at step {step}; try a lower --lr or --precision f32",
-                    stats.loss
-                )));
-            }
-            summary.first_loss.get_or_insert(stats.loss);
-            summary.final_loss = Some(stats.loss);
-            let mut line = serde_json::to_value(&stats).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-            line["kind"] = "train".into();
-            log.write(line)?;
-            on_event(Event::Logged(&stats));
-            (window_steps, window_start) = (0, Instant::now());
-        }
-        let pause = Instant::now();
-        if (run.cfg.val_every > 0 && step.is_multiple_of(run.cfg.val_every)) || last {
-            if let Some(v) = run.evaluate()? {
-                summary.final_val_loss = Some(v);
-                log.write(serde_json::json!({ "kind": "val", "step": step, "val_loss": v }))?;
-                on_event(Event::Validated { step, loss: v });
-            }
-            window_start = Instant::now();
-        }
-        if last {
-            let p = run.save_checkpoint()?;
-            on_event(Event::Saved { step, path: &p });
-            summary.checkpoint = Some(p);
-        }
-        if steady.is_some() {
-            paused += pause.elapsed();
-        }
-    }
-    device.synchronize()?;
-    summary.train_s = t0.elapsed().as_secs_f64();
-    summary.steps = run.step;
-    if let Some((s0, i0)) = steady {
-        let n = run.step.saturating_sub(s0);
-        if n > 0 {
-            let secs = i0.elapsed().saturating_sub(paused).as_secs_f64();
-            summary.tokens_per_s = (n as usize * tokens_per_step) as f64 / secs.max(1e-9);
-        }
-    }
-    if summary.tokens_per_s == 0.0 && summary.train_s > 0.0 {
-        summary.tokens_per_s = (summary.steps as usize * tokens_per_step) as f64 / summary.train_s;
-    }
-    summary.mfu = run.info.peak_flops.map(|p| summary.tokens_per_s * flops_per_token / p);
-    summary.peak_mem_bytes = memory(device).map(|m| m.1);
-    let mut line = serde_json::to_value(&summary).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-    line["kind"] = "summary".into();
-    log.write(line)?;
+    let plan = FitPlan {
+        steps: run.cfg.steps,
+        log_every: run.cfg.log_every,
+        val_every: run.cfg.val_every,
+        save_every: 0,
+        device: run.cfg.device,
+        flops_per_token: run.cfg.model.flops_per_token(),
+        started,
+    };
+    fit_loop(&mut run, &plan, &mut log, &mut summary, &mut on_event)?;
+    write_summary(&mut log, &summary)?;
     Ok(summary)
 }

@@ -1,5 +1,5 @@
-//! The CPU reference: `h = x + residual` in f64, rounded to the dtype, then layer norm's own CPU
-//! reference on that `h` (the twin of `add_layer_norm.cu`).
+//! The CPU reference: `h = x + residual` in f64, rounded to x's dtype, then layer norm's own CPU
+//! reference on that `h`, `y` in the residual's dtype (the twin of `add_layer_norm.cu`).
 
 use crate::backend::BackendStorage;
 use crate::cpu::CpuStorage;
@@ -20,6 +20,6 @@ pub(super) fn add_layer_norm(
     let (xs, rs) = (x.to_f64_vec(xl)?, r.to_f64_vec(rl)?);
     let h = CpuStorage::from_f64_iter(xs.iter().zip(&rs).map(|(a, b)| a + b), x.dtype())?;
     let hl = Layout::contiguous(xl.shape().clone());
-    let (y, mean, rstd) = layer_norm(&h, &hl, w, b, eps)?;
+    let (y, mean, rstd) = layer_norm(&h, &hl, w, b, eps, r.dtype())?;
     Ok((y, h, mean, rstd))
 }

@@ -7,28 +7,37 @@
 //! is layer norm's one backward kernel (dh, dweight, dbias) plus the gradient arriving at `h` from
 //! the next residual, summed by the tape and handed to `x` and `residual` unchanged (dx = dr).
 //! Folding that sum into the layer norm backward kernel is the next step for speed.
+//!
+//! [`Tensor::add_layer_norm_mixed`] is the autocast form: an f32 residual stream plus a bf16 branch,
+//! `y` in bf16 for the next GEMM, one kernel where three ran (the branch's cast up, the add and
+//! norm, `y`'s cast down). Its `h` is recorded as `ResidualAdd` (the branch's gradient is `h`'s
+//! rounded to bf16) and `y` as layer norm of `h` with a bf16 output (backward `layer_norm_bwd_f32_bf16`).
 
 pub mod bench;
 mod cpu;
 mod cuda;
 
-use super::{apply_all, check_arity, FusedOp, FusedOutputs};
+use super::layer_norm::mixed_suffix;
+use super::{apply_all, check_arity, FusedCtx, FusedOp, FusedOutputs, FusedRecord};
 use crate::backprop::track;
 use crate::cpu::CpuStorage;
-use crate::cuda::modules::headers::{COMMON, VEC_LOAD};
+use crate::cuda::modules::headers::{COMMON, ROW_REDUCE, VEC_LOAD};
 use crate::cuda::modules::Module;
 use crate::cuda::CudaStorage;
 use crate::op::{BinaryOp, Op};
-use crate::{shape_err, Error, Layout, Result, Shape, Tensor};
+use crate::{shape_err, DType, Error, Layout, Result, Shape, Tensor};
+use std::sync::Arc;
 
-/// The kernel: `add_layer_norm_fwd_{dt}`.
+/// The kernels: `add_layer_norm_fwd_{dt}` and `add_layer_norm_fwd_f32_bf16` (x f32; residual and
+/// y bf16), a block per row, and `add_layer_norm_fwd_rows_{f32,f32_bf16}`, the row in registers.
 pub const MODULE: Module = Module::new("add_layer_norm", include_str!("add_layer_norm.cu"))
-    .with_headers(&[COMMON, VEC_LOAD])
+    .with_headers(&[COMMON, ROW_REDUCE, VEC_LOAD])
     .with_cost_ms(800);
 
 /// Inputs `x, residual, [weight], [bias]`; outputs `y, h, mean, rstd` (`h = x + residual` rounded to
-/// the dtype, `y` the layer norm of that `h`; mean and rstd per row in the accumulation dtype). Only
-/// its forward runs as a fused op: the public function records the backward (module docs).
+/// x's dtype, `y` the layer norm of that `h` in the residual's dtype; mean and rstd per row in the
+/// accumulation dtype). Only its forward runs as a fused op: the public function records the
+/// backward (module docs).
 struct AddLayerNorm {
     eps: f64,
     has_w: bool,
@@ -82,6 +91,30 @@ impl FusedOp for AddLayerNorm {
     }
 }
 
+/// `h = x + branch` with an f32 `x` and a bf16 `branch`, as `add_layer_norm_mixed` records it: the
+/// forward is that op's kernel, so this op only carries the backward (`x` gets `h`'s gradient, the
+/// branch the same rounded to its dtype, which is what casting the branch up then adding gives).
+struct ResidualAdd;
+
+impl FusedOp for ResidualAdd {
+    fn name(&self) -> &'static str {
+        "add_layer_norm_mixed residual"
+    }
+
+    fn cpu_fwd(&self, _: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>> {
+        Err(Error::InvalidArgument("the mixed residual add runs inside add_layer_norm_mixed only".into()))
+    }
+
+    fn cuda_fwd(&self, _: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
+        Err(Error::InvalidArgument("the mixed residual add runs inside add_layer_norm_mixed only".into()))
+    }
+
+    fn backward(&self, ctx: &FusedCtx<'_>, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        let branch = ctx.inputs[1].dtype();
+        Ok(vec![Some(g.clone()), Some(g.to_dtype(branch)?)])
+    }
+}
+
 impl Tensor {
     /// `(h, y)` with `h = self + residual` and `y = h.layer_norm(weight, bias, eps)`, computed by one
     /// kernel (f32 accumulation for f16 / bf16; `h` is rounded to the dtype before it is normalized,
@@ -95,10 +128,41 @@ impl Tensor {
         bias: Option<&Tensor>,
         eps: f64,
     ) -> Result<(Tensor, Tensor)> {
-        self.dtype().check_float("add_layer_norm")?;
         if residual.dtype() != self.dtype() {
             return Err(Error::DTypeMismatch { op: "add_layer_norm", lhs: self.dtype(), rhs: residual.dtype() });
         }
+        self.add_layer_norm_any(residual, weight, bias, eps)
+    }
+
+    /// [`Tensor::add_layer_norm`] of an f32 residual stream `self` and a bf16 `branch` (a bf16
+    /// GEMM's output under autocast), with `y` in bf16 for the next GEMM: `h = self + branch` in
+    /// f32 (the branch widened exactly), `y = layer_norm(h)` in f32 rounded once to bf16. The same
+    /// values as `self.add_layer_norm(&branch.to_dtype(F32)?, ..)` with `y.to_dtype(BF16)`, from one
+    /// kernel instead of three. Gradients: `self`'s, the weight's and the bias's in f32, the
+    /// branch's in bf16 (`h`'s rounded). Other dtypes are a `DTypeMismatch`; weight and bias f32.
+    pub fn add_layer_norm_mixed(
+        &self,
+        branch: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor)> {
+        if (self.dtype(), branch.dtype()) != (DType::F32, DType::BF16) {
+            return Err(Error::DTypeMismatch { op: "add_layer_norm_mixed", lhs: self.dtype(), rhs: branch.dtype() });
+        }
+        self.add_layer_norm_any(branch, weight, bias, eps)
+    }
+
+    /// Both public forms, the residual's dtype checked by the caller.
+    fn add_layer_norm_any(
+        &self,
+        residual: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor)> {
+        self.dtype().check_float("add_layer_norm")?;
+        mixed_suffix("add_layer_norm", self.dtype(), residual.dtype())?;
         if residual.dims() != self.dims() {
             return Err(Error::ShapeMismatch {
                 op: "add_layer_norm",
@@ -125,10 +189,14 @@ impl Tensor {
         let (Some(y), Some(h), Some(mean), Some(rstd)) = (outs.next(), outs.next(), outs.next(), outs.next()) else {
             return Err(Error::InvalidArgument("add_layer_norm: the forward returned fewer than 4 outputs".into()));
         };
-        let h = if track(&[self, residual]) {
+        let h = if !track(&[self, residual]) {
+            h
+        } else if residual.dtype() == self.dtype() {
             h.view(h.layout().clone(), Some(Op::Binary(self.clone(), residual.clone(), BinaryOp::Add)))
         } else {
-            h
+            let rec =
+                FusedRecord { op: Arc::new(ResidualAdd), inputs: vec![self.clone(), residual.clone()], saved: vec![] };
+            h.view(h.layout().clone(), Some(Op::Fused(rec)))
         };
         let y = super::layer_norm::record(&h, weight, bias, eps, (y, mean, rstd));
         Ok((h, y))

@@ -264,6 +264,20 @@ pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Resul
     Ok(vec![(o, Shape::from(vec![b, tq, h, d])), (lse, Shape::from(vec![b, h, tq]))])
 }
 
+/// The forward's log-sum-exp as both backwards (ours and cuDNN's) read it: f32, else a typed
+/// error; its address, through a contiguous copy (kept alive by the second value) when `lse` is a
+/// strided view.
+pub(super) fn lse_ptr(lse: Operand) -> Result<(u64, Option<CudaStorage>)> {
+    if lse.0.dtype() != DType::F32 {
+        return Err(Error::DTypeMismatch {
+            op: "scaled_dot_product_attention_backward",
+            lhs: DType::F32,
+            rhs: lse.0.dtype(),
+        });
+    }
+    lse.0.contiguous_ptr(lse.1)
+}
+
 /// Outputs: dq `[B, Tq, H, D]`, dk and dv `[B, Tk, H, D]`, or (`packed`) one `[B, T, 3, H, D]`
 /// gradient holding all three ([`grad_out`]). `o` and `dout` have `[B, Tq, H, D]` dims; `lse` is
 /// the forward's `[B, H, Tq]` f32.
@@ -282,13 +296,7 @@ pub(super) fn backward(
     let (sfx, m) = (suffix(dtype)?, module(pb.d, dtype)?);
     let dev = q.0.dev().clone();
     let Problem { b, h, tq, tk, d, .. } = *pb;
-    if lse.0.dtype() != DType::F32 {
-        return Err(Error::DTypeMismatch {
-            op: "scaled_dot_product_attention_backward",
-            lhs: DType::F32,
-            rhs: lse.0.dtype(),
-        });
-    }
+    let (lp, _lse) = lse_ptr(lse)?;
     let out = grad_out(&dev, pb, dtype, packed)?;
     let tc = dtype != DType::F32;
     if b * h * tk > 0 {
@@ -297,8 +305,6 @@ pub(super) fn backward(
         let (vp, vs, _vc) = operand(v.0, v.1, false, tc)?;
         let (op, os, _oc) = operand(o.0, o.1, true, false)?;
         let (gp, gs, _gc) = operand(dout.0, dout.1, true, tc)?;
-        let lse_c = if lse.1.is_contiguous() { None } else { Some(lse.0.copy_strided(lse.1)?) };
-        let lp = lse_c.as_ref().map_or_else(|| lse.0.buf.ptr_at(lse.1.offset()), |c| c.buf.ptr());
         let rows = b * h * tq;
         let delta = CudaStorage::uninit(&dev, rows, DType::F32)?;
         let dq_acc = CudaStorage::uninit(&dev, rows * d, DType::F32)?;

@@ -1,7 +1,8 @@
 //! The fused classifier workload of `ferrograd bench fused` (`classifier fwd+bwd RxC`; twin:
 //! `F.log_softmax` + `F.nll_loss` forward and backward in bench/torch_fused.py): the mean loss and
 //! the logits' gradient of `[R, C]` logits. The fewest bytes: the logits read once and their
-//! gradient written once (2 x N elements; the kernel's second read of a row comes from L2).
+//! gradient written once (2 x N elements: the kernel keeps each row in shared memory between its
+//! two passes).
 
 use crate::fused::bench::{row_f64, Workload};
 use crate::{DType, Result, Rng, Tensor};

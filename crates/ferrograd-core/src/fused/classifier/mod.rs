@@ -1,7 +1,7 @@
 //! The fused classifier (llm.c's `fused_classifier`): cross entropy's loss *and* the logits'
 //! gradient from one kernel (`classifier.cu`), one pass over the logits for the row's log-sum-exp
-//! and one more (from L2) writing `(softmax - onehot) / kept`; no probability tensor, and no second
-//! kernel in the backward.
+//! and one more (from the row's copy in shared memory) writing `(softmax - onehot) / kept`; no
+//! probability tensor, no second kernel in the backward, and the logits read from DRAM once.
 //!
 //! Its own folder rather than a third mode of `cross_entropy`: cross entropy's forward must not
 //! write `C` elements per row that a caller without a backward never reads, and this op's contract
@@ -26,8 +26,8 @@ mod cuda;
 use super::{apply, check_arity, FusedCtx, FusedOp, FusedOutputs};
 use crate::backend::BackendStorage;
 use crate::cpu::CpuStorage;
-use crate::cuda::modules::headers::{ACC_MATH, COMMON, ONLINE_SOFTMAX};
-use crate::cuda::modules::{Define, Module};
+use crate::cuda::modules::headers::{ACC_MATH, CE_ROW, COMMON, ONLINE_SOFTMAX};
+use crate::cuda::modules::Module;
 use crate::cuda::CudaStorage;
 use crate::op::BinaryOp;
 use crate::storage::Storage;
@@ -39,8 +39,7 @@ pub(crate) use super::cross_entropy::IGNORED;
 
 /// The kernels: `classifier_count_{dt}` and `classifier_{dt}`.
 pub const MODULE: Module = Module::new("classifier", include_str!("classifier.cu"))
-    .with_headers(&[COMMON, ACC_MATH, ONLINE_SOFTMAX])
-    .with_defines(&[Define::uint("FG_CL_IGNORED", IGNORED)])
+    .with_headers(&[COMMON, ACC_MATH, ONLINE_SOFTMAX, CE_ROW])
     .with_cost_ms(700);
 
 /// What [`Tensor::classifier_loss_grad`] computes.

@@ -11,8 +11,10 @@
 //! - `cuda.rs`: the launches of `conv1d_causal.cu` (one elementwise kernel forward; backward an
 //!   elementwise `dx` kernel and a block per channel for `dw` / `db`, deterministic).
 //!
-//! Nothing is saved: the backward reads `x` and `w` from the record.
+//! Nothing is saved: the backward reads `x` and `w` from the record. `bench.rs`: the workload of
+//! `ferrograd bench conv1d`.
 
+pub mod bench;
 mod cpu;
 mod cuda;
 

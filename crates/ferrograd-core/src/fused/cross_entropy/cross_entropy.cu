@@ -4,7 +4,8 @@
 //
 // Targets arrive encoded (src/fused/cross_entropy/mod.rs `encode_targets`): a u32 class id per row,
 // already checked against cols, or FG_CE_IGNORED (0xffffffff) for a row whose target is the ignore
-// index.
+// index. The row pass's pieces (merge, log-sum-exp, target decoding, loss) are ce_row.cuh's, shared
+// with the fused classifier (src/fused/classifier/classifier.cu).
 //
 // cross_entropy_fwd_{f32,f64,f16,bf16}(const T* x, const unsigned int* t, ACC* loss, ACC* lse,
 //                                      ACC* kept, u64 rows, u64 cols)
@@ -27,10 +28,10 @@
 // (grid-stride over rows). The choice depends on cols only, so it is uniform over the grid; the Rust
 // side (src/fused/cross_entropy/cuda.rs `ce_cfg`) picks the launch shape that suits it.
 
-#include "online_softmax.cuh"
+#include "ce_row.cuh"
 
-#if !defined(FG_CE_WARP_COLS) || !defined(FG_CE_IGNORED)
-#error "FG_CE_WARP_COLS and FG_CE_IGNORED come from Rust (src/fused/cross_entropy/cuda.rs)"
+#if !defined(FG_CE_WARP_COLS)
+#error "FG_CE_WARP_COLS comes from Rust (src/fused/cross_entropy/mod.rs)"
 #endif
 
 // The rows this thread works on: a unit (a warp, or the whole block) per row.
@@ -67,11 +68,9 @@ static __device__ __forceinline__ void fg_ce_fwd(const T* __restrict__ x, const 
   typedef typename FgAcc<T>::type A;
   __shared__ A shm[32], shs[32];
   const FgCeGeom q = fg_ce_geom(cols);
-  const unsigned int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const A ninf = -fg_inf<A>();
   for (fg_u64 r = q.r0; r < rows; r += q.step) {
     const T* xr = x + r * cols;
-    A m = ninf, s = (A)0;
+    A m = -fg_inf<A>(), s = (A)0;
     fg_u64 j = q.t;
     // Four loads in flight per thread, then the remainder.
     for (; j + 3 * (fg_u64)q.g < cols; j += 4 * (fg_u64)q.g) {
@@ -83,37 +82,17 @@ static __device__ __forceinline__ void fg_ce_fwd(const T* __restrict__ x, const 
       fg_online_push(m, s, d);
     }
     for (; j < cols; j += q.g) fg_online_push(m, s, fg_to_acc(xr[j]));
-    fg_online_warp_merge(m, s, FgGreater());
-    if (q.block && nw > 1) {
-      __syncthreads();  // the previous row's readers are done with shm / shs
-      if (lane == 0) {
-        shm[warp] = m;
-        shs[warp] = s;
-      }
-      __syncthreads();
-      m = lane < nw ? shm[lane] : ninf;
-      s = lane < nw ? shs[lane] : (A)0;
-      fg_online_warp_merge(m, s, FgGreater());
-    }
-    // An all -inf row (or one holding +inf) has no finite max: sum against 0 (uniform over the unit).
-    const bool finite = m > ninf && m < fg_inf<A>();
-    const A mf = finite ? m : (A)0;
-    if (!finite) {
+    fg_ce_unit_merge(m, s, q.block, shm, shs);
+    const FgCeLse<A> l = fg_ce_lse(m, s, [&](A mf) {
       A u = (A)0;
       for (fg_u64 k = q.t; k < cols; k += q.g) u += fg_exp(fg_to_acc(xr[k]) - mf);
-      s = q.block ? fg_block_reduce(u, FgSum(), shs) : fg_warp_reduce(u, FgSum());
-    }
+      return q.block ? fg_block_reduce(u, FgSum(), shs) : fg_warp_reduce(u, FgSum());
+    });
     if (q.t == 0) {
-      const A ls = fg_log(s);
       const unsigned int c = t[r];
-      lse[r] = mf + ls;
-      if (c == FG_CE_IGNORED) {
-        loss[r] = (A)0;
-        kept[r] = (A)0;
-      } else {
-        loss[r] = ls - (fg_to_acc(xr[c]) - mf);
-        kept[r] = (A)1;
-      }
+      lse[r] = l.lse();
+      loss[r] = fg_ce_loss(c, fg_ce_target_logit(xr, c), l);
+      kept[r] = fg_ce_kept(c) ? (A)1 : (A)0;
     }
   }
 }
@@ -130,7 +109,7 @@ static __device__ __forceinline__ void fg_ce_bwd(const T* __restrict__ x, const 
     const T* xr = x + r * cols;
     T* dr = dx + r * cols;
     const unsigned int c = t[r];
-    if (c == FG_CE_IGNORED) {
+    if (!fg_ce_kept(c)) {
       for (fg_u64 j = q.t; j < cols; j += q.g) dr[j] = fg_from_acc<T>((A)0);
       continue;
     }

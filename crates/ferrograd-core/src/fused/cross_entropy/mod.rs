@@ -12,7 +12,7 @@ mod cuda;
 use super::{apply, apply_all, check_arity, FusedCtx, FusedOp, FusedOutputs};
 use crate::backend::BackendStorage;
 use crate::cpu::CpuStorage;
-use crate::cuda::modules::headers::{ACC_MATH, COMMON, ONLINE_SOFTMAX};
+use crate::cuda::modules::headers::{ACC_MATH, CE_ROW, COMMON, ONLINE_SOFTMAX};
 use crate::cuda::modules::{Define, Module};
 use crate::cuda::CudaStorage;
 use crate::op::{BinaryOp, ReduceOp};
@@ -28,8 +28,8 @@ pub(crate) const WARP_COLS: usize = 1024;
 
 /// The kernels: `cross_entropy_fwd_{dt}` and `cross_entropy_bwd_{dt}`.
 pub const MODULE: Module = Module::new("cross_entropy", include_str!("cross_entropy.cu"))
-    .with_headers(&[COMMON, ACC_MATH, ONLINE_SOFTMAX])
-    .with_defines(&[Define::int("FG_CE_WARP_COLS", WARP_COLS as i64), Define::uint("FG_CE_IGNORED", IGNORED)])
+    .with_headers(&[COMMON, ACC_MATH, ONLINE_SOFTMAX, CE_ROW])
+    .with_defines(&[Define::int("FG_CE_WARP_COLS", WARP_COLS as i64)])
     .with_cost_ms(700);
 
 /// Input: integer targets `[N]`; output: the encoded ids (u32 `[N]`). A target outside

@@ -1,4 +1,6 @@
-//! The CPU reference: rows in parallel, each computed in f64 (the twin of `layer_norm.cu`).
+//! The CPU reference: rows in parallel, each computed in f64 (the twin of `layer_norm.cu`). The
+//! output (forward) and `dy` (backward) may be in another dtype than `x`, as the kernels'
+//! `f32_bf16` variants: values are read and rounded per element either way.
 
 use crate::backend::BackendStorage;
 use crate::cpu::{alloc, cpu_dispatch, CpuStorage};
@@ -24,6 +26,7 @@ pub(crate) fn layer_norm(
     weight: Option<(&CpuStorage, &Layout)>,
     bias: Option<(&CpuStorage, &Layout)>,
     eps: f64,
+    out: DType,
 ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
     s.dtype().check_float("layer_norm")?;
     let (rows, c) = last_dim_rows(l);
@@ -52,7 +55,7 @@ pub(crate) fn layer_norm(
         });
     }
     let sd = s.dtype().acc();
-    Ok((from_f64(s.dtype(), x)?, from_f64(sd, mean)?, from_f64(sd, rstd)?))
+    Ok((from_f64(out, x)?, from_f64(sd, mean)?, from_f64(sd, rstd)?))
 }
 
 #[allow(clippy::needless_range_loop)] // three arrays share the index

@@ -1,13 +1,15 @@
-//! The CUDA launches of `layer_norm.cu`: the forward (the row-in-registers kernel where
+//! The CUDA launches of `layer_norm.cu` and `layer_norm_bwd.cu`: the forward (the row-in-registers kernel where
 //! `cfg_row_regs` applies, else the any-row kernel with a shared-memory row cache) and the
-//! backward (one kernel: dx, and dweight / dbias accumulated in the accumulation dtype).
+//! backward (one kernel: dx, and dweight / dbias accumulated in the accumulation dtype; a warp per
+//! row for f32 rows of up to 1024 columns, else a block per row).
 
-use super::MODULE;
+use super::{mixed_suffix, MODULE, MODULE_BWD};
 use crate::cuda::launch::{cfg_row_regs, cfg_rows, launch};
 use crate::cuda::ops::same_dtype;
 use crate::cuda::CudaStorage;
 use crate::fused::rows::{last_dim_rows, row_cache_bytes};
-use crate::{shape_err, Error, Layout, Result};
+use crate::{shape_err, DType, Error, Layout, Result};
+use cudarc::driver::LaunchConfig;
 
 pub(super) fn layer_norm(
     s: &CudaStorage,
@@ -15,8 +17,10 @@ pub(super) fn layer_norm(
     weight: Option<(&CudaStorage, &Layout)>,
     bias: Option<(&CudaStorage, &Layout)>,
     eps: f64,
+    out: DType,
 ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
     s.dtype().check_float("layer_norm")?;
+    let suffix = mixed_suffix("layer_norm", s.dtype(), out)?;
     let (rows, cols) = last_dim_rows(l);
     let n = l.elem_count();
     let (x, _k) = s.contiguous_ptr(l)?;
@@ -31,7 +35,7 @@ pub(super) fn layer_norm(
     };
     let ((w, _kw), (b, _kb)) = (param(weight)?, param(bias)?);
     let acc = s.dtype().acc();
-    let y = CudaStorage::uninit(s.dev(), n, s.dtype())?;
+    let y = CudaStorage::uninit(s.dev(), n, out)?;
     let mean = CudaStorage::uninit(s.dev(), rows, acc)?;
     let rstd = CudaStorage::uninit(s.dev(), rows, acc)?;
     if rows > 0 {
@@ -39,10 +43,10 @@ pub(super) fn layer_norm(
         let (es, accs) = (s.dtype().size_in_bytes(), acc.size_in_bytes());
         // The row in registers, moved 16 bytes at a time, where it fits; else one block per row.
         let (name, cfg) = match cfg_row_regs(rows, cols, es, accs, aligned) {
-            Some(cfg) => (format!("layer_norm_fwd_rows_{}", s.dtype()), cfg),
+            Some(cfg) => (format!("layer_norm_fwd_rows_{suffix}"), cfg),
             None => {
                 let smem = row_cache_bytes(cols, accs);
-                (format!("layer_norm_fwd_{}", s.dtype()), cfg_rows(s.dev(), rows, cols, smem))
+                (format!("layer_norm_fwd_{suffix}"), cfg_rows(s.dev(), rows, cols, smem))
             }
         };
         launch!(s.dev(), MODULE, name, cfg;
@@ -51,6 +55,11 @@ pub(super) fn layer_norm(
     }
     Ok((y, mean, rstd))
 }
+
+/// `layer_norm_bwd_rows_*`'s launch shape (`FG_LN_BWD_THREADS`) and widest row (`32 * 4 *
+/// FG_LN_BWD_N` in `layer_norm_bwd.cu`).
+const BWD_ROW_THREADS: u32 = 128;
+const BWD_ROW_COLS: usize = 32 * 4 * 8;
 
 pub(super) fn layer_norm_backward(
     s: &CudaStorage,
@@ -62,7 +71,7 @@ pub(super) fn layer_norm_backward(
     dyl: &Layout,
 ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
     s.dtype().check_float("layer_norm_backward")?;
-    same_dtype("layer_norm_backward", s, dy)?;
+    let suffix = mixed_suffix("layer_norm_backward", s.dtype(), dy.dtype())?;
     if dyl.dims() != l.dims() {
         return Err(Error::ShapeMismatch {
             op: "layer_norm_backward",
@@ -86,10 +95,28 @@ pub(super) fn layer_norm_backward(
     let dw = CudaStorage::full(s.dev(), 0.0, cols, acc)?;
     let db = CudaStorage::full(s.dev(), 0.0, cols, acc)?;
     if rows > 0 {
-        let smem = row_cache_bytes(cols, acc.size_in_bytes());
-        launch!(s.dev(), MODULE, format!("layer_norm_bwd_{}", s.dtype()), cfg_rows(s.dev(), rows, cols, smem);
-            x, w, mean.buf.ptr(), rstd.buf.ptr(), g, dx.buf.ptr(), dw.buf.ptr(), db.buf.ptr(),
-            rows as u64, cols as u64, weight.is_some() as i32);
+        let aligned = [x, g, dx.buf.ptr(), w].iter().all(|p| p % 16 == 0); // w: 0 when absent
+        let warp_rows = s.dtype() == DType::F32 && aligned && cols % 4 == 0 && cols > 0 && cols <= BWD_ROW_COLS;
+        if warp_rows {
+            // A warp per row, as many blocks as are resident at once (the warps stride over rows).
+            let name = format!("layer_norm_bwd_rows_{suffix}");
+            let smem = (2 * cols * 4) as u32;
+            let per_sm = s.dev().max_active_blocks_per_sm(&MODULE_BWD, &name, BWD_ROW_THREADS, smem)?.max(1);
+            let blocks = rows.div_ceil(BWD_ROW_THREADS as usize / 32).min(s.dev().sm_count() * per_sm as usize);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks.max(1) as u32, 1, 1),
+                block_dim: (BWD_ROW_THREADS, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            launch!(s.dev(), MODULE_BWD, name, cfg;
+                x, w, mean.buf.ptr(), rstd.buf.ptr(), g, dx.buf.ptr(), dw.buf.ptr(), db.buf.ptr(),
+                rows as u64, cols as u64, weight.is_some() as i32);
+        } else {
+            let smem = row_cache_bytes(cols, acc.size_in_bytes());
+            launch!(s.dev(), MODULE_BWD, format!("layer_norm_bwd_{suffix}"), cfg_rows(s.dev(), rows, cols, smem);
+                x, w, mean.buf.ptr(), rstd.buf.ptr(), g, dx.buf.ptr(), dw.buf.ptr(), db.buf.ptr(),
+                rows as u64, cols as u64, weight.is_some() as i32);
+        }
     }
     let pd = weight.map_or(s.dtype(), |(w, _)| w.dtype());
     let (dw, db) = if pd == acc { (dw, db) } else { (dw.cast_to(pd)?, db.cast_to(pd)?) };

@@ -1,11 +1,14 @@
-// layer_norm.cu: layer norm over the last dim, forward and backward.
+// layer_norm.cu: layer norm over the last dim, the forward (the backward: layer_norm_bwd.cu, a module
+// of its own so that the two compile in parallel).
 // CPU twins: src/fused/layer_norm/cpu.rs `layer_norm` (mean, biased variance by a second pass over the row,
 // rstd = 1 / sqrt(var + eps), y = (x - mean) * rstd * w + b) and `layer_norm_backward`
 // (dxhat = dy * w; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat));
 // dw = sum_r dy * xhat, db = sum_r dy).
 //
 // Both kernels: x (and dy, y, dx) contiguous [rows, cols], blockDim a multiple of 32 up to 1024,
-// statistics in ACC (float for f32 / f16 / bf16, double for f64).
+// statistics in ACC (float for f32 / f16 / bf16, double for f64). Each kernel comes per float dtype
+// `{dt}` and once more as `{dt}` = `f32_bf16`: x, w, b, dx f32 with y (forward) or dy (backward) in
+// bf16, the autocast layer norm whose output feeds a bf16 GEMM (no cast kernels either way).
 
 #include "row_reduce.cuh"
 #include "vec_load.cuh"
@@ -40,9 +43,9 @@ template <> __device__ __forceinline__ double fg_ln_rsqrt<double>(double v) { re
 // they make ptxas spill, f64 was not measured with them.
 template <typename T> constexpr bool fg_ln_stream = sizeof(T) == 4;
 
-template <typename T, int V>
+template <typename T, typename Y, int V>
 static __device__ __forceinline__ void fg_layer_norm_regs(const T* __restrict__ x, const T* __restrict__ w,
-                                                         const T* __restrict__ b, T* __restrict__ y,
+                                                         const T* __restrict__ b, Y* __restrict__ y,
                                                          typename FgAcc<T>::type* __restrict__ mean,
                                                          typename FgAcc<T>::type* __restrict__ rstd, fg_u64 rows,
                                                          unsigned int cols, double eps, int has_w, int has_b,
@@ -58,7 +61,7 @@ static __device__ __forceinline__ void fg_layer_norm_regs(const T* __restrict__ 
     // This thread's vectors are i = t + k * g for k < nk (a prefix of its slots).
     const unsigned int nk = (r < rows && q.t < nvec) ? (nvec - q.t - 1) / q.g + 1 : 0;
     const T* xr = x + r * cols + q.t * V;
-    T* yr = y + r * cols + q.t * V;
+    Y* yr = y + r * cols + q.t * V;
     A v[N][V];
 #pragma unroll
     for (int k = 0; k < N; ++k)
@@ -99,8 +102,8 @@ static __device__ __forceinline__ void fg_layer_norm_regs(const T* __restrict__ 
           if (has_b) u += bv[e];
           o[e] = u;
         }
-        if constexpr (fg_ln_stream<T>) fg_row_stcs<T, V>(yr + k * gs, o);
-        else fg_row_st<T, V>(yr + k * gs, o);
+        if constexpr (fg_ln_stream<Y>) fg_row_stcs<Y, V>(yr + k * gs, o);
+        else fg_row_st<Y, V>(yr + k * gs, o);
       }
     }
     if (q.t == 0 && r < rows) {
@@ -110,9 +113,9 @@ static __device__ __forceinline__ void fg_layer_norm_regs(const T* __restrict__ 
   }
 }
 
-template <typename T>
+template <typename T, typename Y>
 static __device__ __forceinline__ void fg_layer_norm_long(const T* __restrict__ x, const T* __restrict__ w,
-                                                         const T* __restrict__ b, T* __restrict__ y,
+                                                         const T* __restrict__ b, Y* __restrict__ y,
                                                          typename FgAcc<T>::type* __restrict__ mean,
                                                          typename FgAcc<T>::type* __restrict__ rstd, fg_u64 rows,
                                                          fg_u64 cols, double eps, int has_w, int has_b) {
@@ -121,7 +124,7 @@ static __device__ __forceinline__ void fg_layer_norm_long(const T* __restrict__ 
   A* cache = fg_dynamic_smem_bytes() >= cols * sizeof(A) ? reinterpret_cast<A*>(fg_smem) : nullptr;
   for (fg_u64 r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
-    T* yr = y + r * cols;
+    Y* yr = y + r * cols;
     if (cols == 0) {
       if (threadIdx.x == 0) {
         mean[r] = (A)0;
@@ -144,7 +147,7 @@ static __device__ __forceinline__ void fg_layer_norm_long(const T* __restrict__ 
       A v = (x - mu) * rs;
       if (has_w) v *= fg_to_acc(w[j]);
       if (has_b) v += fg_to_acc(b[j]);
-      yr[j] = fg_from_acc<T>(v);
+      yr[j] = fg_from_acc<Y>(v);
     });
     if (threadIdx.x == 0) {
       mean[r] = mu;
@@ -153,9 +156,9 @@ static __device__ __forceinline__ void fg_layer_norm_long(const T* __restrict__ 
   }
 }
 
-template <typename T>
+template <typename T, typename Y>
 static __device__ __forceinline__ void fg_layer_norm_rows(const T* __restrict__ x, const T* __restrict__ w,
-                                                         const T* __restrict__ b, T* __restrict__ y,
+                                                         const T* __restrict__ b, Y* __restrict__ y,
                                                          typename FgAcc<T>::type* __restrict__ mean,
                                                          typename FgAcc<T>::type* __restrict__ rstd, fg_u64 rows,
                                                          fg_u64 cols, double eps, int has_w, int has_b) {
@@ -167,134 +170,24 @@ static __device__ __forceinline__ void fg_layer_norm_rows(const T* __restrict__ 
   constexpr unsigned int E = fg_row_cap<T>();  // elements per thread
   if (vec && cols > 0 && cols <= (fg_u64)blockDim.x * E) {
     const unsigned int c = (unsigned int)cols;
-    fg_layer_norm_regs<T, V>(x, w, b, y, mean, rstd, rows, c, eps, has_w, has_b, c > 32u * E, sh);
+    fg_layer_norm_regs<T, Y, V>(x, w, b, y, mean, rstd, rows, c, eps, has_w, has_b, c > 32u * E, sh);
     return;
   }
-  fg_layer_norm_long<T>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);
+  fg_layer_norm_long<T, Y>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);
 }
 
-#define FG_LN_FWD(SUF, T)                                                                      \
-  FG_KERNEL layer_norm_fwd_##SUF(const T* x, const T* w, const T* b, T* y, FgAcc<T>::type* mean,  \
+// Y: the output's dtype (T, or bf16 for an f32 x: the autocast layer norm that feeds a GEMM).
+#define FG_LN_FWD2(SUF, T, Y)                                                                  \
+  FG_KERNEL layer_norm_fwd_##SUF(const T* x, const T* w, const T* b, Y* y, FgAcc<T>::type* mean,  \
                                 FgAcc<T>::type* rstd, fg_u64 rows, fg_u64 cols, double eps, int has_w, \
                                 int has_b) {                                                   \
-    fg_layer_norm_long<T>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);               \
+    fg_layer_norm_long<T, Y>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);            \
   }                                                                                            \
-  FG_KERNEL layer_norm_fwd_rows_##SUF(const T* x, const T* w, const T* b, T* y, FgAcc<T>::type* mean, \
+  FG_KERNEL layer_norm_fwd_rows_##SUF(const T* x, const T* w, const T* b, Y* y, FgAcc<T>::type* mean, \
                                      FgAcc<T>::type* rstd, fg_u64 rows, fg_u64 cols, double eps,  \
                                      int has_w, int has_b) {                                   \
-    fg_layer_norm_rows<T>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);               \
+    fg_layer_norm_rows<T, Y>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);            \
   }
+#define FG_LN_FWD(SUF, T) FG_LN_FWD2(SUF, T, T)
 FG_FOR_FLOAT(FG_LN_FWD)
-
-// ---------------------------------------------------------------------------------------------
-// layer_norm_bwd_{dt}(const T* x, const T* w, const ACC* mean, const ACC* rstd, const T* dy, T* dx,
-//                    ACC* dw, ACC* db, u64 rows, u64 cols, int has_w)
-// dw / db are zeroed ACC buffers of length cols, accumulated with atomicAdd.
-//
-// Per thread, the first K column slots (j = threadIdx.x + k * blockDim.x, k < K) keep x-hat and
-// dxhat in registers between the two passes, and accumulate dw / db in registers across all the
-// rows the block handles; one atomicAdd per column per block flushes them at the end. Columns past
-// K * blockDim.x (rows longer than the launch shape expects) are re-read and added atomically per
-// row. To make the register accumulation pay, the kernel runs at most ~1024 threads' worth of
-// blocks per SM (the grid the Rust side launches is one block per row): surplus blocks exit at
-// once and the rest stride over the rows, which divides the number of atomics by the rows each
-// block handles. The dynamic shared memory the launch passes is not needed here.
-// ---------------------------------------------------------------------------------------------
-
-__device__ __forceinline__ unsigned int fg_nsmid() {
-  unsigned int r;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(r));
-  return r;
-}
-
-template <typename T>
-static __device__ __forceinline__ void fg_layer_norm_bwd(const T* __restrict__ x, const T* __restrict__ w,
-                                                        const typename FgAcc<T>::type* __restrict__ mean,
-                                                        const typename FgAcc<T>::type* __restrict__ rstd,
-                                                        const T* __restrict__ dy, T* __restrict__ dx,
-                                                        typename FgAcc<T>::type* __restrict__ dw,
-                                                        typename FgAcc<T>::type* __restrict__ db, fg_u64 rows,
-                                                        fg_u64 cols, int has_w) {
-  typedef typename FgAcc<T>::type A;
-  constexpr int K = 32 / sizeof(A);  // 8 slots for float, 4 for double
-  __shared__ A sh[64];
-  const unsigned int bs = blockDim.x;
-  unsigned int per_sm = 1024 / bs;
-  if (per_sm == 0) per_sm = 1;
-  const unsigned int cap = fg_nsmid() * per_sm;
-  const unsigned int nblocks = gridDim.x < cap ? gridDim.x : cap;
-  if (blockIdx.x >= nblocks) return;  // whole block: no barrier is skipped by part of a block
-
-  A dwr[K], dbr[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    dwr[k] = (A)0;
-    dbr[k] = (A)0;
-  }
-  const fg_u64 kcols = (fg_u64)K * bs;
-
-  for (fg_u64 r = blockIdx.x; r < rows; r += nblocks) {
-    const T* xr = x + r * cols;
-    const T* gr = dy + r * cols;
-    T* dxr = dx + r * cols;
-    const A mu = mean[r], rs = rstd[r];
-    A s1 = (A)0, s2 = (A)0;
-    A hk[K], dk[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const fg_u64 j = threadIdx.x + (fg_u64)k * bs;
-      hk[k] = (A)0;
-      dk[k] = (A)0;
-      if (j < cols) {
-        const A g = fg_to_acc(gr[j]);
-        const A h = (fg_to_acc(xr[j]) - mu) * rs;
-        const A d = has_w ? g * fg_to_acc(w[j]) : g;
-        hk[k] = h;
-        dk[k] = d;
-        s1 += d;
-        s2 += d * h;
-        dwr[k] += g * h;
-        dbr[k] += g;
-      }
-    }
-    for (fg_u64 j = threadIdx.x + kcols; j < cols; j += bs) {
-      const A g = fg_to_acc(gr[j]);
-      const A h = (fg_to_acc(xr[j]) - mu) * rs;
-      const A d = has_w ? g * fg_to_acc(w[j]) : g;
-      s1 += d;
-      s2 += d * h;
-      atomicAdd(dw + j, g * h);
-      atomicAdd(db + j, g);
-    }
-    fg_block_sum2(s1, s2, sh);
-    const A m1 = s1 / (A)cols, m2 = s2 / (A)cols;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const fg_u64 j = threadIdx.x + (fg_u64)k * bs;
-      if (j < cols) dxr[j] = fg_from_acc<T>(rs * (dk[k] - m1 - hk[k] * m2));
-    }
-    for (fg_u64 j = threadIdx.x + kcols; j < cols; j += bs) {
-      const A g = fg_to_acc(gr[j]);
-      const A h = (fg_to_acc(xr[j]) - mu) * rs;
-      const A d = has_w ? g * fg_to_acc(w[j]) : g;
-      dxr[j] = fg_from_acc<T>(rs * (d - m1 - h * m2));
-    }
-  }
-
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const fg_u64 j = threadIdx.x + (fg_u64)k * bs;
-    if (j < cols) {
-      atomicAdd(dw + j, dwr[k]);
-      atomicAdd(db + j, dbr[k]);
-    }
-  }
-}
-
-#define FG_LN_BWD(SUF, T)                                                                      \
-  FG_KERNEL layer_norm_bwd_##SUF(const T* x, const T* w, const FgAcc<T>::type* mean,              \
-                                const FgAcc<T>::type* rstd, const T* dy, T* dx, FgAcc<T>::type* dw, \
-                                FgAcc<T>::type* db, fg_u64 rows, fg_u64 cols, int has_w) {      \
-    fg_layer_norm_bwd<T>(x, w, mean, rstd, dy, dx, dw, db, rows, cols, has_w);                  \
-  }
-FG_FOR_FLOAT(FG_LN_BWD)
+FG_LN_FWD2(f32_bf16, float, __nv_bfloat16)

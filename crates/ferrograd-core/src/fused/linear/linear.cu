@@ -61,7 +61,8 @@ static __device__ __forceinline__ void lin_dact_rows(const T* dy, const T* s, T*
 // atomics. linear_colsum_* then adds the gridDim.y partial rows. V = 16 / sizeof(T) when cols and
 // lds are multiples of V and the pointers 16-byte aligned, else 1.
 template <typename T, bool GELU, int V>
-static __device__ __forceinline__ void lin_dact_db_v(const T* dy, const T* s, T* dz, typename FgAcc<T>::type* part,
+static __device__ __forceinline__ void lin_dact_db_v(const T* __restrict__ dy, const T* __restrict__ s,
+                                                     T* __restrict__ dz, typename FgAcc<T>::type* __restrict__ part,
                                                      fg_u64 rows, fg_u64 cols, fg_u64 lds, fg_u64 rps) {
   typedef typename FgAcc<T>::type A;
   typedef FgPack<T, V> P;

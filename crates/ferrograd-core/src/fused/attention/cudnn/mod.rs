@@ -30,10 +30,9 @@ mod desc;
 mod graph;
 mod lib;
 
-use super::cuda::{grad_out, operand, Stride4};
+use super::cuda::{grad_out, lse_ptr, operand, Stride4};
 use super::select::log_once;
 use super::Problem;
-use crate::backend::BackendStorage;
 use crate::cuda::buffer::CudaBuffer;
 use crate::cuda::device::driver_err;
 use crate::cuda::{CudaDevice, CudaStorage};
@@ -331,20 +330,12 @@ pub(super) fn backward(
         return Ok(None);
     }
     let Problem { b, h, tq, tk, d, .. } = *pb;
-    if lse.0.dtype() != DType::F32 {
-        return Err(Error::DTypeMismatch {
-            op: "scaled_dot_product_attention_backward",
-            lhs: DType::F32,
-            rhs: lse.0.dtype(),
-        });
-    }
+    let (lp, _lse) = lse_ptr(lse)?;
     let (qp, qs, _qc) = operand(q.0, q.1, false, true)?;
     let (kp, ks, _kc) = operand(k.0, k.1, false, true)?;
     let (vp, vs, _vc) = operand(v.0, v.1, false, true)?;
     let (op, os, _oc) = operand(o.0, o.1, true, true)?;
     let (gp, gs, _gc) = operand(dout.0, dout.1, true, true)?;
-    let lse_c = if lse.1.is_contiguous() { None } else { Some(lse.0.copy_strided(lse.1)?) };
-    let lp = lse_c.as_ref().map_or_else(|| lse.0.buf.ptr_at(lse.1.offset()), |c| c.buf.ptr());
     // Where dq, dk, dv go (three [B, T, H, D] buffers or one packed [B, T, 3, H, D]) decides
     // their strides, part of the plan's key; the buffers themselves are made once a plan exists.
     let [dqs, dks, dvs] = if packed {

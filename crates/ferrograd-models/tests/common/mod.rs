@@ -1,0 +1,15 @@
+//! What the model tests share (each `tests/*.rs` that needs it includes it with `mod common;`).
+#![allow(dead_code)] // each test crate uses a different part
+
+use ferrograd_core::Device;
+
+/// CUDA device 0, or `None` with a one-line reason where no GPU is usable (the CUDA tests then pass).
+pub fn gpu() -> Option<Device> {
+    match ferrograd_core::cuda::CudaDevice::get(0) {
+        Ok(_) => Some(Device::Cuda(0)),
+        Err(e) => {
+            println!("skipping CUDA test: {e}");
+            None
+        }
+    }
+}
