@@ -111,6 +111,14 @@ impl ThreadComm {
         self.shared.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A wait that ran out: `msg` becomes the group's failure (every rank still waiting wakes and
+    /// fails with it) and this rank's timeout error.
+    fn give_up(&self, st: &mut State, msg: String, waited: Duration) -> DistError {
+        st.broken = Some(msg.clone());
+        self.shared.cv.notify_all();
+        DistError::Timeout { op: msg, waited }
+    }
+
     /// Deposit `data` under `sig` and return every rank's deposit, in rank order.
     fn exchange(&self, op: &'static str, sig: String, data: Vec<f64>) -> DistResult<Arc<Vec<Vec<f64>>>> {
         let world = self.shared.world;
@@ -142,9 +150,7 @@ impl ThreadComm {
                 if left.is_zero() {
                     let missing: Vec<usize> = (0..world).filter(|&r| st.slots[r].is_none()).collect();
                     let msg = format!("{op} timed out: rank(s) {missing:?} never called it");
-                    st.broken = Some(msg.clone());
-                    self.shared.cv.notify_all();
-                    return Err(DistError::Timeout { op: msg, waited: start.elapsed() });
+                    return Err(self.give_up(&mut st, msg, start.elapsed()));
                 }
                 st = self.shared.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
             }
@@ -184,9 +190,7 @@ impl ThreadComm {
                     self.rank,
                     start.elapsed()
                 );
-                st.broken = Some(msg.clone());
-                self.shared.cv.notify_all();
-                return Err(DistError::Timeout { op: msg, waited: start.elapsed() });
+                return Err(self.give_up(&mut st, msg, start.elapsed()));
             }
             st = self.shared.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
         }
@@ -229,9 +233,7 @@ impl ThreadComm {
                     self.rank,
                     start.elapsed()
                 );
-                st.broken = Some(msg.clone());
-                self.shared.cv.notify_all();
-                return Err(DistError::Timeout { op: msg, waited: start.elapsed() });
+                return Err(self.give_up(&mut st, msg, start.elapsed()));
             }
             st = self.shared.cv.wait_timeout(st, left).unwrap_or_else(|e| e.into_inner()).0;
         }
