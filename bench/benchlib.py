@@ -167,6 +167,39 @@ def measure_self_timed(fn, warmup: int, min_reps: int, max_reps: int, budget_s: 
     return {"median_s": median(runs), "min_s": min(runs), "reps": len(runs)}
 
 
+def seq_op_args(p: argparse.ArgumentParser, extra: str, extra_default: int) -> None:
+    """The flags of the sequence-op twins (torch_conv1d.py, torch_selective_scan.py), as
+    seq_op.rs's benches take them: Mamba's batch 4, d_inner 1536, lengths 256 .. 4096."""
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--dim", type=int, default=1536)
+    p.add_argument(f"--{extra}", type=int, default=extra_default)
+    p.add_argument("--seqs", type=csv_ints, default=[256, 1024, 4096])
+
+
+def seq_op_measure(torch, dev, fwd, fwd_bwd, plan: DevicePlan = GPU_PLAN):
+    """What seq_op.rs measures per length: forward and forward + backward (CUDA events, median),
+    then the allocator's peak (MiB) over one more forward + backward, inputs included."""
+    tf = time_device(torch, fwd, cuda=True, plan=plan)
+    tb = time_device(torch, fwd_bwd, cuda=True, plan=plan)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(dev)
+    grads = fwd_bwd()
+    del grads
+    torch.cuda.synchronize()
+    return tf, tb, torch.cuda.max_memory_allocated(dev) / 2**20
+
+
+def seq_op_rows(name, tf, tb, peak: float, err: float) -> list:
+    """The three report rows of one length; `name(mode)` gives a row's name."""
+    return [
+        row(name("fwd"), tf["median_s"] * 1e3, "ms", False, median_s=tf["median_s"], reps=tf["reps"],
+            rel_err_small=err),
+        row(name("fwd+bwd"), tb["median_s"] * 1e3, "ms", False, median_s=tb["median_s"], reps=tb["reps"]),
+        row(name("peak fwd+bwd"), peak, "MiB", False),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # Correctness
 # ---------------------------------------------------------------------------------------------

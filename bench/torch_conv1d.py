@@ -27,11 +27,7 @@ def row_name(mode: str, dtype: str, b: int, d: int, k: int, l: int) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     bl.common_args(p)
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--dim", type=int, default=1536)
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--seqs", type=bl.csv_ints, default=[256, 1024, 4096])
+    bl.seq_op_args(p, "k", 4)
     a = p.parse_args()
 
     torch = bl.import_torch()
@@ -76,22 +72,11 @@ def main() -> None:
         def fwd_bwd(leaves=leaves, dy=dy):
             return torch.autograd.grad(conv(*leaves), leaves, dy)
 
-        tf = bl.time_device(torch, fwd, cuda=True)
-        tb = bl.time_device(torch, fwd_bwd, cuda=True)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(dev)
-        grads = fwd_bwd()
-        del grads
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated(dev) / 2**20
+        tf, tb, peak = bl.seq_op_measure(torch, dev, fwd, fwd_bwd)
         label = row_name("", a.dtype, Bn, Dn, K, L).strip()
         bl.log(f"{label:34} | {tf['median_s'] * 1e3:>10.4f} | {tb['median_s'] * 1e3:>10.4f} | {peak:>9.1f} | "
                f"{err:>9.2e}")
-        rows.append(bl.row(what, tf["median_s"] * 1e3, "ms", False, median_s=tf["median_s"], reps=tf["reps"],
-                           rel_err_small=err))
-        rows.append(bl.row(row_name("fwd+bwd", a.dtype, Bn, Dn, K, L), tb["median_s"] * 1e3, "ms", False,
-                           median_s=tb["median_s"], reps=tb["reps"]))
-        rows.append(bl.row(row_name("peak fwd+bwd", a.dtype, Bn, Dn, K, L), peak, "MiB", False))
+        rows += bl.seq_op_rows(lambda mode, L=L: row_name(mode, a.dtype, Bn, Dn, K, L), tf, tb, peak, err)
         del x, w, b, dy, leaves
     notes = [f"B={Bn} D={Dn} K={K} with bias; F.conv1d(groups=C, padding=k-1)[..., :L] eager (mamba_ssm's "
              "reference path); backward = autograd.grad for x, w, b"]

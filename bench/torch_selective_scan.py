@@ -34,11 +34,7 @@ def row_name(mode: str, dtype: str, b: int, d: int, n: int, l: int) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     bl.common_args(p)
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--dim", type=int, default=1536)
-    p.add_argument("--state", type=int, default=16)
-    p.add_argument("--seqs", type=bl.csv_ints, default=[256, 1024, 4096])
+    bl.seq_op_args(p, "state", 16)
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the compiled-step rows")
     a = p.parse_args()
 
@@ -122,22 +118,12 @@ def main() -> None:
                 out = scan_ref(*leaves, stepf)
                 return torch.autograd.grad(out, leaves, dout)
 
-            tf = bl.time_device(torch, fwd, cuda=True, plan=SLOW_PLAN)
-            tb = bl.time_device(torch, fwd_bwd, cuda=True, plan=SLOW_PLAN)
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats(dev)
-            grads = fwd_bwd()
-            del grads
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated(dev) / 2**20
+            tf, tb, peak = bl.seq_op_measure(torch, dev, fwd, fwd_bwd, plan=SLOW_PLAN)
             label = row_name("", a.dtype, Bn, Dn, N, L).strip() + tag
             bl.log(f"{label:44} | {tf['median_s'] * 1e3:>10.3f} | {tb['median_s'] * 1e3:>10.3f} | {peak:>9.1f} | "
                    f"{err:>9.2e}")
-            rows.append(bl.row(what, tf["median_s"] * 1e3, "ms", False, median_s=tf["median_s"], reps=tf["reps"],
-                               rel_err_small=err))
-            rows.append(bl.row(row_name("fwd+bwd", a.dtype, Bn, Dn, N, L) + tag, tb["median_s"] * 1e3, "ms", False,
-                               median_s=tb["median_s"], reps=tb["reps"]))
-            rows.append(bl.row(row_name("peak fwd+bwd", a.dtype, Bn, Dn, N, L) + tag, peak, "MiB", False))
+            rows += bl.seq_op_rows(lambda mode, L=L, tag=tag: row_name(mode, a.dtype, Bn, Dn, N, L) + tag, tf, tb,
+                                   peak, err)
         del u, delta, Bm, Cm, z, dout, inputs, leaves
     notes = [f"B={Bn} D={Dn} N={N}, one group; mamba_ssm selective_scan_ref in plain PyTorch (f32 inside); "
              "backward = autograd.grad; compiled rows: torch.compile(fullgraph) of one recurrence step"]

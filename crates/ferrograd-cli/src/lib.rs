@@ -269,12 +269,13 @@ struct Int8Args {
     seed: u64,
 }
 
+/// The flags `bench conv1d` and `bench selective-scan` share (`bench::seq_op::Sizes`).
 #[derive(Args, Debug)]
-struct Conv1dArgs {
+struct SeqOpArgs {
     /// CUDA device: cuda or cuda:N.
     #[arg(long, default_value = "cuda")]
     device: Device,
-    /// Element type of x, w, b: bf16 or f32.
+    /// Element type of the sequence tensors: bf16 or f32 (the scan's A, D and delta_bias stay f32).
     #[arg(long, default_value = "bf16", value_parser = parse_matmul_dtype)]
     dtype: DType,
     /// Batch size.
@@ -283,9 +284,6 @@ struct Conv1dArgs {
     /// Channels (Mamba's d_inner).
     #[arg(long, value_parser = crate::parse_count, default_value_t = 1536)]
     dim: usize,
-    /// Kernel width (Mamba's d_conv).
-    #[arg(long, value_parser = crate::parse_count, default_value_t = 4)]
-    k: usize,
     /// Sequence lengths, comma-separated.
     #[arg(long, value_delimiter = ',', value_parser = crate::parse_count, default_value = "256,1024,4096")]
     seqs: Vec<usize>,
@@ -297,32 +295,36 @@ struct Conv1dArgs {
     seed: u64,
 }
 
+impl From<SeqOpArgs> for bench::seq_op::Sizes {
+    fn from(a: SeqOpArgs) -> Self {
+        bench::seq_op::Sizes {
+            device: a.device,
+            dtype: a.dtype,
+            batch: a.batch,
+            dim: a.dim,
+            seqs: a.seqs,
+            json: a.json,
+            seed: a.seed,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct Conv1dArgs {
+    #[command(flatten)]
+    sizes: SeqOpArgs,
+    /// Kernel width (Mamba's d_conv).
+    #[arg(long, value_parser = crate::parse_count, default_value_t = 4)]
+    k: usize,
+}
+
 #[derive(Args, Debug)]
 struct SelectiveScanArgs {
-    /// CUDA device: cuda or cuda:N.
-    #[arg(long, default_value = "cuda")]
-    device: Device,
-    /// Element type of u, delta, B, C, z: bf16 or f32 (A, D, delta_bias are f32).
-    #[arg(long, default_value = "bf16", value_parser = parse_matmul_dtype)]
-    dtype: DType,
-    /// Batch size.
-    #[arg(long, value_parser = crate::parse_count, default_value_t = 4)]
-    batch: usize,
-    /// Channels (Mamba's d_inner).
-    #[arg(long, value_parser = crate::parse_count, default_value_t = 1536)]
-    dim: usize,
+    #[command(flatten)]
+    sizes: SeqOpArgs,
     /// State size N.
     #[arg(long, value_parser = crate::parse_count, default_value_t = 16)]
     state: usize,
-    /// Sequence lengths, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = crate::parse_count, default_value = "256,1024,4096")]
-    seqs: Vec<usize>,
-    /// Also write the results as JSON to this file (the bench draws no figure).
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// Seed of the Philox generator that fills the inputs.
-    #[arg(long, value_parser = crate::parse_seed, default_value_t = 42)]
-    seed: u64,
 }
 
 #[derive(Args, Debug)]
@@ -702,26 +704,10 @@ impl Job {
             Command::Bench(BenchCommand::Int8(a)) => {
                 Job::Int8(bench::int8::Config { device: a.device, sizes: a.sizes, json: a.json, seed: a.seed })
             }
-            Command::Bench(BenchCommand::SelectiveScan(a)) => Job::SelectiveScan(selective_scan::Config {
-                device: a.device,
-                dtype: a.dtype,
-                batch: a.batch,
-                dim: a.dim,
-                state: a.state,
-                seqs: a.seqs,
-                json: a.json,
-                seed: a.seed,
-            }),
-            Command::Bench(BenchCommand::Conv1d(a)) => Job::Conv1d(conv1d::Config {
-                device: a.device,
-                dtype: a.dtype,
-                batch: a.batch,
-                dim: a.dim,
-                k: a.k,
-                seqs: a.seqs,
-                json: a.json,
-                seed: a.seed,
-            }),
+            Command::Bench(BenchCommand::SelectiveScan(a)) => {
+                Job::SelectiveScan(selective_scan::Config { sizes: a.sizes.into(), state: a.state })
+            }
+            Command::Bench(BenchCommand::Conv1d(a)) => Job::Conv1d(conv1d::Config { sizes: a.sizes.into(), k: a.k }),
             Command::Kernels(a) => {
                 let ordinal = match a.device {
                     Device::Cuda(n) => n,
@@ -754,8 +740,8 @@ impl Job {
             Job::Linear(c) => two(&c.json, &c.plot),
             Job::Fused(c) => two(&c.json, &c.plot),
             Job::Predictor(c) => two(&c.json, &None),
-            Job::SelectiveScan(c) => two(&c.json, &None),
-            Job::Conv1d(c) => two(&c.json, &None),
+            Job::SelectiveScan(c) => two(&c.sizes.json, &None),
+            Job::Conv1d(c) => two(&c.sizes.json, &None),
             Job::Int8(c) => two(&c.json, &None),
             Job::Allreduce(c) => two(&c.json, &None),
             Job::Dist(c) => dist::outputs(c),
