@@ -199,25 +199,34 @@ pub(crate) struct FitPlan {
     pub started: Instant,
 }
 
+/// [`FitRun`]'s methods for a run type with the fields `step`, `opt` and `info` and inherent
+/// `train_step`, `evaluate` and `save_checkpoint` (both runs are written that way).
+macro_rules! fit_run_by_fields {
+    ($run:ty) => {
+        fn train_step(&mut self) -> Result<(Tensor, Tensor)> {
+            <$run>::train_step(self)
+        }
+        fn steps_done(&self) -> u64 {
+            self.step
+        }
+        fn lr(&self) -> f64 {
+            self.opt.lr()
+        }
+        fn info(&self) -> &RunInfo {
+            &self.info
+        }
+        fn evaluate(&mut self) -> Result<Option<f64>> {
+            <$run>::evaluate(self)
+        }
+        fn save_checkpoint(&mut self) -> Result<PathBuf> {
+            <$run>::save_checkpoint(self)
+        }
+    };
+}
+pub(crate) use fit_run_by_fields;
+
 impl FitRun for Run {
-    fn train_step(&mut self) -> Result<(Tensor, Tensor)> {
-        Run::train_step(self)
-    }
-    fn steps_done(&self) -> u64 {
-        self.step
-    }
-    fn lr(&self) -> f64 {
-        self.opt.lr()
-    }
-    fn info(&self) -> &RunInfo {
-        &self.info
-    }
-    fn evaluate(&mut self) -> Result<Option<f64>> {
-        Run::evaluate(self)
-    }
-    fn save_checkpoint(&mut self) -> Result<PathBuf> {
-        Run::save_checkpoint(self)
-    }
+    fit_run_by_fields!(Run);
     fn window_loss(&self, w: Tensor) -> Result<Tensor> {
         mean_over_ranks(self.cfg.dist.as_ref(), w)
     }

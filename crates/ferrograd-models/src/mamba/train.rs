@@ -6,7 +6,7 @@
 //! once as a CUDA graph and replayed. One micro-batch per step; no resume.
 
 use super::model::{MambaLm, MambaLmConfig};
-use crate::gpt::fit::{fit_loop, write_summary, FitPlan, FitRun, JsonLog};
+use crate::gpt::fit::{fit_loop, fit_run_by_fields, write_summary, FitPlan, FitRun, JsonLog};
 use crate::gpt::loader::{LoaderPos, StepInputs, TokenLoader};
 use crate::gpt::optim::GptAdamW;
 use crate::gpt::train::{device_name, precision_guard, Event, Precision, RunInfo, Summary, GRAPH_WARMUP};
@@ -272,24 +272,7 @@ impl MambaRun {
 }
 
 impl FitRun for MambaRun {
-    fn train_step(&mut self) -> Result<(Tensor, Tensor)> {
-        MambaRun::train_step(self)
-    }
-    fn steps_done(&self) -> u64 {
-        self.step
-    }
-    fn lr(&self) -> f64 {
-        self.opt.lr()
-    }
-    fn info(&self) -> &RunInfo {
-        &self.info
-    }
-    fn evaluate(&mut self) -> Result<Option<f64>> {
-        MambaRun::evaluate(self)
-    }
-    fn save_checkpoint(&mut self) -> Result<PathBuf> {
-        MambaRun::save_checkpoint(self)
-    }
+    fit_run_by_fields!(MambaRun);
 }
 
 /// Train as `cfg` says, reporting through `on_event` (`gpt train`'s events), in `gpt train`'s
