@@ -475,6 +475,48 @@ fn choose_respects_top_k_and_temperature() -> Result<()> {
     Ok(())
 }
 
+/// The draw as first written: the whole vocabulary sorted, then the inverse CDF over the top k.
+fn choose_by_full_sort(logits: &[f32], temperature: f64, top_k: Option<usize>, u: f64) -> u32 {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if temperature == 0.0 || top_k == Some(1) {
+        return order[0] as u32;
+    }
+    let top = &order[..top_k.unwrap_or(order.len()).min(order.len())];
+    let w: Vec<f64> = top.iter().map(|&i| ((logits[i] - logits[top[0]]) as f64 / temperature).exp()).collect();
+    let (target, mut acc) = (u * w.iter().sum::<f64>(), 0.0);
+    for (&i, wi) in top.iter().zip(&w) {
+        acc += wi;
+        if target < acc {
+            return i as u32;
+        }
+    }
+    top[top.len() - 1] as u32
+}
+
+#[test]
+fn choose_selects_as_a_full_sort_would() -> Result<()> {
+    // Few distinct values, so ties are everywhere (the lower index wins each).
+    let mut state = 12345u64;
+    let mut next = || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) as u32
+    };
+    for n in [1usize, 2, 7, 100, 1000] {
+        let logits: Vec<f32> = (0..n).map(|_| (next() % 13) as f32 * 0.5 - 3.0).collect();
+        for k in [None, Some(1), Some(2), Some(5), Some(50), Some(n)] {
+            for temp in [0.0, 0.7, 1.0] {
+                for j in 0..8 {
+                    let u = (j as f64 + 0.5) / 8.0;
+                    let want = choose_by_full_sort(&logits, temp, k, u);
+                    assert_eq!(choose(&logits, temp, k, u)?, want, "n {n} k {k:?} t {temp} u {u}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn bf16_autocast_loss_and_gradients_track_f32() -> Result<()> {
     let m = Gpt::new(small_vocab(), 21, Device::Cpu)?;

@@ -111,7 +111,15 @@ pub fn run(a: SampleArgs, out: &mut dyn Write) -> CliResult<()> {
     write!(out, "{}", a.prompt)?;
     let mut stream = Utf8Stream { pending: vec![] };
     let mut io_err = None;
+    // FERROGRAD_PROFILE=1: device time per kernel over the decode steps after the first few
+    // (which may compile or allocate), printed with the timing line.
+    let profile = device.is_cuda() && ferrograd_core::cuda::profile::enabled();
+    let mut chosen = 0u64;
     let stats = generate(&model, &prompt, &cfg, |id| {
+        chosen += 1;
+        if profile && chosen == PROFILE_SKIP {
+            ferrograd_core::cuda::profile::reset();
+        }
         if id == tok.eot() && cfg.stop_at_eot {
             return Ok(());
         }
@@ -127,15 +135,26 @@ pub fn run(a: SampleArgs, out: &mut dyn Write) -> CliResult<()> {
     stream.finish(out)?;
     writeln!(out)?;
     out.flush()?;
-    let per = stats.ms_per_token().map_or("-".to_string(), |m| format!("{m:.2} ms/token"));
+    // The median first (what scripts read), then the mean with any one-time cost in it.
+    let per = match (stats.p50_ms(), stats.ms_per_token()) {
+        (Some(p), Some(m)) => format!("{p:.2} ms/token median, {m:.2} mean"),
+        _ => "-".to_string(),
+    };
     eprintln!(
         "{} prompt tokens in {:.1} ms, {} new tokens: {per} (decode with KV cache, {device})",
         prompt.len(),
         1e3 * stats.prefill_s,
         stats.tokens.len()
     );
+    if profile {
+        let steps = (stats.decode_steps as u64).saturating_sub(PROFILE_SKIP - 1);
+        eprint!("{}", ferrograd_core::cuda::profile::report_table(steps)?);
+    }
     Ok(())
 }
+
+/// With FERROGRAD_PROFILE, the decode steps before this token are left out of the profile.
+const PROFILE_SKIP: u64 = 5;
 
 #[derive(Args, Debug)]
 pub struct LogitsArgs {
