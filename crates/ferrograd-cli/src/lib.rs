@@ -58,6 +58,11 @@ pub type CliResult<T> = Result<T, CliError>;
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Print the device time per kernel and the transfer metrics (bandwidth against the measured
+    /// peak, transfer overhead, useful bytes per byte moved, overlap) at the end of `gpt train`,
+    /// `mamba train`, `monster-walk` and `gpt sample` on a GPU; the same as FERROGRAD_PROFILE=1.
+    #[arg(long, global = true)]
+    profile: bool,
 }
 
 impl Cli {
@@ -816,6 +821,9 @@ impl Job {
 
 /// Check, check the outputs, then work (see the module documentation).
 pub fn run(cli: Cli, out: &mut dyn Write) -> CliResult<()> {
+    if cli.profile {
+        ferrograd_core::cuda::profile::set_enabled(true);
+    }
     let job = Job::from_cli(cli)?;
     job.check()?;
     ferrograd_core::io::check_outputs(&job.outputs())?;

@@ -530,3 +530,15 @@ fn monster_walk_names_a_bad_precision_or_step() {
     let o = ferrograd(&["monster-walk", "--step", "fused", "--unfused"]);
     assert!(!o.status.success());
 }
+
+#[test]
+fn profile_is_a_flag_of_every_command() {
+    // Before or after the subcommand (a global flag); on the CPU it changes nothing.
+    for args in [&["--profile", "info"][..], &["info", "--profile"], &["gpt", "sample", "--help", "--profile"]] {
+        let o = ferrograd(args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}: status {:?}\nstdout:\n{out}\nstderr:\n{err}", o.status);
+    }
+    let (help, _) = text(&ferrograd(&["gpt", "train", "--help"]));
+    assert!(help.contains("--profile"), "{help}");
+}

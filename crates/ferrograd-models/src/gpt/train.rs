@@ -50,14 +50,20 @@ impl StepBody<'_> {
         mut sync: Option<&mut (dyn GradSync + 'static)>,
         update: impl FnOnce(&GradStore) -> Result<()>,
     ) -> Result<(Tensor, Tensor)> {
+        // NVTX ranges (a no-op unless a tool listens): an nsys timeline of a step reads as forward,
+        // backward (backprop.rs opens its own), gradient sync, clipping and optimizer.
+        use ferrograd_core::cuda::nvtx::range;
+        let _step = range("gpt step");
         accum.zero_grad();
         let k = self.k;
         let mut total: Option<Tensor> = None;
         {
             let _ac = precision_guard(self.precision)?;
             for i in 0..k {
+                let fwd = range("forward");
                 let (loss, logits, dlogits) =
                     self.model.loss_and_logits_grad(&self.inputs.x[i], &self.inputs.y[i], 1.0 / k as f64)?;
+                drop(fwd);
                 match sync.as_deref_mut() {
                     Some(s) => s.backward_seeded(&logits, &dlogits, accum.grads_mut(), i + 1 == k)?,
                     None => accum.backward_seeded(&logits, &dlogits)?,
@@ -69,15 +75,22 @@ impl StepBody<'_> {
             }
         }
         if let Some(s) = sync.as_deref_mut() {
+            let _r = range("gradient sync");
             s.reduce_grads(accum.grads_mut())?;
         }
         let params: Vec<Tensor> = self.model.params().into_iter().map(|(_, t)| t).collect();
-        let norm = if self.clip > 0.0 {
-            clip_grad_norm(accum.grads_mut(), &params, self.clip)?
-        } else {
-            grad_norm(accum.grads(), &params)?
+        let norm = {
+            let _r = range("clip");
+            if self.clip > 0.0 {
+                clip_grad_norm(accum.grads_mut(), &params, self.clip)?
+            } else {
+                grad_norm(accum.grads(), &params)?
+            }
         };
-        update(accum.grads())?;
+        {
+            let _r = range("optimizer");
+            update(accum.grads())?;
+        }
         if let Some(s) = sync {
             s.end_step(accum.grads())?;
         }
