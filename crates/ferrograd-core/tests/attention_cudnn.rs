@@ -200,15 +200,17 @@ fn cuda_cudnn_and_flash_agree_forward_and_backward() -> Result<()> {
 }
 
 /// The default (no variable, no override) picks cuDNN for bf16 / f16 without dropout, our kernels
-/// for f32 and dropout.
+/// for f32, dropout and a single query (a decode step: cuDNN would build a plan per key length).
 #[test]
 fn cuda_auto_picks_cudnn_where_it_can() -> Result<()> {
     let Some(dev) = gpu_with_cudnn() else { return Ok(()) };
     let mut rng = Rng::new(22);
     let x: Vec<Tensor> =
         (0..3).map(|_| randn(&mut rng, &[1, 2, 64, 64], DType::BF16).to_device(dev).unwrap()).collect();
-    for (dtype, p, expect_cudnn) in [(DType::BF16, 0.0, true), (DType::F32, 0.0, false), (DType::BF16, 0.1, false)] {
-        let x: Vec<Tensor> = x.iter().map(|t| t.to_dtype(dtype).unwrap()).collect();
+    let cases = [(DType::BF16, 0.0, 64, true), (DType::F32, 0.0, 64, false), (DType::BF16, 0.1, 64, false)];
+    for (dtype, p, tq, expect_cudnn) in cases.into_iter().chain([(DType::BF16, 0.0, 1, false)]) {
+        let mut x: Vec<Tensor> = x.iter().map(|t| t.to_dtype(dtype).unwrap()).collect();
+        x[0] = x[0].narrow(2, 0, tq)?;
         let before = counters_on_this_thread();
         set_backend(Some(Backend::Auto));
         let o = Tensor::scaled_dot_product_attention(
@@ -220,7 +222,8 @@ fn cuda_auto_picks_cudnn_where_it_can() -> Result<()> {
         set_backend(None);
         o?.to_f64_vec()?;
         let ran = delta(before);
-        assert_eq!((ran.cudnn_fwd == 1, ran.flash_fwd == 1), (expect_cudnn, !expect_cudnn), "{dtype} p={p}: {ran:?}");
+        let what = format!("{dtype} p={p} Tq={tq}: {ran:?}");
+        assert_eq!((ran.cudnn_fwd == 1, ran.flash_fwd == 1), (expect_cudnn, !expect_cudnn), "{what}");
     }
     Ok(())
 }

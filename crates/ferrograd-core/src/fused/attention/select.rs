@@ -7,7 +7,9 @@
 //! - `FERROGRAD_ATTENTION=math`: the definition composed from primitive ops (matmul, scale,
 //!   causal bias, softmax, matmul; autograd through them): it materialises the `Tq x Tk` scores,
 //!   like PyTorch's "math" backend. A reference for debugging, not for speed; no dropout.
-//! - unset (or `auto`): cuDNN where it can run the case, our kernels otherwise.
+//! - unset (or `auto`): cuDNN where it can run the case and there is more than one query row,
+//!   our kernels otherwise (a KV-cache decode step has one query and a new key length each token:
+//!   cuDNN would build a plan for every step).
 //! - anything else: every CUDA attention call fails with `Error::InvalidArgument` naming the value.
 //!
 //! The forward and the backward choose independently: both backends save the same statistics (the
@@ -103,7 +105,7 @@ pub(super) fn announce(backend: Backend) {
         };
         let what = match backend {
             Backend::Auto | Backend::Cudnn if super::cudnn::library().is_ok() => {
-                "cuDNN's fused SDPA for bf16/f16 without dropout, our kernels otherwise"
+                "cuDNN's fused SDPA for bf16/f16 without dropout over more than one query, our kernels otherwise"
             }
             Backend::Auto | Backend::Cudnn => "our kernels (cuDNN is not available)",
             Backend::Flash => "our kernels",
