@@ -375,6 +375,38 @@ fn kv_cache_decode_under_bf16_autocast() -> Result<()> {
     Ok(())
 }
 
+/// `cast_projections` (what `gpt sample --bf16` does once) decodes as autocast's per-call casts do:
+/// the same bf16 values reach the same GEMMs.
+#[test]
+fn projections_cast_once_decode_as_autocast_casts_them() -> Result<()> {
+    for dev in [Some(Device::Cpu), gpu()].into_iter().flatten() {
+        let a = Gpt::new(small_vocab(), 11, dev)?;
+        let mut b = Gpt::new(small_vocab(), 11, dev)?;
+        assert!(b.cast_projections(DType::F32).is_err());
+        b.cast_projections(DType::BF16)?;
+        assert_eq!(b.blocks[0].c_fc_w.dtype(), DType::BF16);
+        assert_eq!(b.blocks[0].ln_1_w.dtype(), DType::F32);
+        let ids = [5u32, 17, 3, 70, 42, 8];
+        let _ac = ferrograd_nn::amp::autocast(DType::BF16)?;
+        let run = |m: &Gpt| -> Result<Vec<f32>> {
+            let mut d = Decoder::new(m, 12)?;
+            let mut v = values(&d.prefill(&ids[..4])?);
+            v.extend(values(&d.step(ids[4])?));
+            v.extend(values(&d.step(ids[5])?));
+            Ok(v)
+        };
+        let (want, got) = (run(&a)?, run(&b)?);
+        if dev.is_cpu() {
+            assert_eq!(want, got);
+        } else {
+            let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+            let err = want.iter().zip(&got).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(err <= 1e-3 * scale, "{dev}: max error {err} (scale {scale})");
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn kv_cache_decode_matches_the_full_forward() -> Result<()> {
     let cfg = small_vocab();

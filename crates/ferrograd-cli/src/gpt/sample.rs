@@ -89,7 +89,11 @@ pub fn run(a: SampleArgs, out: &mut dyn Write) -> CliResult<()> {
         Some(d) => d,
         None => Device::best()?,
     };
-    let (model, note) = super::quant::load_for_sampling(&a.checkpoint, device, a.int8)?;
+    let (mut model, note) = super::quant::load_for_sampling(&a.checkpoint, device, a.int8)?;
+    if a.bf16 {
+        // Cast once here rather than by autocast at every decode step.
+        model.cast_projections(DType::BF16)?;
+    }
     let tok = Tokenizer::gpt2()?;
     let mut prompt = tok.encode(&a.prompt);
     if prompt.is_empty() {
