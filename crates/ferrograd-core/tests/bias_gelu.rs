@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{assert_close, dev, gpu, gradcheck, max_err, on, randn};
+use common::{assert_close, dev, gpu, gradcheck, max_err, on, randn, rounding_tol};
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
 
 const CPU: Device = Device::Cpu;
@@ -39,22 +39,12 @@ fn matches_add_then_gelu_tanh() -> Result<()> {
             let rows = (x.elem_count() / c) as f64;
             for (name, a, e, scale) in [("y", &y, &ye, 1.0), ("dx", &dx, &dxe, 1.0), ("db", &db, &dbe, rows.sqrt())] {
                 let d = max_err(a, e);
-                let t = if dtype == DType::F64 && dev() == CPU { 0.0 } else { tol(dtype) * scale };
+                let t = if dtype == DType::F64 && dev() == CPU { 0.0 } else { rounding_tol(dtype) * scale };
                 assert!(d <= t, "{what}: {name} err {d:e} > {t:e}");
             }
         }
     }
     Ok(())
-}
-
-/// max |a - e| / (1 + max |e|) allowed between two results in `dtype`: a few roundings.
-fn tol(dtype: DType) -> f64 {
-    match dtype {
-        DType::F64 => 1e-12,
-        DType::F32 => 4e-6,
-        DType::F16 => 4e-3,
-        _ => 3e-2,
-    }
 }
 
 /// Central differences in f64 on the test's device: contiguous, 3-D, x transposed and b a view at
@@ -125,7 +115,7 @@ fn parity(dev: Device, dtype: DType, rows: usize, c: usize, layout: &str) -> Res
     assert_close(&format!("{what} dx"), &dx, &dxd, 1.0);
     // db sums `rows` values: f32 partial sums on the device, f64 on the host.
     let d = max_err(&dbd, &db);
-    let t = tol(dtype) * (rows as f64).sqrt().max(1.0);
+    let t = rounding_tol(dtype) * (rows as f64).sqrt().max(1.0);
     assert!(d <= t, "{what} db: err {d:e} > {t:e}");
     Ok(())
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{dev, gpu, gradcheck, max_err, on, randn};
+use common::{dev, gpu, gradcheck, max_err, on, randn, rounding_tol};
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
 
 const CPU: Device = Device::Cpu;
@@ -22,16 +22,6 @@ fn value_and_grads(p: &Tensor, t: &Tensor, g: f64, fused: bool) -> Result<(Tenso
     let gs = loss.backward_with(&seed)?;
     let grad = |x: &Tensor| gs.get(x).cloned().ok_or_else(|| Error::Backward("a missing gradient".into()));
     Ok((loss.detach(), grad(&pv)?, grad(&tv)?))
-}
-
-/// max |a - e| / (1 + max |e|) allowed between two results in `dtype`.
-fn tol(dtype: DType) -> f64 {
-    match dtype {
-        DType::F64 => 1e-12,
-        DType::F32 => 4e-6,
-        DType::F16 => 4e-3,
-        _ => 3e-2,
-    }
 }
 
 /// The same loss and gradients as the composite, to within rounding (the sum's order differs).
@@ -50,7 +40,7 @@ fn matches_sub_sqr_mean() -> Result<()> {
             let n = (p.elem_count() as f64).sqrt();
             for (name, a, e, scale) in [("loss", &l, &le, n), ("dpred", &dp, &dpe, 2.0), ("dtarget", &dt, &dte, 2.0)] {
                 let d = max_err(a, e);
-                let want = tol(dtype) * scale;
+                let want = rounding_tol(dtype) * scale;
                 assert!(d <= want, "{what}: {name} err {d:e} > {want:e}");
             }
         }
@@ -111,7 +101,7 @@ fn cuda_parity_every_dtype_and_size() -> Result<()> {
             let scale = (n as f64).sqrt();
             for (name, a, e, s) in [("loss", &ld, &l, scale), ("dpred", &dpd, &dp, 2.0), ("dtarget", &dtd, &dt, 2.0)] {
                 let d = max_err(a, e);
-                assert!(d <= tol(dtype) * s, "{what} {name}: err {d:e}");
+                assert!(d <= rounding_tol(dtype) * s, "{what} {name}: err {d:e}");
             }
         }
     }

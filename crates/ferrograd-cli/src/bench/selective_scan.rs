@@ -76,32 +76,14 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrograd_core::Device;
-
-    fn cfg() -> Config {
-        let sizes = Sizes {
-            device: Device::Cpu,
-            dtype: DType::BF16,
-            batch: 4,
-            dim: 1536,
-            seqs: vec![256, 1024, 4096],
-            json: None,
-            seed: 1,
-        };
-        Config { sizes, state: 16 }
-    }
+    use crate::bench::seq_op::testing::{refuses_bad_sizes, sizes};
 
     #[test]
     fn names_and_validation() {
         assert_eq!(row_name("fwd", DType::BF16, (4, 1536, 16, 1024)), "fwd bf16 B=4 D=1536 N=16 L=1024");
-        assert!(check(&cfg()).is_ok());
-        assert!(check(&Config { sizes: Sizes { dtype: DType::F16, ..cfg().sizes }, ..cfg() }).is_err());
-        assert!(check(&Config { sizes: Sizes { seqs: vec![0], ..cfg().sizes }, ..cfg() }).is_err());
-        assert!(check(&Config { state: 0, ..cfg() }).is_err());
-        assert!(check(&Config { state: 257, ..cfg() }).is_err());
-        let e = check(&Config { sizes: Sizes { batch: usize::MAX, ..cfg().sizes }, ..cfg() }).unwrap_err().to_string();
-        assert!(e.contains("overflows"), "{e}");
-        let e = run(&cfg(), &mut Vec::new()).unwrap_err().to_string();
-        assert!(e.contains("measures a CUDA device"), "{e}");
+        let cfg = |sizes| Config { sizes, state: 16 };
+        refuses_bad_sizes(|s| check(&cfg(s)), |s| run(&cfg(s), &mut Vec::new()));
+        assert!(check(&Config { state: 0, ..cfg(sizes()) }).is_err());
+        assert!(check(&Config { state: MAX_CUDA_STATE + 1, ..cfg(sizes()) }).is_err());
     }
 }

@@ -226,3 +226,34 @@ fn head() -> String {
         "what", "fwd ms", "GB/s", "f+b ms", "GB/s", "peak MiB", "rel err"
     )
 }
+
+/// What the benches' flag tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Mamba's sizes, on the CPU.
+    pub fn sizes() -> Sizes {
+        Sizes {
+            device: Device::Cpu,
+            dtype: DType::BF16,
+            batch: 4,
+            dim: 1536,
+            seqs: vec![256, 1024, 4096],
+            json: None,
+            seed: 1,
+        }
+    }
+
+    /// What every sequence-op bench refuses whatever its own size: f16, a zero length, a batch
+    /// whose bytes overflow, and (at run time) a device that is not a GPU.
+    pub fn refuses_bad_sizes(check: impl Fn(Sizes) -> CliResult<()>, run: impl Fn(Sizes) -> CliResult<()>) {
+        assert!(check(sizes()).is_ok());
+        assert!(check(Sizes { dtype: DType::F16, ..sizes() }).is_err());
+        assert!(check(Sizes { seqs: vec![0], ..sizes() }).is_err());
+        let e = check(Sizes { batch: usize::MAX, ..sizes() }).unwrap_err().to_string();
+        assert!(e.contains("overflows"), "{e}");
+        let e = run(sizes()).unwrap_err().to_string();
+        assert!(e.contains("measures a CUDA device"), "{e}");
+    }
+}

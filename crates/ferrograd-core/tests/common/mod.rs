@@ -155,6 +155,17 @@ pub fn tol(d: DType) -> (f64, f64) {
     }
 }
 
+/// max |a - e| / (1 + max |e|) allowed between two results in `dtype` that differ by a few
+/// roundings (a fused op against its composition, a kernel against its CPU twin).
+pub fn rounding_tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-12,
+        DType::F32 => 4e-6,
+        DType::F16 => 4e-3,
+        _ => 3e-2,
+    }
+}
+
 /// Compare a CUDA result with the CPU reference elementwise to [`tol`] times `scale` (NaN must
 /// match NaN).
 pub fn assert_close(what: &str, cpu: &Tensor, gpu: &Tensor, scale: f64) {
