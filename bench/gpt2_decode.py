@@ -85,6 +85,12 @@ def main():
     hf = {"f32": hf_decode(cuda, args.tokens, prompt)}
     hf_decode(cuda.to(torch.bfloat16), 16, prompt)
     hf["bf16"] = hf_decode(cuda, args.tokens, prompt)
+    # PyTorch's SDPA picks cuDNN for bf16 on Hopper, which plans per key length (every decode step,
+    # as ferrograd's auto choice did): the same loop with cuDNN's SDPA excluded.
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        hf_decode(cuda, 16, prompt)
+        hf["bf16, SDPA without cuDNN"] = hf_decode(cuda, args.tokens, prompt)
     print(f"GPT-2 124M greedy decode, {args.tokens} tokens, batch 1, {torch.cuda.get_device_name()}, "
           f"torch {torch.__version__}, transformers {transformers.__version__}")
     print("| precision | ferrograd ms/token (median / mean) | transformers ms/token (median / mean) | speedup (median) |")
@@ -94,6 +100,9 @@ def main():
         tw = f"{t[0]:.2f} / {t[1]:.2f}" if t else "-"
         ratio = f"{t[0] / med:.2f}x" if t else "-"
         print(f"| {name} | {med:.2f} / {mean:.2f} | {tw} | {ratio} |")
+    med = dict(rows)["bf16"][0]
+    t = hf["bf16, SDPA without cuDNN"]
+    print(f"| bf16 (transformers: SDPA without cuDNN) | {med:.2f} | {t[0]:.2f} / {t[1]:.2f} | {t[0] / med:.2f}x |")
 
 
 if __name__ == "__main__":
