@@ -1,18 +1,11 @@
 //! Transfers and memory on a real GPU: staged and pinned copies, coalesced moves, allocator
 //! statistics, memory status. Without a usable GPU every test prints one line and passes.
 
+mod common;
+
+use common::gpu_unpoisoned as gpu;
 use ferrograd_core::cuda::{memory_status, set_matmul_precision, CudaDevice, MatmulPrecision};
 use ferrograd_core::{DType, Device, Result, Rng, Tensor};
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => Some(Device::Cuda(0)),
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 #[test]
 fn staged_round_trip_of_large_tensors() -> Result<()> {

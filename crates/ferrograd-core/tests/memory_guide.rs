@@ -3,19 +3,12 @@
 //! and the profiler's transfer metrics. Without a usable GPU each GPU test prints one line and
 //! passes; the argument checks that need no GPU run everywhere.
 
+mod common;
+
+use common::gpu_unpoisoned as gpu;
 use ferrograd_core::cuda::managed::{Advice, ManagedAlloc};
 use ferrograd_core::cuda::{profile, set_poison_allocations, CudaDevice};
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => Some(Device::Cuda(0)),
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 fn data(seed: u64, n: usize) -> Result<Tensor> {
     Tensor::rand_with(&mut Rng::new(seed), -3.0, 3.0, n, DType::F32, Device::Cpu)

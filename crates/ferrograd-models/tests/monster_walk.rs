@@ -2,21 +2,14 @@
 //! CPU/CUDA agreement, the memory plan under a 12 GB cap, and the report. CUDA tests print one
 //! line and pass where no GPU is usable.
 
+mod common;
+
+use common::gpu;
 use ferrograd_core::cuda::CudaDevice;
 use ferrograd_core::{Device, Result};
 use ferrograd_models::monster_walk::plan::{measure_copy, plan, PlanRequest};
 use ferrograd_models::monster_walk::walk::residues_reference;
 use ferrograd_models::monster_walk::{run, Autoencoder, CopyData, Report, TrainConfig};
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => Some(Device::Cuda(0)),
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 fn small(device: Device, copies: usize, epochs: usize) -> TrainConfig {
     TrainConfig { plan: PlanRequest::Copies(copies), epochs, ..TrainConfig::spec_defaults(device) }
