@@ -25,6 +25,7 @@ pub mod pipeline;
 pub mod prepare;
 pub mod quant;
 pub mod sample;
+pub mod settings;
 pub mod shards;
 pub mod tokenizer;
 pub mod train;
