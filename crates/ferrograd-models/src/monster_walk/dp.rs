@@ -5,7 +5,7 @@
 //! data-parallel run takes this step; `train::run` says so in the report's `step_fallback`.
 
 use super::model::Autoencoder;
-use super::train::Stepper;
+use super::stepper::Stepper;
 use ferrograd_core::{Result, Tensor};
 use std::sync::Arc;
 

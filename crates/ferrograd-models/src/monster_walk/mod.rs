@@ -17,6 +17,7 @@ pub mod fused;
 pub mod model;
 pub mod persistent;
 pub mod plan;
+mod stepper;
 pub mod train;
 pub mod walk;
 
