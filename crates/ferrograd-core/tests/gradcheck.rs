@@ -1,6 +1,7 @@
 //! Gradcheck: every differentiable op's backward rule against central finite differences in f64,
 //! with broadcast and non-contiguous (transposed, narrowed, permuted) inputs, plus the autograd
 //! machinery itself (DAGs, accumulation over several backward calls, no-grad scopes, detach).
+//! (Over 600 lines: one check per op rule, written once and run on every device present.)
 //!
 //! `gradcheck(name, f, inputs)` turns each input into a leaf variable (keeping its layout, so a
 //! transposed input stays a strided leaf), runs `f`, and contracts the output with fixed random
