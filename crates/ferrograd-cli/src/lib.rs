@@ -4,7 +4,7 @@
 //! it is given, so that a closed pipe (`ferrograd info | head -1`) ends the program quietly
 //! instead of panicking in `println!`.
 //!
-//! (About 640 lines: every command's clap definitions and its `Job` arms stay side by side in one
+//! (About 940 lines: every command's clap definitions and its `Job` arms stay side by side in one
 //! file, so each `match` is exhaustive where its commands are defined.)
 //!
 //! A command runs in three phases ([`Job`]): its flags become a configuration and are checked
