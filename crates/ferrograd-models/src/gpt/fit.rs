@@ -4,7 +4,8 @@
 
 use super::dp::{mean_over_ranks, writes_files};
 use super::hf;
-use super::train::{Precision, Run, RunInfo, TrainConfig};
+use super::loader::{LoaderPos, StepInputs, TokenLoader};
+use super::train::{precision_guard, Precision, Run, RunInfo, TrainConfig};
 use ferrograd_core::cuda::CudaDevice;
 use ferrograd_core::{Device, Error, Result, Tensor};
 use ferrograd_nn::optim::Optimizer;
@@ -183,6 +184,35 @@ pub(crate) trait FitRun {
     fn window_loss(&self, w: Tensor) -> Result<Tensor> {
         Ok(w)
     }
+}
+
+/// Mean loss over the first `n` micro-batches `[batch, context]` of the validation split `val`
+/// (from its start, under `precision`, no gradients): the losses are summed on the device and
+/// read back once. `None` without a split or with `n == 0`. Both runs' `evaluate`.
+pub(crate) fn val_loss(
+    val: Option<&mut TokenLoader>,
+    n: usize,
+    (batch, context, device, precision): (usize, usize, Device, Precision),
+    loss: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<Option<f64>> {
+    let Some(val) = val else { return Ok(None) };
+    if n == 0 {
+        return Ok(None);
+    }
+    val.set_position(LoaderPos::default())?;
+    let _g = ferrograd_core::no_grad();
+    let _ac = precision_guard(precision)?;
+    let bufs = StepInputs::new(1, batch, context, device)?;
+    let mut sum: Option<Tensor> = None;
+    for _ in 0..n {
+        bufs.fill_from(val)?;
+        let l = loss(&bufs.x[0], &bufs.y[0])?;
+        sum = Some(match sum {
+            Some(s) => s.add(&l)?,
+            None => l,
+        });
+    }
+    Ok(sum.map(|s| s.item_f64()).transpose()?.map(|s| s / n as f64))
 }
 
 /// The loop's settings.

@@ -178,16 +178,7 @@ impl Gpt {
     }
 
     fn check_ids(&self, ids: &Tensor, what: &'static str) -> Result<(usize, usize)> {
-        if ids.dtype().is_float() {
-            return Err(Error::UnsupportedDType { op: what, dtype: ids.dtype() });
-        }
-        if ids.device() != self.device() {
-            return Err(Error::DeviceMismatch { op: what, lhs: self.device(), rhs: ids.device() });
-        }
-        let &[b, t] = ids.dims() else {
-            return Err(shape_err!(what, "token ids must be [batch, time], got {:?}", ids.dims()));
-        };
-        Ok((b, t))
+        check_token_ids(ids, self.device(), what)
     }
 
     /// The training-length causal mask, built once per length.
@@ -384,6 +375,21 @@ impl Gpt {
         let l = lm_logits(&h, &self.wte, self.config.vocab_size)?.flatten_all()?;
         l.to_dtype(DType::F32)?.contiguous()
     }
+}
+
+/// `(batch, time)` of token ids `[B, T]` (an integer dtype) on the model's `device`, else the
+/// error naming `what` (the language models' forwards: GPT-2 and Mamba).
+pub(crate) fn check_token_ids(ids: &Tensor, device: Device, what: &'static str) -> Result<(usize, usize)> {
+    if ids.dtype().is_float() {
+        return Err(Error::UnsupportedDType { op: what, dtype: ids.dtype() });
+    }
+    if ids.device() != device {
+        return Err(Error::DeviceMismatch { op: what, lhs: device, rhs: ids.device() });
+    }
+    let &[b, t] = ids.dims() else {
+        return Err(shape_err!(what, "token ids must be [batch, time], got {:?}", ids.dims()));
+    };
+    Ok((b, t))
 }
 
 /// `t` `[V, C]` with zero rows appended up to `rows`, contiguous.

@@ -426,25 +426,9 @@ impl Run {
 
     /// Mean loss over the first `val_batches` micro-batches of the validation split.
     pub fn evaluate(&mut self) -> Result<Option<f64>> {
-        let n = self.cfg.val_batches;
-        let Some(val) = self.val.as_mut() else { return Ok(None) };
-        if n == 0 {
-            return Ok(None);
-        }
-        val.set_position(LoaderPos::default())?;
-        let _g = ferrograd_core::no_grad();
-        let _ac = precision_guard(self.cfg.precision)?;
-        let bufs = StepInputs::new(1, self.micro_batch, self.cfg.context, self.cfg.device)?;
-        let mut sum: Option<Tensor> = None;
-        for _ in 0..n {
-            bufs.fill_from(val)?;
-            let l = self.model.loss(&bufs.x[0], &bufs.y[0])?;
-            sum = Some(match sum {
-                Some(s) => s.add(&l)?,
-                None => l,
-            });
-        }
-        Ok(sum.map(|s| s.item_f64()).transpose()?.map(|s| s / n as f64))
+        let c = &self.cfg;
+        let sizes = (self.micro_batch, c.context, c.device, c.precision);
+        super::fit::val_loss(self.val.as_mut(), c.val_batches, sizes, |x, y| self.model.loss(x, y))
     }
 
     /// Write `out/checkpoint.safetensors` atomically: weights (Hugging Face names), AdamW moments,

@@ -130,16 +130,7 @@ impl MambaLm {
     }
 
     fn check_ids(&self, ids: &Tensor, what: &'static str) -> Result<(usize, usize)> {
-        if ids.dtype().is_float() {
-            return Err(Error::UnsupportedDType { op: what, dtype: ids.dtype() });
-        }
-        if ids.device() != self.device() {
-            return Err(Error::DeviceMismatch { op: what, lhs: self.device(), rhs: ids.device() });
-        }
-        let &[b, t] = ids.dims() else {
-            return Err(shape_err!(what, "token ids must be [batch, time], got {:?}", ids.dims()));
-        };
-        Ok((b, t))
+        crate::gpt::model::check_token_ids(ids, self.device(), what)
     }
 
     /// Final hidden states `[B, T, d_model]` (after `norm_f`) of `ids` `[B, T]`.

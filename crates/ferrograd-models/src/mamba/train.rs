@@ -7,7 +7,7 @@
 
 use super::model::{MambaLm, MambaLmConfig};
 use crate::gpt::fit::{fit_loop, fit_run_by_fields, write_summary, FitPlan, FitRun, JsonLog};
-use crate::gpt::loader::{LoaderPos, StepInputs, TokenLoader};
+use crate::gpt::loader::{StepInputs, TokenLoader};
 use crate::gpt::optim::GptAdamW;
 use crate::gpt::train::{device_name, precision_guard, Event, Precision, RunInfo, Summary, GRAPH_WARMUP};
 use ferrograd_core::cuda::{Capture, CudaDevice, Graph};
@@ -239,21 +239,9 @@ impl MambaRun {
 
     /// Mean loss over the first `val_batches` micro-batches of the validation split.
     pub fn evaluate(&mut self) -> Result<Option<f64>> {
-        let n = self.cfg.val_batches;
-        let Some(val) = self.val.as_mut() else { return Ok(None) };
-        if n == 0 {
-            return Ok(None);
-        }
-        val.set_position(LoaderPos::default())?;
-        let _g = ferrograd_core::no_grad();
-        let _ac = precision_guard(self.cfg.precision)?;
-        let bufs = StepInputs::new(1, self.cfg.batch, self.cfg.context, self.cfg.device)?;
-        let mut sum = 0.0;
-        for _ in 0..n {
-            bufs.fill_from(val)?;
-            sum += self.model.loss(&bufs.x[0], &bufs.y[0])?.item_f64()?;
-        }
-        Ok(Some(sum / n as f64))
+        let c = &self.cfg;
+        let sizes = (c.batch, c.context, c.device, c.precision);
+        crate::gpt::fit::val_loss(self.val.as_mut(), c.val_batches, sizes, |x, y| self.model.loss(x, y))
     }
 
     /// `out/checkpoint.safetensors`: the weights (mamba_ssm's names), AdamW's moments, the step.
