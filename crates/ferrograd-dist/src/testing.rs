@@ -263,8 +263,8 @@ impl ThreadComm {
             if left.is_zero() {
                 let msg = format!("recv from rank {peer} on rank {}: nothing arrived", self.rank);
                 if self.shared.p2p == P2p::Rendezvous {
-                    st.broken = Some(format!("{msg} (a point-to-point hang)"));
-                    self.shared.cv.notify_all();
+                    // The group's failure and this rank's error say the same.
+                    return Err(self.give_up(&mut st, format!("{msg} (a point-to-point hang)"), start.elapsed()));
                 }
                 return Err(DistError::Timeout { op: msg, waited: start.elapsed() });
             }
