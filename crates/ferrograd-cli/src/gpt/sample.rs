@@ -151,7 +151,7 @@ pub fn run(a: SampleArgs, out: &mut dyn Write) -> CliResult<()> {
         stats.tokens.len()
     );
     if profile {
-        let steps = (stats.decode_steps as u64).saturating_sub(PROFILE_SKIP - 1);
+        let steps = (stats.decode_steps() as u64).saturating_sub(PROFILE_SKIP - 1);
         eprint!("{}", ferrograd_core::cuda::profile::report_table(steps)?);
     }
     Ok(())

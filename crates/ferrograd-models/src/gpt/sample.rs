@@ -167,17 +167,20 @@ pub struct GenStats {
     /// The new tokens (the prompt not included).
     pub tokens: Vec<u32>,
     pub prefill_s: f64,
-    /// Time of the decode steps (each one's logits read back to the host).
-    pub decode_s: f64,
-    pub decode_steps: usize,
-    /// Each decode step's time, in order (a first step that compiles or allocates shows here).
+    /// Each decode step's time (its logits read back to the host included), in order: a first
+    /// step that compiles or allocates shows here.
     pub step_s: Vec<f64>,
 }
 
 impl GenStats {
+    /// Decode steps taken (the first new token comes from the prefill).
+    pub fn decode_steps(&self) -> usize {
+        self.step_s.len()
+    }
+
     /// Mean decode time per token.
     pub fn ms_per_token(&self) -> Option<f64> {
-        (self.decode_steps > 0).then(|| 1e3 * self.decode_s / self.decode_steps as f64)
+        (!self.step_s.is_empty()).then(|| 1e3 * self.step_s.iter().sum::<f64>() / self.step_s.len() as f64)
     }
 
     /// Median decode time per token: the steady state, whatever one-time costs the mean carries.
@@ -222,10 +225,7 @@ pub fn generate(
         }
         let t = Instant::now();
         logits = dec.step(id)?.to_vec::<f32>()?;
-        let dt = t.elapsed().as_secs_f64();
-        stats.decode_s += dt;
-        stats.decode_steps += 1;
-        stats.step_s.push(dt);
+        stats.step_s.push(t.elapsed().as_secs_f64());
     }
     Ok(stats)
 }
