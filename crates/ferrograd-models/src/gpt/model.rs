@@ -37,6 +37,16 @@ pub struct Block {
 }
 
 impl Block {
+    /// The four projections' `(weight, bias)`, in [`super::quant::PROJ_WEIGHTS`]'s order.
+    pub(crate) fn projections_mut(&mut self) -> [(&mut Tensor, &mut Tensor); 4] {
+        [
+            (&mut self.c_attn_w, &mut self.c_attn_b),
+            (&mut self.attn_proj_w, &mut self.attn_proj_b),
+            (&mut self.c_fc_w, &mut self.c_fc_b),
+            (&mut self.mlp_proj_w, &mut self.mlp_proj_b),
+        ]
+    }
+
     /// `(name under h.{i}, tensor)` in Hugging Face's state-dict order.
     fn named(&self) -> [(&'static str, &Tensor); 12] {
         [
@@ -331,17 +341,9 @@ impl Gpt {
         }
         let _g = ferrograd_core::no_grad();
         for b in &mut self.blocks {
-            for t in [
-                &mut b.c_attn_w,
-                &mut b.c_attn_b,
-                &mut b.attn_proj_w,
-                &mut b.attn_proj_b,
-                &mut b.c_fc_w,
-                &mut b.c_fc_b,
-                &mut b.mlp_proj_w,
-                &mut b.mlp_proj_b,
-            ] {
-                *t = t.detach().to_dtype(dtype)?;
+            for (w, bias) in b.projections_mut() {
+                *w = w.detach().to_dtype(dtype)?;
+                *bias = bias.detach().to_dtype(dtype)?;
             }
         }
         Ok(())

@@ -210,7 +210,7 @@ pub fn drop_float_projections(model: &mut Gpt) -> Result<()> {
     }
     let device = model.device();
     for b in &mut model.blocks {
-        for w in [&mut b.c_attn_w, &mut b.attn_proj_w, &mut b.c_fc_w, &mut b.mlp_proj_w] {
+        for (w, _) in b.projections_mut() {
             *w = Tensor::zeros((0, 0), DType::F32, device)?;
         }
     }
