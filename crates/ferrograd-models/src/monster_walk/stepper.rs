@@ -12,8 +12,11 @@ use ferrograd_core::{DType, Device, Error, Result, Tensor};
 pub(crate) trait Stepper {
     fn step(&mut self, x: &Tensor) -> Result<()>;
     fn loss(&self) -> Result<Tensor>;
-    /// Leave the trained weights in the model's tensors.
-    fn finish(&self, model: &Autoencoder) -> Result<()>;
+    /// Leave the trained weights in the model's tensors (nothing to do for a stepper that trains
+    /// those tensors in place).
+    fn finish(&self, _model: &Autoencoder) -> Result<()> {
+        Ok(())
+    }
     /// The tensors a step updates in place and the step count (to undo steps: `Snapshot`).
     fn state(&self) -> (Vec<Tensor>, u64);
     fn set_step_count(&mut self, step: u64);
@@ -90,9 +93,6 @@ impl Stepper for Autograd {
     }
     fn loss(&self) -> Result<Tensor> {
         self.last.clone().ok_or_else(|| Error::InvalidArgument("no step taken yet".into()))
-    }
-    fn finish(&self, _model: &Autoencoder) -> Result<()> {
-        Ok(())
     }
     fn state(&self) -> (Vec<Tensor>, u64) {
         (self.params.iter().chain(&self.m).chain(&self.v).cloned().collect(), self.step)
@@ -193,9 +193,6 @@ impl Stepper for GraphSteps {
     }
     fn loss(&self) -> Result<Tensor> {
         self.last.clone().ok_or_else(|| Error::InvalidArgument("no step taken yet".into()))
-    }
-    fn finish(&self, _model: &Autoencoder) -> Result<()> {
-        Ok(())
     }
     /// Adam's step count lives on the device: it is among the tensors (restored in place with the
     /// weights and moments, so the captured graphs keep their addresses), and the host count is 0.

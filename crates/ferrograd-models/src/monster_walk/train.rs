@@ -576,9 +576,6 @@ mod tests {
         fn loss(&self) -> Result<Tensor> {
             Tensor::from_vec(vec![self.last], (), Device::Cpu)
         }
-        fn finish(&self, _: &Autoencoder) -> Result<()> {
-            Ok(())
-        }
         fn state(&self) -> (Vec<Tensor>, u64) {
             (vec![self.w.clone()], self.step)
         }
