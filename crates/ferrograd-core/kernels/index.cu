@@ -1,5 +1,6 @@
-// index.cu: index checks, index_select / gather and their adjoints index_add / scatter_add.
-// CPU twins: src/cpu/index.rs `index_select`, `gather` (`gather_positions`), `index_add` and
+// index.cu: index checks, index_select / gather and their adjoints index_add / scatter_add,
+// and index_copy_ (in place).
+// CPU twins: src/cpu/index.rs `index_select`, `index_copy_into`, `gather` (`gather_positions`), `index_add` and
 // `scatter_add` (`add_at`: dst = T::from_f64(dst + src), so integer sums saturate), and the
 // checks of src/cpu/index.rs / src/fused/cross_entropy/cpu.rs `encode_targets`.
 //
@@ -76,6 +77,37 @@ static __device__ __forceinline__ void fg_index_select(const T* __restrict__ src
     fg_index_select<T>(src, ids, dst, outer, size, inner, nids);                               \
   }
 FG_FOR_WIDTH(FG_INDEX_SELECT)
+
+// ---------------------------------------------------------------------------------------------
+// index_copy_{b8,b16,b32,b64}(const T* src, const unsigned int* ids, T* dst, u64 outer, u64 size,
+//                             u64 inner, u64 nids)
+// index_select's inverse, in place: src contiguous [outer, nids, inner]; dst contiguous
+// [outer, size, inner]; dst[o, ids[j], k] = src[o, j, k]. A bad id (FG_ID_NONE, reported by the
+// index check) writes nothing. Ids that repeat leave one of their rows (unspecified which), as
+// torch's index_copy_. Used where a captured step writes at a position held in device memory
+// (the KV cache of a CUDA-graph decode step).
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+static __device__ __forceinline__ void fg_index_copy(const T* __restrict__ src, const unsigned int* __restrict__ ids,
+                                                     T* __restrict__ dst, fg_u64 outer, fg_u64 size, fg_u64 inner,
+                                                     fg_u64 nids) {
+  const fg_u64 n = outer * nids * inner;
+  FG_GRID_STRIDE(i, n) {
+    fg_u64 t, k, o, j;
+    fg_divmod(i, inner, t, k);
+    fg_divmod(t, nids, o, j);
+    const unsigned int id = ids[j];
+    if (id != FG_ID_NONE) dst[(o * size + id) * inner + k] = src[i];
+  }
+}
+
+#define FG_INDEX_COPY(SUF, T)                                                                  \
+  FG_KERNEL index_copy_##SUF(const T* src, const unsigned int* ids, T* dst, fg_u64 outer, fg_u64 size, \
+                             fg_u64 inner, fg_u64 nids) {                                      \
+    fg_index_copy<T>(src, ids, dst, outer, size, inner, nids);                                 \
+  }
+FG_FOR_WIDTH(FG_INDEX_COPY)
 
 // ---------------------------------------------------------------------------------------------
 // gather_{b8,b16,b32,b64}(Layout sl, const T* src, Layout il, const unsigned int* ids, T* dst, u64 n,

@@ -57,6 +57,19 @@ pub trait BackendStorage: Sized {
     fn index_select(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self>;
     /// `out[i][j][k] = self[i][ids[i][j][k]][k]` for dim 1 (PyTorch's gather).
     fn gather(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self>;
+    /// `dst[.., ids[j], ..] = self[.., j, ..]` along `dim`, in place (`torch.index_copy_`): `dl` is a
+    /// contiguous view of `dst` (offset honoured); `self` viewed through `sl` has `dl`'s dims with
+    /// the number of ids at `dim`.
+    #[allow(clippy::too_many_arguments)]
+    fn index_copy_into(
+        &self,
+        sl: &Layout,
+        ids: &Self,
+        il: &Layout,
+        dst: &mut Self,
+        dl: &Layout,
+        dim: usize,
+    ) -> Result<()>;
     /// `out = self; out.index_select(dim, ids) += src` (self contiguous, the backward of index_select).
     fn index_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self>;
     /// `out = self; out[.. ids[i][j] ..] += src[i][j]` (the backward of gather).

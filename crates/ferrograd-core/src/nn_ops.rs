@@ -141,6 +141,35 @@ impl Tensor {
         Ok(Tensor::from_storage(s, dims, track(&[self]).then(|| Op::IndexSelect(self.clone(), ids.detach(), d))))
     }
 
+    /// Writes the slices of `src` into this tensor at the positions `ids` select along `dim`, in
+    /// place (`torch.index_copy_`): `self[.., ids[j], ..] = src[.., j, ..]`. `self` must be
+    /// contiguous (a view of a larger buffer is fine); `src` has `self`'s shape with `ids.len()` at
+    /// `dim`. A bad id is [`Error::IndexOutOfRange`] (on CUDA at the next host read, with nothing
+    /// written for it); ids that repeat leave one of their slices. Not recorded by autograd (as
+    /// [`Tensor::set`]). The ids stay on the device, so a CUDA graph can capture the write and
+    /// replay it at positions that change between replays (a decode step's KV cache).
+    pub fn index_copy_<D: Dim>(&self, dim: D, ids: &Tensor, src: &Tensor) -> Result<()> {
+        let d = dim.to_index(self.rank(), "index_copy_")?;
+        Self::check_ids(ids, "index_copy_", self.device())?;
+        if ids.rank() != 1 {
+            return Err(shape_err!("index_copy_", "indices must be 1-D, got shape {:?}", ids.dims()));
+        }
+        self.check_same_dtype(src, "index_copy_")?;
+        if src.device() != self.device() {
+            return Err(Error::DeviceMismatch { op: "index_copy_", lhs: self.device(), rhs: src.device() });
+        }
+        if !self.is_contiguous() {
+            return Err(shape_err!("index_copy_", "destination must be contiguous"));
+        }
+        // Both would be read while the destination is locked for writing.
+        if self.same_storage(src) || self.same_storage(ids) {
+            return Err(shape_err!("index_copy_", "the source or the ids share the destination's storage"));
+        }
+        let s = src.storage();
+        let i = ids.storage();
+        s.index_copy_into(src.layout(), &i, ids.layout(), &mut self.storage_mut(), self.layout(), d)
+    }
+
     /// Rows of this `[V, D]` table for integer indices of any shape: output `ids.shape + [D]`
     /// (`F.embedding(ids, table)`). Differentiable in the table.
     pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {

@@ -202,6 +202,21 @@ impl BackendStorage for Storage {
             Storage::Cuda(a.index_add(l, i, il, s, sl, dim)?)
         )
     }
+    fn index_copy_into(
+        &self,
+        sl: &Layout,
+        ids: &Self,
+        il: &Layout,
+        dst: &mut Self,
+        dl: &Layout,
+        dim: usize,
+    ) -> Result<()> {
+        match (self, ids, dst) {
+            (Storage::Cpu(s), Storage::Cpu(i), Storage::Cpu(d)) => s.index_copy_into(sl, i, il, d, dl, dim),
+            (Storage::Cuda(s), Storage::Cuda(i), Storage::Cuda(d)) => s.index_copy_into(sl, i, il, d, dl, dim),
+            (s, i, d) => Err(mismatch("index_copy_", &[s, i, d])),
+        }
+    }
     fn scatter_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self> {
         all_cpu_or_cuda!(
             "scatter_add",

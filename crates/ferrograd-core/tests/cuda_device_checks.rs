@@ -64,6 +64,8 @@ fn bad_ids_are_reported_at_the_next_host_read() -> Result<()> {
     let ids = on(&Tensor::from_vec(vec![1u32, 9], 2, Device::Cpu)?, dev);
     let src = on(&Tensor::ones((3, 2), DType::F32, Device::Cpu)?, dev);
     expect("index_add", x.index_add(&ids, &src, 1), "index_add", 9, 5);
+    let dst = on(&Tensor::zeros((3, 5), DType::F32, Device::Cpu)?, dev);
+    expect("index_copy_", dst.index_copy_(1, &ids, &src).map(|()| dst.clone()), "index_copy_", 9, 5);
     let si = on(&Tensor::from_vec(vec![0u32, 1, 2, 3, 4, 7], (3, 2), Device::Cpu)?, dev);
     expect("scatter_add", x.scatter_add(1, &si, &src), "scatter_add", 7, 5);
 

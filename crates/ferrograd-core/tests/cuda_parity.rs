@@ -311,6 +311,15 @@ fn indexing_and_structure() -> Result<()> {
         check("broadcast copy", dev, std::slice::from_ref(&x), 1.0, |t| {
             t[0].narrow(1, 2, 1)?.broadcast_as((5, 3, 4))?.contiguous()
         });
+        // In place, into rows 1..5 of a larger buffer (the view's offset honoured), ids unique.
+        let rows = Tensor::rand_with(&mut rng, 0.0, 9.0, (5, 3, 4), DType::F32, Device::Cpu)?.to_dtype(d)?;
+        let into = Tensor::from_vec(vec![3u32, 0, 2], 3, Device::Cpu)?;
+        check("index_copy_", dev, &[x.clone(), into, rows], 1.0, |t| {
+            let buf = t[0].transpose(0, 1)?.contiguous()?.reshape((6, 5, 4))?;
+            let view = buf.narrow(0, 1, 5)?;
+            view.index_copy_(0, &t[1].to_dtype(DType::I32)?, &t[2].transpose(0, 1)?.narrow(0, 0, 3)?.contiguous()?)?;
+            Ok(buf)
+        });
         if matches!(d, DType::U8 | DType::I8) {
             continue;
         }

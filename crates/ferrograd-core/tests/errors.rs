@@ -156,6 +156,16 @@ fn index_out_of_range() {
     let ids = Tensor::from_vec(vec![0u32, 1, 3, 2], (2, 2), CPU).unwrap();
     let e = err(x.gather(1usize, &ids), &["gather", "index 3", "size 3"]);
     assert!(matches!(e, Error::IndexOutOfRange { op: "gather", index: 3, size: 3 }));
+    // index_copy_: a bad id writes nothing at all on the CPU (all ids checked first).
+    let dst = f32s((4, 3));
+    let before = dst.to_vec::<f32>().unwrap();
+    let ones = Tensor::ones((2, 3), DType::F32, CPU).unwrap();
+    let e = err(dst.index_copy_(0usize, &u32s(vec![2, 4]), &ones), &["index_copy_", "index 4", "size 4"]);
+    assert!(matches!(e, Error::IndexOutOfRange { op: "index_copy_", index: 4, size: 4 }));
+    assert_eq!(dst.to_vec::<f32>().unwrap(), before);
+    err(dst.index_copy_(0usize, &u32s(vec![2]), &f32s((2, 3))), &["index_copy_"]);
+    err(dst.index_copy_(0usize, &u32s(vec![1]), &dst.narrow(0, 0, 1).unwrap()), &["index_copy_", "share"]);
+    err(dst.t().unwrap().index_copy_(0usize, &u32s(vec![1]), &f32s((1, 4))), &["index_copy_", "contiguous"]);
     // Cross-entropy targets: a class past C, and a negative one that is not the ignore index.
     let logits = f32s((2, 4));
     let e = err(logits.cross_entropy(&u32s(vec![1, 7]), None), &["cross_entropy target", "7", "size 4"]);

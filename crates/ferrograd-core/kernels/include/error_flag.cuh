@@ -12,7 +12,7 @@
 // them).
 enum FgIndexOp {
   FG_INDEX_SELECT = 0, FG_GATHER = 1, FG_INDEX_ADD = 2, FG_SCATTER_ADD = 3, FG_EMBEDDING = 4,
-  FG_CROSS_ENTROPY_TARGET = 5
+  FG_CROSS_ENTROPY_TARGET = 5, FG_INDEX_COPY = 6
 };
 
 // Mirrored by src/cuda/error_flag.rs `Record` in page-locked host memory mapped into the device:

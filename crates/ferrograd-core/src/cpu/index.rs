@@ -1,4 +1,5 @@
-//! Indexing: index_select/embedding, gather, and their adjoints index_add and scatter_add.
+//! Indexing: index_select/embedding, gather, their adjoints index_add and scatter_add, and the
+//! in-place index_copy_.
 //! Indices of any integer dtype are checked against the indexed dim; a bad one is a typed error.
 
 use super::{cpu_dispatch, dispatch2, strided, CpuStorage};
@@ -42,6 +43,41 @@ pub fn index_select(s: &CpuStorage, l: &Layout, ids: &CpuStorage, il: &Layout, d
         }
         WithDType::to_cpu_storage(out)
     }))
+}
+
+/// `dst[o, ids[j], k] = src[o, j, k]` in place, `dst` viewed contiguously through `dl`: the CPU
+/// twin of `index_copy_` in kernels/index.cu. The ids are all checked before anything is written.
+pub fn index_copy_into(
+    src: &CpuStorage,
+    sl: &Layout,
+    ids: &CpuStorage,
+    il: &Layout,
+    dst: &mut CpuStorage,
+    dl: &Layout,
+    dim: usize,
+) -> Result<()> {
+    let (outer, size, inner) = split(dl.dims(), dim);
+    let idx = indices(ids, il, size, "index_copy_")?;
+    let mut want = dl.dims().to_vec();
+    want[dim] = idx.len();
+    if sl.dims() != want.as_slice() {
+        return Err(Error::ShapeMismatch { op: "index_copy_", lhs: want, rhs: sl.dims().to_vec() });
+    }
+    let off = dl.offset();
+    dispatch2!("index_copy_", src, dst, (x, d) => {
+        if off + dl.elem_count() > d.len() {
+            return Err(shape_err!("index_copy_", "the destination view overflows its storage"));
+        }
+        let x = strided::gather_contiguous(x, sl)?;
+        for o in 0..outer {
+            for (j, &i) in idx.iter().enumerate() {
+                let to = off + (o * size + i) * inner;
+                let from = (o * idx.len() + j) * inner;
+                d[to..to + inner].copy_from_slice(&x[from..from + inner]);
+            }
+        }
+    });
+    Ok(())
 }
 
 /// For every element of an index tensor of shape `idims`, the flat position it addresses in a
@@ -145,4 +181,28 @@ pub fn scatter_add(
         }
         WithDType::to_cpu_storage(out)
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Device, Result, Tensor};
+
+    #[test]
+    fn index_copy_writes_the_selected_slices_of_a_view_in_place() -> Result<()> {
+        // A [4, 2, 3] buffer viewed from row 1 (offset 6); rows 2 and 0 of the view overwritten.
+        let buf = Tensor::arange(0.0, 24.0, 1.0, DType::F32, Device::Cpu)?.reshape((4, 2, 3))?;
+        let view = buf.narrow(0, 1, 3)?;
+        let src = Tensor::arange(100.0, 112.0, 1.0, DType::F32, Device::Cpu)?.reshape((2, 2, 3))?;
+        view.index_copy_(0, &Tensor::from_vec(vec![2i32, 0], 2, Device::Cpu)?, &src)?;
+        let mut want: Vec<f32> = (0..24).map(|v| v as f32).collect();
+        want[18..24].copy_from_slice(&[100.0, 101.0, 102.0, 103.0, 104.0, 105.0]);
+        want[6..12].copy_from_slice(&[106.0, 107.0, 108.0, 109.0, 110.0, 111.0]);
+        assert_eq!(buf.to_vec::<f32>()?, want);
+        // Along an inner dim: column 1 of every row of a [2, 3] matrix.
+        let m = Tensor::zeros((2, 3), DType::BF16, Device::Cpu)?.add_scalar(7.0)?;
+        let col = Tensor::from_vec(vec![1.0f32, 2.0], (2, 1), Device::Cpu)?.to_dtype(DType::BF16)?;
+        m.index_copy_(1, &Tensor::from_vec(vec![1u8], 1, Device::Cpu)?, &col)?;
+        assert_eq!(m.to_dtype(DType::F32)?.to_vec::<f32>()?, vec![7.0, 1.0, 7.0, 7.0, 2.0, 7.0]);
+        Ok(())
+    }
 }

@@ -29,16 +29,18 @@ pub enum IndexOp {
     ScatterAdd = 3,
     Embedding = 4,
     CrossEntropyTarget = 5,
+    IndexCopy = 6,
 }
 
 impl IndexOp {
-    pub const ALL: [IndexOp; 6] = [
+    pub const ALL: [IndexOp; 7] = [
         IndexOp::IndexSelect,
         IndexOp::Gather,
         IndexOp::IndexAdd,
         IndexOp::ScatterAdd,
         IndexOp::Embedding,
         IndexOp::CrossEntropyTarget,
+        IndexOp::IndexCopy,
     ];
 
     /// As errors name it (the CPU's immediate errors use the same names).
@@ -50,6 +52,7 @@ impl IndexOp {
             IndexOp::ScatterAdd => "scatter_add",
             IndexOp::Embedding => "embedding",
             IndexOp::CrossEntropyTarget => "cross_entropy target",
+            IndexOp::IndexCopy => "index_copy_",
         }
     }
 

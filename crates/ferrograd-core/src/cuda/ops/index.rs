@@ -1,5 +1,5 @@
 //! Launches of `kernels/index.cu`: the index check, index_select, gather and their adjoints
-//! index_add, scatter_add.
+//! index_add, scatter_add, and the in-place index_copy_.
 
 use super::same_dtype;
 use crate::cpu::index::check_gather;
@@ -33,6 +33,41 @@ pub(super) fn index_select(
             x, idx.buf.ptr(), out.buf.ptr(), outer as u64, size as u64, inner as u64, idx.len() as u64);
     }
     Ok(out)
+}
+
+/// `dst[.., ids[j], ..] = src[.., j, ..]` along `dim`, in place: `dst` is viewed contiguously
+/// through `dl` (its offset honoured), `src` has `dl`'s dims with `ids.len()` at `dim`. The ids are
+/// checked on the device (a bad one writes nothing and is reported at the next host read), so a
+/// CUDA graph may capture it with ids that change between replays.
+pub(super) fn index_copy_into(
+    src: &CudaStorage,
+    sl: &Layout,
+    ids: &CudaStorage,
+    il: &Layout,
+    dst: &mut CudaStorage,
+    dl: &Layout,
+    dim: usize,
+) -> Result<()> {
+    same_dtype("index_copy_", src, dst)?;
+    let (outer, size, inner) = split_at(dl.dims(), dim);
+    let idx = checked_ids(ids, il, size, None, IndexOp::IndexCopy)?;
+    let mut want = dl.dims().to_vec();
+    want[dim] = idx.len();
+    if sl.dims() != want.as_slice() {
+        return Err(Error::ShapeMismatch { op: "index_copy_", lhs: want, rhs: sl.dims().to_vec() });
+    }
+    if dl.offset() + dl.elem_count() > dst.len() {
+        return Err(Error::Shape { op: "index_copy_", msg: "the destination view overflows its storage".into() });
+    }
+    let (sp, _k) = src.contiguous_ptr(sl)?;
+    let n = sl.elem_count();
+    let dev = src.dev();
+    if n > 0 {
+        launch!(dev, modules::INDEX, format!("index_copy_{}", width_suffix(src.dtype())), cfg_1d(dev, n);
+            sp, idx.buf.ptr(), dst.buf.ptr_at(dl.offset()), outer as u64, size as u64, inner as u64,
+            idx.len() as u64);
+    }
+    Ok(())
 }
 
 pub(super) fn gather(s: &CudaStorage, l: &Layout, ids: &CudaStorage, il: &Layout, dim: usize) -> Result<CudaStorage> {

@@ -89,6 +89,18 @@ impl BackendStorage for CudaStorage {
         index::index_add(self, l, ids, il, src, sl, dim)
     }
 
+    fn index_copy_into(
+        &self,
+        sl: &Layout,
+        ids: &Self,
+        il: &Layout,
+        dst: &mut Self,
+        dl: &Layout,
+        dim: usize,
+    ) -> Result<()> {
+        index::index_copy_into(self, sl, ids, il, dst, dl, dim)
+    }
+
     fn scatter_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self> {
         index::scatter_add(self, l, ids, il, src, sl, dim)
     }
