@@ -51,6 +51,8 @@ fn main() -> Result<()> {
         top_k: Some(arg_or("top-k", 50)?),
         seed: arg_or("seed", 0)?,
         stop_at_eot: true,
+        // On CUDA each decode step is one CUDA-graph replay.
+        graph: true,
     };
 
     // On a GPU the matmuls run in bf16 (the weights stay f32); on the CPU in f32.

@@ -408,6 +408,40 @@ fn projections_cast_once_decode_as_autocast_casts_them() -> Result<()> {
     Ok(())
 }
 
+/// On CUDA the decode step is captured once and replayed for every token: the same logits, bit
+/// for bit, as the same step run op by op, in f32 and under a bf16 autocast, for the attention
+/// kernels' head dim and the fallback's; and the full forward's logits to rounding (f32).
+#[test]
+fn decode_graph_replay_equals_eager_steps() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let ids = [5u32, 17, 3, 70, 42, 8, 1, 9];
+    for cfg in [cuda_small(72), small_vocab()] {
+        let m = Gpt::new(cfg, 11, dev)?;
+        let full = values(&m.logits(&Tensor::from_vec(ids.to_vec(), (1, ids.len()), dev)?)?);
+        for bf16 in [false, true] {
+            let _ac = if bf16 { Some(ferrograd_nn::amp::autocast(DType::BF16)?) } else { None };
+            let run = |graph: bool| -> Result<(Vec<Vec<f32>>, bool)> {
+                let mut d = Decoder::with_graph(&m, 12, graph)?;
+                d.prefill(&ids[..3])?;
+                let steps = ids[3..].iter().map(|&t| Ok(values(&d.step(t)?))).collect::<Result<Vec<_>>>()?;
+                Ok((steps, d.graph_state().0))
+            };
+            let ((eager, g0), (replayed, g1)) = (run(false)?, run(true)?);
+            assert!(!g0 && g1, "graph modes: eager {g0}, replayed {g1}");
+            assert_eq!(eager, replayed, "head dim {}, bf16 {bf16}", cfg.head_dim());
+            if !bf16 {
+                let v = cfg.vocab_size;
+                for (k, got) in replayed.iter().enumerate() {
+                    let want = &full[(3 + k) * v..(4 + k) * v];
+                    let err = want.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                    assert!(err < 1e-4, "position {}: max error {err}", 3 + k);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn kv_cache_decode_matches_the_full_forward() -> Result<()> {
     let cfg = small_vocab();
@@ -469,7 +503,7 @@ fn greedy_and_seeded_sampling_are_deterministic() -> Result<()> {
     let m = Gpt::new(small_vocab(), 5, Device::Cpu)?;
     let prompt = [1u32, 2, 3];
     let run = |top_k, temperature, seed| {
-        let cfg = SampleConfig { max_new_tokens: 10, temperature, top_k, seed, stop_at_eot: false };
+        let cfg = SampleConfig { max_new_tokens: 10, temperature, top_k, seed, stop_at_eot: false, graph: true };
         generate(&m, &prompt, &cfg, |_| Ok(())).unwrap().tokens
     };
     let greedy = run(Some(1), 1.0, 0);

@@ -39,6 +39,10 @@ pub struct SampleArgs {
     /// Keep going after <|endoftext|>.
     #[arg(long)]
     pub ignore_eot: bool,
+    /// On CUDA, run each decode step op by op instead of replaying it as a CUDA graph
+    /// (FERROGRAD_PROFILE implies it: a replayed graph records no per-kernel timings).
+    #[arg(long)]
+    pub no_graph: bool,
     /// Run the block projections in int8: w8a16 (weight-only) or w8a8 (`--int8` alone); a float
     /// checkpoint is quantized on load, an int8 file from `gpt quantize` runs in its own mode
     /// unless this names one.
@@ -99,12 +103,16 @@ pub fn run(a: SampleArgs, out: &mut dyn Write) -> CliResult<()> {
     if prompt.is_empty() {
         prompt.push(tok.eot());
     }
+    // FERROGRAD_PROFILE=1: device time per kernel over the decode steps after the first few
+    // (which may compile or allocate), printed with the timing line.
+    let profile = device.is_cuda() && ferrograd_core::cuda::profile::enabled();
     let cfg = SampleConfig {
         max_new_tokens: a.tokens,
         temperature: a.temperature,
         top_k: (a.top_k > 0).then_some(a.top_k),
         seed: a.seed,
         stop_at_eot: !a.ignore_eot,
+        graph: !a.no_graph && !profile,
     };
     eprintln!(
         "{}: {:.1}M parameters on {device} ({note})",
@@ -115,9 +123,6 @@ pub fn run(a: SampleArgs, out: &mut dyn Write) -> CliResult<()> {
     write!(out, "{}", a.prompt)?;
     let mut stream = Utf8Stream { pending: vec![] };
     let mut io_err = None;
-    // FERROGRAD_PROFILE=1: device time per kernel over the decode steps after the first few
-    // (which may compile or allocate), printed with the timing line.
-    let profile = device.is_cuda() && ferrograd_core::cuda::profile::enabled();
     let mut chosen = 0u64;
     let stats = generate(&model, &prompt, &cfg, |id| {
         chosen += 1;
@@ -144,8 +149,12 @@ pub fn run(a: SampleArgs, out: &mut dyn Write) -> CliResult<()> {
         (Some(p), Some(m)) => format!("{p:.2} ms/token median, {m:.2} mean"),
         _ => "-".to_string(),
     };
+    if let Some(note) = &stats.graph_note {
+        eprintln!("note: {note}");
+    }
+    let how = if stats.graph { "a CUDA graph per token" } else { "op by op" };
     eprintln!(
-        "{} prompt tokens in {:.1} ms, {} new tokens: {per} (decode with KV cache, {device})",
+        "{} prompt tokens in {:.1} ms, {} new tokens: {per} (decode with KV cache, {how}, {device})",
         prompt.len(),
         1e3 * stats.prefill_s,
         stats.tokens.len()

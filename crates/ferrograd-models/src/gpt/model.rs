@@ -4,7 +4,9 @@
 //! [`HfView`] shows the model with the real vocabulary, as files and outputs see it.
 
 use super::config::GptConfig;
-use super::ops::{attention, causal_mask, gemm_norm, lm_logits, lm_logits_padded, lm_loss, self_attention};
+use super::ops::{
+    attention, causal_mask, gemm_norm, lm_logits, lm_logits_padded, lm_loss, materialized_attention, self_attention,
+};
 use super::quant::{Linears, Proj};
 use ferrograd_core::fused::classifier::ClassifierOpts;
 use ferrograd_core::{shape_err, DType, Device, Error, Result, Rng, Tensor};
@@ -67,11 +69,23 @@ impl Block {
 }
 
 /// Where one block's keys and values go when decoding with a cache: per layer `[capacity, H, D]`
-/// buffers, rows `0..start` already filled by earlier calls.
+/// buffers, the rows before the position already filled by earlier calls.
 pub struct LayerCache<'a> {
     pub k: &'a Tensor,
     pub v: &'a Tensor,
-    pub start: usize,
+    pub at: CacheAt<'a>,
+}
+
+/// The position the new tokens take in a KV cache.
+#[derive(Clone, Copy)]
+pub enum CacheAt<'a> {
+    /// Positions `start..start + T`, known on the host (prefill; eager decode).
+    Host(usize),
+    /// One token at the position held in device memory, `pos` `[1]` u32, with `mask` `[1,
+    /// capacity]` u8 non-zero past it: nothing about the step depends on a host value, so a CUDA
+    /// graph of it replays at every position. Attention then reads the whole cache through the
+    /// mask (the materialized scores; a decode step's `capacity` keys are few).
+    Device { pos: &'a Tensor, mask: &'a Tensor },
 }
 
 pub struct Gpt {
@@ -247,18 +261,30 @@ impl Gpt {
                 if b != 1 {
                     return Err(shape_err!("gpt decode", "the KV cache holds one sequence, got batch {b}"));
                 }
-                let end = kv.start + t;
                 // The cache keeps its own dtype: under autocast the projection wrote bf16 (the
-                // attention below casts the cached keys and values back as it casts q).
+                // attention below casts the cached keys and values as it casts q).
                 let cached = |i: usize, cache: &Tensor| part(&qkv, i)?.squeeze(0)?.to_dtype(cache.dtype());
-                kv.k.narrow(0, kv.start, t)?.set(&cached(1, kv.k)?)?;
-                kv.v.narrow(0, kv.start, t)?.set(&cached(2, kv.v)?)?;
-                // [end, H, D] -> [1, H, end, D], views of the cache.
-                let keys = kv.k.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
-                let vals = kv.v.narrow(0, 0, end)?.permute(&[1, 0, 2])?.unsqueeze(0)?;
+                // [rows, H, D] -> [1, H, rows, D], views of the cache.
+                let heads = |c: &Tensor| c.permute(&[1, 0, 2])?.unsqueeze(0);
                 let q = part(&qkv, 0)?.permute(&[0, 2, 1, 3])?;
-                attention(&q, &keys, &vals, kv.start, || causal_mask(t, kv.start, self.device()))?
-                    .permute(&[0, 2, 1, 3])?
+                match kv.at {
+                    CacheAt::Host(start) => {
+                        let end = start + t;
+                        kv.k.narrow(0, start, t)?.set(&cached(1, kv.k)?)?;
+                        kv.v.narrow(0, start, t)?.set(&cached(2, kv.v)?)?;
+                        let (keys, vals) = (heads(&kv.k.narrow(0, 0, end)?)?, heads(&kv.v.narrow(0, 0, end)?)?);
+                        attention(&q, &keys, &vals, start, || causal_mask(t, start, self.device()))?
+                    }
+                    CacheAt::Device { pos, mask } => {
+                        if t != 1 {
+                            return Err(shape_err!("gpt decode", "a device-positioned step takes 1 token, got {t}"));
+                        }
+                        kv.k.index_copy_(0, pos, &cached(1, kv.k)?)?;
+                        kv.v.index_copy_(0, pos, &cached(2, kv.v)?)?;
+                        materialized_attention(&q, &heads(kv.k)?, &heads(kv.v)?, mask)?
+                    }
+                }
+                .permute(&[0, 2, 1, 3])?
             }
         };
         let y = y.reshape((b, t, c))?;
@@ -269,10 +295,10 @@ impl Gpt {
     }
 
     /// The blocks and `ln_f` over the embeddings `x` `[B, T, C]`, with each block's cache.
-    fn run_blocks(&self, x: Tensor, caches: Option<(&[Tensor], &[Tensor], usize)>) -> Result<Tensor> {
+    fn run_blocks(&self, x: Tensor, caches: Option<(&[Tensor], &[Tensor], CacheAt<'_>)>) -> Result<Tensor> {
         let (mut x, mut branch) = (x, None);
         for (i, blk) in self.blocks.iter().enumerate() {
-            let cache = caches.map(|(k, v, start)| LayerCache { k: &k[i], v: &v[i], start });
+            let cache = caches.map(|(k, v, at)| LayerCache { k: &k[i], v: &v[i], at });
             let (nx, out) = self.block(i, blk, &x, branch.as_ref(), cache)?;
             (x, branch) = (nx, Some(out));
         }
@@ -372,9 +398,51 @@ impl Gpt {
                 ));
             }
         }
-        let h = self.run_blocks(self.embed(ids, start)?, Some((k_cache, v_cache, start)))?;
-        let h = h.narrow(1, t - 1, 1)?;
-        let l = lm_logits(&h, &self.wte, self.config.vocab_size)?.flatten_all()?;
+        let h = self.run_blocks(self.embed(ids, start)?, Some((k_cache, v_cache, CacheAt::Host(start))))?;
+        self.last_logits(&h)
+    }
+
+    /// One decode step at a position held in device memory: `id` `[1, 1]`, `pos` `[1]` (u32, below
+    /// the caches' capacity; checked on the device), `mask` `[1, capacity]` u8, non-zero at the
+    /// positions after `pos`. Writes the token's keys and values at row `pos` of every layer's
+    /// cache and returns the logits `[vocab_size]` (f32). Nothing is read back to the host, so a
+    /// CUDA graph of this call replays at any position (`sample::Decoder`).
+    pub fn forward_at(
+        &self,
+        id: &Tensor,
+        pos: &Tensor,
+        mask: &Tensor,
+        k_cache: &[Tensor],
+        v_cache: &[Tensor],
+    ) -> Result<Tensor> {
+        let (_, t) = self.check_ids(id, "gpt decode")?;
+        if t != 1 || k_cache.len() != self.blocks.len() || v_cache.len() != self.blocks.len() {
+            return Err(shape_err!(
+                "gpt decode",
+                "one token and a cache per layer: got {t} tokens, {} key and {} value caches for {} layers",
+                k_cache.len(),
+                v_cache.len(),
+                self.blocks.len()
+            ));
+        }
+        let capacity = k_cache.first().map_or(0, |k| k.dims()[0]);
+        if capacity > self.config.n_positions || mask.dims() != [1, capacity] {
+            return Err(shape_err!(
+                "gpt decode",
+                "a cache of {capacity} rows (context {}) with a [1, {capacity}] mask, got mask {:?}",
+                self.config.n_positions,
+                mask.dims()
+            ));
+        }
+        let x = self.wte.embedding(id)?.add(&self.wpe.index_select(pos, 0)?)?;
+        let h = self.run_blocks(x, Some((k_cache, v_cache, CacheAt::Device { pos, mask })))?;
+        self.last_logits(&h)
+    }
+
+    /// The logits `[vocab_size]` (f32, contiguous) of the last position of `h` `[1, T, C]`.
+    fn last_logits(&self, h: &Tensor) -> Result<Tensor> {
+        let t = h.dims()[1];
+        let l = lm_logits(&h.narrow(1, t - 1, 1)?, &self.wte, self.config.vocab_size)?.flatten_all()?;
         l.to_dtype(DType::F32)?.contiguous()
     }
 }

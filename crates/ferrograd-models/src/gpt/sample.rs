@@ -3,14 +3,19 @@
 //! the last position's logits; the draw is Philox (`uniform_at(seed, 0, i)` for the i-th new
 //! token), so a seed gives the same text on every device.
 //!
-//! The decode step reads its token from a fixed `[1, 1]` buffer and writes into caches allocated
-//! once at full length, so its inputs and state live across steps (what a CUDA graph of the step
-//! needs); its position is still a host value that selects the cache rows, which a captured step
-//! will have to read from device memory instead.
+//! The decode step takes its token and its position from one small device buffer and writes
+//! into caches allocated once at full length, attending to the whole cache through a mask built
+//! on the device (`Gpt::forward_at`): nothing in it depends on a host value, so on CUDA the step
+//! is captured once as a CUDA graph and replayed for every token (PyTorch's "static cache +
+//! CUDA graph" decode), one launch instead of a dozen kernels per layer. `SampleConfig::graph`
+//! (`gpt sample --no-graph`) runs the same step eagerly; a step that cannot be captured falls
+//! back to eager and says why (`Decoder::graph_note`).
 
 use super::model::Gpt;
+use ferrograd_core::cuda::{CudaDevice, Graph};
 use ferrograd_core::rng::uniform_at;
-use ferrograd_core::{no_grad, DType, Error, Result, Tensor};
+use ferrograd_core::{no_grad, DType, Device, Error, Result, Tensor};
+use ferrograd_nn::amp::autocast_dtype;
 use std::time::Instant;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -23,11 +28,13 @@ pub struct SampleConfig {
     pub seed: u64,
     /// Stop after generating `<|endoftext|>`.
     pub stop_at_eot: bool,
+    /// On CUDA, replay the decode step as a CUDA graph (else run it op by op).
+    pub graph: bool,
 }
 
 impl Default for SampleConfig {
     fn default() -> Self {
-        SampleConfig { max_new_tokens: 100, temperature: 1.0, top_k: Some(50), seed: 0, stop_at_eot: true }
+        SampleConfig { max_new_tokens: 100, temperature: 1.0, top_k: Some(50), seed: 0, stop_at_eot: true, graph: true }
     }
 }
 
@@ -39,9 +46,10 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(model: &Gpt, capacity: usize) -> Result<KvCache> {
+    /// Caches in `dtype` (the dtype the projections write: f32, or the autocast dtype).
+    pub fn new(model: &Gpt, capacity: usize, dtype: DType) -> Result<KvCache> {
         let c = &model.config;
-        let z = || Tensor::zeros((capacity, c.n_head, c.head_dim()), DType::F32, model.device());
+        let z = || Tensor::zeros((capacity, c.n_head, c.head_dim()), dtype, model.device());
         Ok(KvCache {
             k: (0..c.n_layer).map(|_| z()).collect::<Result<_>>()?,
             v: (0..c.n_layer).map(|_| z()).collect::<Result<_>>()?,
@@ -54,27 +62,73 @@ impl KvCache {
     }
 }
 
-/// A model with its cache and its fixed one-token input buffer.
+/// The decode step's fixed inputs: `io` `[2]` u32 holds the token and its position (one copy per
+/// step), `positions` `[capacity]` u32 is `0..capacity` (the attention mask is `positions > pos`).
+struct StepInputs {
+    io: Tensor,
+    positions: Tensor,
+}
+
+impl StepInputs {
+    /// The step as `Gpt::forward_at` runs it, reading everything from device memory.
+    fn forward(&self, model: &Gpt, cache: &KvCache) -> Result<Tensor> {
+        let id = self.io.narrow(0, 0, 1)?.reshape((1, 1))?;
+        let pos = self.io.narrow(0, 1, 1)?;
+        let mask = self.positions.gt(&pos)?.reshape((1, cache.capacity()))?;
+        model.forward_at(&id, &pos, &mask, &cache.k, &cache.v)
+    }
+}
+
+/// How decode steps run.
+enum Mode {
+    Eager,
+    /// Captured at the first step.
+    Graph,
+    /// The captured step and the logits tensor each replay overwrites.
+    Replay(Graph, Tensor),
+}
+
+/// A model with its cache and its fixed one-token inputs.
 pub struct Decoder<'a> {
     pub model: &'a Gpt,
     pub cache: KvCache,
-    token: Tensor,
+    inputs: StepInputs,
+    mode: Mode,
+    graph_note: Option<String>,
 }
 
 impl<'a> Decoder<'a> {
-    /// A decoder for sequences of up to `capacity` tokens (at most the model's context).
+    /// A decoder for sequences of up to `capacity` tokens (at most the model's context), whose
+    /// decode steps replay a CUDA graph on CUDA.
     pub fn new(model: &'a Gpt, capacity: usize) -> Result<Decoder<'a>> {
+        Self::with_graph(model, capacity, true)
+    }
+
+    /// As [`Decoder::new`]; `graph: false` runs every decode step op by op.
+    pub fn with_graph(model: &'a Gpt, capacity: usize, graph: bool) -> Result<Decoder<'a>> {
         if capacity == 0 || capacity > model.config.n_positions {
             return Err(Error::InvalidArgument(format!(
                 "a sequence of {capacity} tokens does not fit the model's context of {}",
                 model.config.n_positions
             )));
         }
+        let dev = model.device();
+        let positions = (0..capacity as u32).collect::<Vec<_>>();
         Ok(Decoder {
             model,
-            cache: KvCache::new(model, capacity)?,
-            token: Tensor::zeros((1, 1), DType::U32, model.device())?,
+            cache: KvCache::new(model, capacity, autocast_dtype().unwrap_or(DType::F32))?,
+            inputs: StepInputs {
+                io: Tensor::zeros(2, DType::U32, dev)?,
+                positions: Tensor::from_vec(positions, capacity, dev)?,
+            },
+            mode: if graph && dev.is_cuda() { Mode::Graph } else { Mode::Eager },
+            graph_note: None,
         })
+    }
+
+    /// Whether decode steps replay a CUDA graph (after the first), and if a capture failed, why not.
+    pub fn graph_state(&self) -> (bool, Option<&str>) {
+        (!matches!(self.mode, Mode::Eager), self.graph_note.as_deref())
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
@@ -105,12 +159,39 @@ impl<'a> Decoder<'a> {
         Ok(l)
     }
 
-    /// One decode step: `id` at the next position; the logits after it.
+    /// One decode step: `id` at the next position; the logits after it. Replaying a graph, the
+    /// returned tensor is the graph's output, overwritten by the next step: read it (or copy
+    /// it) before stepping again.
     pub fn step(&mut self, id: u32) -> Result<Tensor> {
         self.check_ids(&[id])?;
         let _g = no_grad();
-        self.token.set(&Tensor::from_vec(vec![id], (1, 1), self.model.device())?)?;
-        let l = self.model.forward_cached(&self.token, self.cache.len, &self.cache.k, &self.cache.v)?;
+        let dev = self.model.device();
+        self.inputs.io.set(&Tensor::from_vec(vec![id, self.cache.len as u32], 2, dev)?)?;
+        let l = match (&self.mode, dev) {
+            (Mode::Replay(g, out), _) => {
+                g.replay()?;
+                out.clone()
+            }
+            (Mode::Graph, Device::Cuda(o)) => {
+                let (inputs, model, cache) = (&self.inputs, self.model, &self.cache);
+                // One warm-up runs the step (idempotent: the same row gets the same keys and
+                // values), then the capture records it and a replay computes this step.
+                match Graph::capture(&CudaDevice::get(o)?, 1, || inputs.forward(model, cache)) {
+                    Ok((g, out)) => {
+                        g.replay()?;
+                        self.mode = Mode::Replay(g, out.clone());
+                        out
+                    }
+                    Err(e @ Error::GraphCapture { .. }) => {
+                        self.graph_note = Some(format!("decode step not captured ({e}); running it eagerly"));
+                        self.mode = Mode::Eager;
+                        self.inputs.forward(self.model, &self.cache)?
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            _ => self.inputs.forward(self.model, &self.cache)?,
+        };
         self.cache.len += 1;
         Ok(l)
     }
@@ -170,6 +251,9 @@ pub struct GenStats {
     /// Each decode step's time (its logits read back to the host included), in order: a first
     /// step that compiles or allocates shows here.
     pub step_s: Vec<f64>,
+    /// Whether the decode steps replayed a CUDA graph, and why not where a capture failed.
+    pub graph: bool,
+    pub graph_note: Option<String>,
 }
 
 impl GenStats {
@@ -208,7 +292,7 @@ pub fn generate(
             model.config.n_positions
         )));
     }
-    let mut dec = Decoder::new(model, capacity.max(1))?;
+    let mut dec = Decoder::with_graph(model, capacity.max(1), cfg.graph)?;
     let mut stats = GenStats::default();
     if cfg.max_new_tokens == 0 {
         return Ok(stats);
@@ -227,5 +311,7 @@ pub fn generate(
         logits = dec.step(id)?.to_vec::<f32>()?;
         stats.step_s.push(t.elapsed().as_secs_f64());
     }
+    let (graph, note) = dec.graph_state();
+    (stats.graph, stats.graph_note) = (graph && !stats.step_s.is_empty(), note.map(str::to_string));
     Ok(stats)
 }
