@@ -22,8 +22,13 @@ DTYPES=${DTYPES:-bf16 f32}
 FORMS=${FORMS:-mamba_ssm}
 OUT=${OUT:-/tmp/mamba-ssm}
 mkdir -p "$OUT"
-export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-16}
-export PATH="$CUDA_HOME/bin:$PATH" PYTHONUNBUFFERED=1
+# The toolkit: CUDA_HOME, else /usr/local/cuda, else the one whose nvcc is on PATH.
+if [ -z "${CUDA_HOME:-}" ]; then
+  if [ -x /usr/local/cuda/bin/nvcc ]; then CUDA_HOME=/usr/local/cuda
+  elif command -v nvcc >/dev/null; then CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+  else echo "no nvcc: set CUDA_HOME"; exit 2; fi
+fi
+export CUDA_HOME MAX_JOBS=${MAX_JOBS:-16} PATH="$CUDA_HOME/bin:$PATH" PYTHONUNBUFFERED=1
 for d in /usr/local/nvidia/lib64 "$CUDA_HOME/lib64"; do [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
 export FERROGRAD_CACHE_DIR=${FERROGRAD_CACHE_DIR:-/tmp/ferrograd-cache}
 t0=$SECONDS
