@@ -178,6 +178,9 @@ impl Stepper for GraphSteps {
         let input = &s.input;
         let run = || autograd_step(model, params, m, v, adam, step, input);
         if s.warmups < WARMUP_STEPS {
+            // The first warm-up creates the step's cuBLASLt plans: time their candidates then,
+            // as the graph will replay whichever algorithm each plan holds thousands of times.
+            let _tune = ferrograd_core::cuda::blaslt::tune_new_plans();
             *last = Some(s.capture.warmup(run)?);
             s.warmups += 1;
             return Ok(());

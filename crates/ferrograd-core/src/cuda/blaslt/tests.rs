@@ -223,3 +223,19 @@ fn bad_problems_are_typed_errors() {
         assert!(matches!(e, crate::Error::InvalidArgument(_) | crate::Error::UnsupportedDType { .. }), "{why}: {e}");
     }
 }
+
+/// `tune_new_plans` turns tuning on for this thread until its guard drops; scopes nest.
+#[test]
+fn tune_scopes_nest_and_end() {
+    let outside = super::autotune();
+    {
+        let _a = super::tune_new_plans();
+        assert!(super::autotune());
+        {
+            let _b = super::tune_new_plans();
+            assert!(super::autotune());
+        }
+        assert!(super::autotune(), "the outer scope is still open");
+    }
+    assert_eq!(super::autotune(), outside);
+}
