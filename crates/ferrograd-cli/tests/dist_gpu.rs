@@ -263,3 +263,44 @@ fn dist_gpu_gpt_train_on_two_gpus_matches_one() {
     println!("gpt train, 5 steps on 2 GPUs resumed on 1 to step 10, vs 1 GPU throughout: max rel {e:e}");
     assert!(e <= 1e-5, "{e:e}");
 }
+
+/// `gpt train --zero 1` on 2 GPUs: reduce-scatter, GPT's AdamW on each GPU's half of the
+/// parameters, all-gather; the steps of 1 GPU, half the moments per GPU, and checkpoints that
+/// resume with ZeRO on 2 GPUs and without it on 1.
+#[test]
+fn dist_gpu_gpt_train_zero1_on_two_gpus_matches_one() {
+    if !two_gpus("dist_gpu_gpt_train_zero1_on_two_gpus_matches_one") {
+        return;
+    }
+    let data = tmp("gpt-zero-data");
+    gpt_shards(&data);
+    let (one, zero, half, to_one) =
+        (tmp("gpt-zero-one"), tmp("gpt-zero-two"), tmp("gpt-zero-half"), tmp("gpt-zero-to1"));
+    let with = |extra: &[&'static str]| -> Vec<&str> { GPT_RUN.iter().chain(extra).copied().collect() };
+    gpt(1, 12, &data, &one, &with(&["--steps", "10"]));
+    let out = gpt(2, 13, &data, &zero, &with(&["--steps", "10", "--zero", "1"]));
+    assert!(out.contains("ZeRO-1 (reduce-scatter"), "{out}");
+    // The optimizer memory and how the step ran (one CUDA graph, or eager and why), for the record.
+    for line in out.lines().filter(|l| l.contains("ZeRO-1: rank") || l.contains("step: ")) {
+        println!("{line}");
+    }
+    assert!(out.contains("ZeRO-1: rank 0 keeps AdamW moments for its shard"), "{out}");
+    let e = gpt_max_rel(&zero, &one, 64);
+    println!("gpt train --zero 1, 2 GPUs vs 1 on the same global batch (f32, 10 steps): max rel {e:e}");
+    assert!(e <= 1e-5, "{e:e}");
+    // 5 ZeRO steps on 2 GPUs resumed with ZeRO on 2: the straight ZeRO run (bit for bit on the
+    // CPU, gpt_zero.rs; here NCCL's reductions are deterministic for a fixed size and algorithm).
+    gpt(2, 14, &data, &half, &with(&["--steps", "5", "--zero", "1"]));
+    let out = gpt(2, 15, &data, &half, &["--resume", "--steps", "10", "--zero", "1"]);
+    assert!(out.contains("resuming at step 5"), "{out}");
+    let e = gpt_max_rel(&half, &zero, 64);
+    println!("gpt train --zero 1, 5 + 5 steps (resumed) vs 10 straight on 2 GPUs: max rel {e:e}");
+    assert!(e <= 1e-6, "{e:e}");
+    // 5 ZeRO steps on 2 GPUs resumed on 1 GPU without ZeRO: the 1-GPU run.
+    gpt(2, 16, &data, &to_one, &with(&["--steps", "5", "--zero", "1"]));
+    let out = gpt(1, 17, &data, &to_one, &["--resume", "--steps", "10"]);
+    assert!(out.contains("resuming at step 5"), "{out}");
+    let e = gpt_max_rel(&to_one, &one, 64);
+    println!("gpt train, 5 ZeRO-1 steps on 2 GPUs resumed on 1 GPU to step 10, vs 1 GPU throughout: max rel {e:e}");
+    assert!(e <= 1e-5, "{e:e}");
+}

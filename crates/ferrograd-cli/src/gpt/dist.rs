@@ -2,11 +2,13 @@
 //! `ferrograd_models::gpt::dp` built from a communicator. Gradients are averaged by
 //! `ferrograd_dist::DataParallel::grad_sync` (buckets all-reduced on the communication stream
 //! while backward runs, f32 or bf16 on the wire) inside GPT's step body; GPT's own two-group
-//! AdamW then steps on them.
+//! AdamW then steps on them. With `--zero 1` (`DataParallel::shard_sync`) the buckets are
+//! reduce-scattered instead, GPT's AdamW steps on this rank's shard (`ferrograd-models`
+//! `gpt/zero.rs`) and `end_step` all-gathers the parameters.
 
 use ferrograd_core::{DType, GradStore, Result, Tensor};
 use ferrograd_dist::{Communicator, DataParallel, DpConfig, ReduceOp};
-use ferrograd_models::gpt::dp::{GptDist, GradSync};
+use ferrograd_models::gpt::dp::{GptDist, GradSync, ShardPart};
 use ferrograd_nn::optim::Optimizer;
 use std::sync::Arc;
 
@@ -30,23 +32,49 @@ impl GradSync for Averager {
     fn graph_capturable(&self) -> std::result::Result<(), String> {
         self.0.comm().graph_capturable()
     }
+
+    fn shard(&self) -> Option<Vec<ShardPart>> {
+        (self.0.config().zero == 1).then(|| {
+            let parts = self.0.shard_parts().iter();
+            parts
+                .map(|q| ShardPart { param: q.param, range: q.range.clone(), buffer: q.bucket, offset: q.offset })
+                .collect()
+        })
+    }
+
+    fn shard_grads(&self) -> Result<Vec<Tensor>> {
+        Ok(self.0.shard_grads()?)
+    }
+
+    fn sum_over_ranks(&self, t: &Tensor) -> Result<()> {
+        // Compute waits on the device: the sum can sit inside a captured step.
+        Ok(self.0.comm().all_reduce(t, ReduceOp::Sum)?.wait()?)
+    }
+
+    fn gather_parts(&self, parts: &[Tensor]) -> Result<Vec<Tensor>> {
+        Ok(self.0.gather_parts(parts)?)
+    }
 }
 
-/// The hooks over `comm`, averaging gradients as `dp` says (ZeRO must be 0: GPT keeps its own
-/// optimizer).
+/// The hooks over `comm`, averaging gradients as `dp` says: all-reduced (`zero: 0`) or
+/// reduce-scattered to GPT's AdamW on each rank's shard (`zero: 1`, ZeRO-1).
 pub fn hooks(comm: Arc<dyn Communicator>, dp: DpConfig) -> GptDist {
     let describe = format!(
-        "{}, {} gradients in {:.0} MiB buckets",
+        "{}, {} gradients in {:.0} MiB buckets{}",
         comm.backend(),
         dp.comm_dtype,
-        dp.bucket_bytes as f64 / (1 << 20) as f64
+        dp.bucket_bytes as f64 / (1 << 20) as f64,
+        if dp.zero == 1 { ", ZeRO-1 (reduce-scatter, AdamW on each rank's shard, all-gather)" } else { "" }
     );
     let (c1, c2, c3, c4) = (comm.clone(), comm.clone(), comm.clone(), comm.clone());
     GptDist {
         rank: comm.rank(),
         world: comm.world_size(),
         grad_sync: Arc::new(move |params| {
-            let d = DataParallel::grad_sync(c1.clone(), params, dp.clone())?;
+            let d = match dp.zero {
+                0 => DataParallel::grad_sync(c1.clone(), params, dp.clone())?,
+                _ => DataParallel::shard_sync(c1.clone(), params, dp.clone())?,
+            };
             Ok(Box::new(Averager(d)) as Box<dyn GradSync>)
         }),
         all_reduce_mean: Arc::new(move |t| Ok(c2.all_reduce(t, ReduceOp::Avg)?.wait()?)),

@@ -127,6 +127,11 @@ pub struct TrainArgs {
     /// Under `ferrograd launch`: gradient bucket size in MiB (all-reduced while backward runs).
     #[arg(long, default_value_t = 25.0)]
     pub bucket_mib: f64,
+    /// Under `ferrograd launch`: 1 for ZeRO-1: gradients reduce-scattered, each GPU runs AdamW on
+    /// its 1/N of the parameters (moments for those only: optimizer memory / N), then the
+    /// parameters are all-gathered. Checkpoints stay plain (they resume with or without it).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1), conflicts_with = "pipeline")]
+    pub zero: u8,
     /// Pipeline parallel: cut the blocks into N even stage groups (embeddings with the first; ln_f,
     /// head and loss with the last) over the ranks of `ferrograd launch` (N / ranks groups per GPU),
     /// or N stages in this process; f32, `gpt/pipeline.rs`.
@@ -267,9 +272,14 @@ pub fn run(a: TrainArgs, out: &mut dyn Write) -> CliResult<()> {
         let dp = ferrograd_dist::DpConfig {
             bucket_bytes: (a.bucket_mib * (1 << 20) as f64) as usize,
             comm_dtype: a.comm_dtype,
-            zero: 0,
+            zero: a.zero,
         };
         cfg.dist = Some(super::dist::hooks(pg.comm(), dp));
+    } else if a.zero == 1 {
+        writeln!(
+            out,
+            "--zero 1: one process (no `ferrograd launch` group), nothing to shard; AdamW keeps its whole state"
+        )?;
     }
     // Other ranks say nothing but errors: rank 0 speaks for the group.
     let a = if main_rank { a } else { TrainArgs { progress: ProgressArg::Quiet, ..a } };

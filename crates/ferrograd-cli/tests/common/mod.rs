@@ -2,6 +2,8 @@
 //! the `ferrograd` binary under test is, and its output as text.
 #![allow(dead_code)] // each test crate uses a different part
 
+pub mod gpt_run;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

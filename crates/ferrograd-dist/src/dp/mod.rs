@@ -27,6 +27,7 @@
 //! gradients, so use bf16 there.
 
 mod checkpoint;
+mod shard;
 mod zero;
 
 use crate::bucket::{BucketPlan, Readiness};
@@ -39,6 +40,8 @@ use ferrograd_nn::optim::{Adam, Optimizer};
 use std::collections::HashMap;
 use std::sync::Arc;
 use zero::ZeroState;
+
+pub use shard::ShardPart;
 
 /// PyTorch DDP's default bucket size.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
@@ -99,6 +102,8 @@ pub struct DataParallel {
     /// f32 averaged gradients per bucket once reduced (replicated: whole buckets; ZeRO: shards).
     reduced: Vec<Tensor>,
     mode: Mode,
+    /// [`DataParallel::shard_sync`]: the caller's optimizer steps on this rank's shard.
+    shard: Option<shard::ShardSync>,
     log: Vec<LaunchRecord>,
     finals: usize,
     in_backward: bool,
@@ -218,6 +223,7 @@ impl DataParallel {
             phase: Phase::Idle,
             reduced: vec![],
             mode: Mode::Replicated(Box::new(Adam::new(vec![], AdamConfig::default())?)),
+            shard: None,
             log: vec![],
             finals: 0,
             in_backward: false,
@@ -251,8 +257,10 @@ impl DataParallel {
         }
     }
 
+    /// Buckets are reduce-scattered and each rank keeps only its shard of the averages (ZeRO-1,
+    /// with the optimizer here or the caller's).
     fn is_zero(&self) -> bool {
-        matches!(self.mode, Mode::Zero(_))
+        matches!(self.mode, Mode::Zero(_)) || self.shard.is_some()
     }
 
     fn start_step(&mut self) {
@@ -432,6 +440,7 @@ impl DataParallel {
         let already = self.phase == Phase::Reduced;
         self.wait_all(grads)?;
         let result = match &mut self.mode {
+            Mode::Replicated(_) if self.shard.is_some() => self.gather_params(),
             Mode::Replicated(_) if already => self.step_inner(grads),
             Mode::Replicated(_) => {
                 let mut g = grads.clone();
@@ -464,6 +473,9 @@ impl DataParallel {
         self.wait_all(grads)?;
         if let Mode::Zero(z) = &mut self.mode {
             return z.clip(&self.comm, &mut self.reduced, max_norm);
+        }
+        if self.shard.is_some() {
+            return Err(invalid("shard_sync: the caller's optimizer clips its own shard".into()));
         }
         self.insert_reduced(grads)?;
         let params: Vec<Tensor> = self.params.iter().map(|(_, p)| p.clone()).collect();

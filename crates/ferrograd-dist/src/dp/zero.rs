@@ -46,6 +46,28 @@ pub(super) fn shards_of(plan: &BucketPlan, flats: &[Tensor], rank: usize) -> Res
         .collect()
 }
 
+/// All-gather the f32 buckets `flats` (chunk `rank` of each holds this rank's updated shard) and
+/// copy every parameter out of its slot, except those `skip` names (ones this rank's chunk holds
+/// whole, already in place). Compute waits on the device only, so a captured step can hold it.
+pub(super) fn gather_into_params(
+    comm: &Arc<dyn Communicator>,
+    plan: &BucketPlan,
+    params: &[(String, Tensor)],
+    flats: &[Tensor],
+    skip: impl Fn(usize) -> bool,
+) -> DistResult<()> {
+    let _g = no_grad();
+    let works = flats.iter().map(|f| comm.all_gather(f)).collect::<DistResult<Vec<_>>>()?;
+    for w in works {
+        w.wait()?;
+    }
+    for (p, (_, t)) in params.iter().enumerate().filter(|(p, _)| !skip(*p)) {
+        let s = &plan.slots[p];
+        t.set(&flats[s.bucket].narrow(0, s.offset, s.numel)?.reshape(t.dims())?)?;
+    }
+    Ok(())
+}
+
 impl ZeroState {
     pub fn new(plan: &BucketPlan, dp: &super::DataParallel, adam: AdamConfig) -> DistResult<ZeroState> {
         let (device, rank) = (dp.comm.device(), dp.comm.rank());
@@ -99,7 +121,6 @@ impl ZeroState {
         adam_step(&self.master, grads, &self.m, &self.v, &self.adam, self.steps)?;
         let rank = comm.rank();
         let mut full = Vec::with_capacity(bufs.len());
-        let mut works = Vec::with_capacity(bufs.len());
         for (b, buf) in bufs.iter().enumerate() {
             // The gradient bucket is free again: gather the parameters through it when it is f32.
             let f = if buf.dtype() == DType::F32 {
@@ -109,17 +130,9 @@ impl ZeroState {
             };
             let sl = plan.shard_len(b);
             f.narrow(0, rank * sl, sl)?.set(&self.master[b])?;
-            works.push(comm.all_gather(&f)?);
             full.push(f);
         }
-        for w in works {
-            w.wait()?;
-        }
-        for (p, (_, t)) in params.iter().enumerate() {
-            let s = &plan.slots[p];
-            t.set(&full[s.bucket].narrow(0, s.offset, s.numel)?.reshape(t.dims())?)?;
-        }
-        Ok(())
+        gather_into_params(comm, plan, params, &full, |_| false)
     }
 
     pub fn state_tensors(&self, rank: usize) -> Vec<(String, Tensor)> {

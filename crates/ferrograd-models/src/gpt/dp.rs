@@ -14,12 +14,17 @@
 //!   happens inside the one-GPU step body (`train.rs`), so N GPUs compute exactly what one does
 //!   (fused classifier, device-scheduled AdamW) and the step, collectives included, is captured
 //!   as one CUDA graph where NCCL allows it.
+//! - **ZeRO-1** (`--zero 1`, [`GradSync::shard`]): the buckets are reduce-scattered instead, each
+//!   rank clips and steps GPT's AdamW on its shard of the flattened parameters only (moments for
+//!   1/N of the elements, `zero.rs`), and the updated parameters are all-gathered; checkpoints
+//!   gather the moments into a plain GPT AdamW file.
 //! - **Files**: rank 0 alone writes the checkpoint (atomically; the others wait at a barrier),
 //!   the log, the exported model and the plot. A checkpoint records the global number of
 //!   micro-batches per step, so it resumes on any number of GPUs that divides it.
 //! - **Numbers**: the logged loss is the mean over the ranks; tokens/s counts the whole group.
 
-use ferrograd_core::{GradStore, Result, Tensor};
+use ferrograd_core::{Error, GradStore, Result, Tensor};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// An in-place operation on a device tensor across the ranks.
@@ -34,14 +39,51 @@ pub type TensorHook = Arc<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
 /// 2. `reduce_grads`: compute waits (on the device) for every bucket, `grads` holds the averages;
 /// 3. the step's own clipping and AdamW on them, then `end_step`.
 ///
+/// ZeRO-1 (where [`GradSync::shard`] is `Some`): step 1 reduce-scatters, so after step 2 `grads`
+/// is not averaged; the step clips [`GradSync::shard_grads`] instead (its squared norm summed over
+/// the ranks by [`GradSync::sum_over_ranks`]), AdamW updates the parameter elements of the shard,
+/// and `end_step` all-gathers the parameters.
+///
 /// Nothing here reads a value back to the host, so a step of these calls can be captured where
 /// `graph_capturable` says the communicator allows it.
 pub trait GradSync {
     fn backward_seeded(&mut self, root: &Tensor, seed: &Tensor, grads: &mut GradStore, last: bool) -> Result<()>;
     fn reduce_grads(&mut self, grads: &mut GradStore) -> Result<()>;
+    /// Ends the step (ZeRO-1: all-gathers the parameters each rank updated).
     fn end_step(&mut self, grads: &GradStore) -> Result<()>;
     /// `Ok` where the collectives can be recorded into a CUDA graph, else why not.
     fn graph_capturable(&self) -> std::result::Result<(), String>;
+
+    /// ZeRO-1: the parameter elements this rank updates (and keeps AdamW's moments for), in
+    /// parameter order; `None` where every rank receives the whole averaged gradient.
+    fn shard(&self) -> Option<Vec<ShardPart>> {
+        None
+    }
+    /// ZeRO-1, between `reduce_grads` and `end_step`: this rank's shard of the averaged gradient,
+    /// one f32 tensor per [`ShardPart::buffer`] (elements outside every part are zero).
+    fn shard_grads(&self) -> Result<Vec<Tensor>> {
+        Err(Error::InvalidArgument("shard_grads: gradients are not sharded (no --zero 1)".into()))
+    }
+    /// Sum a one-element contiguous f32 device tensor over the ranks, in place; compute waits on
+    /// the device only (it runs inside a captured step).
+    fn sum_over_ranks(&self, _t: &Tensor) -> Result<()> {
+        Err(Error::InvalidArgument("sum_over_ranks: not offered by this gradient averager".into()))
+    }
+    /// ZeRO-1: whole per-parameter tensors (on the host) from every rank's parts, `parts[i]` this
+    /// rank's elements of `shard()[i]` (AdamW's moments, for a checkpoint). Every rank calls it.
+    fn gather_parts(&self, _parts: &[Tensor]) -> Result<Vec<Tensor>> {
+        Err(Error::InvalidArgument("gather_parts: gradients are not sharded (no --zero 1)".into()))
+    }
+}
+
+/// ZeRO-1: elements `range` of parameter `param` (flattened) belong to this rank's shard; their
+/// averaged gradient is elements `offset..offset + range.len()` of `shard_grads()[buffer]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardPart {
+    pub param: usize,
+    pub range: Range<usize>,
+    pub buffer: usize,
+    pub offset: usize,
 }
 
 /// Builds the gradient averager over the model's parameters (broadcasting them from rank 0).

@@ -5,6 +5,10 @@
 //! Checkpoints see the optimizer through [`Optimizer::state_tensors`], which cuts the moments of
 //! `wte` to the real vocabulary as [`super::HfView`] cuts the weight: the padded rows' moments are
 //! zero forever (their gradient is exactly zero, see `config.rs`), so nothing is lost.
+//!
+//! ZeRO-1 (`zero.rs`, [`GptAdamW::sharded`]): the same two groups over views of this rank's shard
+//! of the parameter elements, with moments for those elements only; checkpoints gather them into
+//! the whole-model file this optimizer writes.
 
 use super::model::Gpt;
 use ferrograd_core::optim::AdamConfig;
@@ -18,19 +22,21 @@ pub fn gpt_adamw_config(lr: f64, weight_decay: f64) -> AdamConfig {
 
 #[derive(Debug)]
 pub struct GptAdamW {
-    decay: Adam,
-    no_decay: Adam,
+    pub(super) decay: Adam,
+    pub(super) no_decay: Adam,
     /// All parameters in model order (the list checkpoints record).
-    params: Vec<(String, Tensor)>,
+    pub(super) params: Vec<(String, Tensor)>,
     /// Name of the tied embedding and its real row count.
-    wte: (String, usize),
+    pub(super) wte: (String, usize),
     /// The device copies of each group's step count (f64) and of the learning rate (f32) that
     /// [`GptAdamW::step_device`] reads, made by [`GptAdamW::prepare_device_step`].
-    device: Option<DeviceState>,
+    pub(super) device: Option<DeviceState>,
+    /// ZeRO-1: the groups update this rank's shard of the elements (`zero.rs`).
+    pub(super) shard: Option<super::zero::Shard>,
 }
 
 #[derive(Debug)]
-struct DeviceState {
+pub(super) struct DeviceState {
     steps: [Tensor; 2],
     lr: Tensor,
 }
@@ -59,6 +65,7 @@ impl GptAdamW {
             wte,
             params,
             device: None,
+            shard: None,
         })
     }
 
@@ -93,7 +100,8 @@ impl GptAdamW {
         self.no_decay.step_scheduled(grads, &d.steps[1], &d.lr)
     }
 
-    /// Advance the host step counts after a device step ran.
+    /// Advance the host step counts after a device step ran (a group with no parameters, which a
+    /// ZeRO-1 shard can leave, counts too: its count is the run's and checkpoints record it).
     pub fn count_step(&mut self) {
         self.decay.count_step();
         self.no_decay.count_step();
@@ -104,10 +112,33 @@ impl GptAdamW {
     }
 }
 
+impl GptAdamW {
+    /// The moments of the tied embedding cut to its real rows (see the module doc).
+    fn cut_wte(&self, state: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+        let (name, rows) = &self.wte;
+        let cut = |(n, t): (String, Tensor)| -> (String, Tensor) {
+            if n.strip_suffix(".m").or_else(|| n.strip_suffix(".v")) == Some(name.as_str()) {
+                // A narrow of the leading dim of a 2-d buffer cannot fail for rows <= its length.
+                let t = t.narrow(0, 0, *rows).unwrap_or(t);
+                return (n, t);
+            }
+            (n, t)
+        };
+        state.into_iter().map(cut).collect()
+    }
+}
+
 impl Optimizer for GptAdamW {
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        self.decay.step(grads)?;
-        self.no_decay.step(grads)
+        for g in [&mut self.decay, &mut self.no_decay] {
+            // An empty group (a ZeRO-1 shard without biases, say) still counts the step.
+            if g.params().is_empty() {
+                g.count_step();
+            } else {
+                g.step(grads)?;
+            }
+        }
+        Ok(())
     }
 
     fn lr(&self) -> f64 {
@@ -132,16 +163,11 @@ impl Optimizer for GptAdamW {
     }
 
     fn state_tensors(&self) -> Vec<(String, Tensor)> {
-        let (name, rows) = &self.wte;
-        let cut = |(n, t): (String, Tensor)| -> (String, Tensor) {
-            if n.strip_suffix(".m").or_else(|| n.strip_suffix(".v")) == Some(name.as_str()) {
-                // A narrow of the leading dim of a 2-d buffer cannot fail for rows <= its length.
-                let t = t.narrow(0, 0, *rows).unwrap_or(t);
-                return (n, t);
-            }
-            (n, t)
-        };
-        self.decay.state_tensors().into_iter().chain(self.no_decay.state_tensors()).map(cut).collect()
+        if let Some(s) = &self.shard {
+            // Whole-model moments only while a checkpoint is written or read (`zero.rs`).
+            return self.cut_wte(s.state_tensors(&self.params));
+        }
+        self.cut_wte(self.decay.state_tensors().into_iter().chain(self.no_decay.state_tensors()).collect())
     }
 
     fn state_meta(&self) -> serde_json::Value {

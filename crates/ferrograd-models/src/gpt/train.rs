@@ -16,6 +16,7 @@ use super::hf;
 use super::loader::{LoaderPos, StepInputs, TokenLoader};
 use super::model::{Gpt, HfView};
 use super::optim::GptAdamW;
+use super::zero::ShardKeys;
 use ferrograd_core::cuda::{Capture, CudaDevice, Graph};
 use ferrograd_core::{DType, Device, Error, GradStore, Result, Tensor};
 use ferrograd_nn::amp::{autocast, AutocastGuard};
@@ -34,6 +35,8 @@ struct StepBody<'a> {
     k: usize,
     clip: f64,
     precision: Precision,
+    /// ZeRO-1: the optimizer steps on this rank's shard of the gradient (`zero.rs`).
+    shard: Option<&'a ShardKeys>,
 }
 
 impl StepBody<'_> {
@@ -42,7 +45,8 @@ impl StepBody<'_> {
     /// Data parallel (`sync`): the last micro-batch's backward averages the gradients over the
     /// ranks in buckets as they become final (earlier micro-batches only accumulate: accumulation
     /// communicates once per step), and compute waits for the averages before clipping, so every
-    /// rank clips and updates on the same global gradient.
+    /// rank clips and updates on the same global gradient. ZeRO-1 (`shard`): each rank clips its
+    /// shard of the averages by the global norm and updates its shard; `end_step` all-gathers.
     fn run(
         &self,
         accum: &mut GradAccumulator,
@@ -77,19 +81,30 @@ impl StepBody<'_> {
             let _r = range("gradient sync");
             s.reduce_grads(accum.grads_mut())?;
         }
-        let params: Vec<Tensor> = self.model.params().into_iter().map(|(_, t)| t).collect();
-        let norm = {
-            let _r = range("clip");
-            if self.clip > 0.0 {
-                clip_grad_norm(accum.grads_mut(), &params, self.clip)?
-            } else {
-                grad_norm(accum.grads(), &params)?
+        let norm = match (sync.as_deref_mut(), self.shard) {
+            (Some(s), Some(keys)) => {
+                let clipped = range("clip");
+                let (norm, shards) = super::zero::clip_shards(s, self.clip)?;
+                let store = keys.store(&shards)?;
+                drop(clipped);
+                let _r = range("optimizer");
+                update(&store)?;
+                norm
+            }
+            _ => {
+                let params: Vec<Tensor> = self.model.params().into_iter().map(|(_, t)| t).collect();
+                let clipped = range("clip");
+                let norm = if self.clip > 0.0 {
+                    clip_grad_norm(accum.grads_mut(), &params, self.clip)?
+                } else {
+                    grad_norm(accum.grads(), &params)?
+                };
+                drop(clipped);
+                let _r = range("optimizer");
+                update(accum.grads())?;
+                norm
             }
         };
-        {
-            let _r = range("optimizer");
-            update(accum.grads())?;
-        }
         if let Some(s) = sync {
             s.end_step(accum.grads())?;
         }
@@ -201,9 +216,28 @@ impl Run {
             hf::load_weights(&model, &src.weights)?;
             notes.push(format!("weights from {}", init.display()));
         }
-        let opt = GptAdamW::new(&model, cfg.lr, cfg.weight_decay)?;
-        let t = cfg.context;
+        // Data parallel: broadcasts rank 0's parameters, so every rank starts from the same weights
+        // (a resume below then reads the same file on every rank).
+        let sync = cfg.dist.as_ref().map(|d| (d.grad_sync)(model.params())).transpose()?;
         let (rank, world) = rank_world(cfg.dist.as_ref());
+        let opt = match sync.as_deref().and_then(|s| s.shard()) {
+            Some(parts) => {
+                let opt = GptAdamW::sharded(&model, &parts, cfg.lr, cfg.weight_decay)?;
+                let mib = |b: usize| b as f64 / (1 << 20) as f64;
+                let elems: usize = model.params().iter().map(|(_, t)| t.elem_count()).sum();
+                let whole = elems * 2 * DType::F32.size_in_bytes();
+                notes.push(format!(
+                    "ZeRO-1: rank {rank} keeps AdamW moments for its shard: {:.1} MiB instead of {:.1} MiB \
+                     ({:.2}x less); parameters are all-gathered after each step",
+                    mib(opt.state_bytes()),
+                    mib(whole),
+                    whole as f64 / opt.state_bytes().max(1) as f64
+                ));
+                opt
+            }
+            None => GptAdamW::new(&model, cfg.lr, cfg.weight_decay)?,
+        };
+        let t = cfg.context;
         let (micro_batch, auto_note) = match cfg.batch {
             BatchSize::Fixed(0) => return Err(Error::InvalidArgument("--batch must be positive".into())),
             BatchSize::Fixed(b) => (b, None),
@@ -288,7 +322,7 @@ impl Run {
             val,
             inputs,
             accum: GradAccumulator::new(),
-            sync: None,
+            sync,
             step: 0,
             micro_batch,
             grad_accum,
@@ -297,10 +331,6 @@ impl Run {
         if run.cfg.resume {
             run.resume()?;
         }
-        if let Some(d) = &run.cfg.dist {
-            // Broadcasts rank 0's parameters: every rank starts from the same weights.
-            run.sync = Some((d.grad_sync)(run.model.params())?);
-        }
         if let Device::Cuda(o) = device {
             // The step is captured when asked for and, data parallel, when the communicator's
             // collectives can be recorded with it (NCCL >= 2.9); else every step runs eagerly.
@@ -308,6 +338,10 @@ impl Run {
             let (how, capture) = match (graph, capturable) {
                 (false, _) => ("eager (--no-graph)".to_string(), false),
                 (true, Err(why)) => (format!("eager ({why})"), false),
+                (true, Ok(())) if run.opt.is_sharded() => (
+                    "one CUDA graph per optimizer step, reduce-scatters and all-gathers captured with it".to_string(),
+                    true,
+                ),
                 (true, Ok(())) if run.sync.is_some() => {
                     ("one CUDA graph per optimizer step, gradient all-reduces captured with it".to_string(), true)
                 }
@@ -361,8 +395,10 @@ impl Run {
         if on_device {
             self.opt.prepare_device_step()?;
         }
+        let shard = self.opt.shard_keys();
         let Run { model, opt, accum, inputs, cfg, step_graph, sync, .. } = self;
-        let body = StepBody { model, inputs, k: self.grad_accum, clip: cfg.grad_clip, precision: cfg.precision };
+        let (k, clip, precision, shard) = (self.grad_accum, cfg.grad_clip, cfg.precision, shard.as_deref());
+        let body = StepBody { model, inputs, k, clip, precision, shard };
         let mut sync = sync.as_deref_mut();
         let mut eager = false;
         let out = match step_graph {
@@ -434,8 +470,14 @@ impl Run {
     /// Write `out/checkpoint.safetensors` atomically: weights (Hugging Face names), AdamW moments,
     /// step, loader position and the run's settings. Data parallel: rank 0 writes (every rank
     /// holds the same state), the others wait until it has.
-    pub fn save_checkpoint(&self) -> Result<PathBuf> {
+    /// ZeRO-1: every rank first gathers the moment shards (a collective) and rank 0 writes them
+    /// whole, the file a single-GPU run writes.
+    pub fn save_checkpoint(&mut self) -> Result<PathBuf> {
+        if let Some(sync) = self.sync.as_deref() {
+            self.opt.gather_state(sync)?;
+        }
         let written = self.write_checkpoint();
+        self.opt.end_staging(false)?;
         if let Some(d) = &self.cfg.dist {
             // Also when rank 0 failed: it reports its error, the others go on to the same end.
             (d.barrier)()?;
@@ -504,7 +546,11 @@ impl Run {
             )));
         }
         let label = path.display().to_string();
-        let state = checkpoint::from_bytes(&bytes, &label, &HfView(&self.model), Some(&mut self.opt))?;
+        // ZeRO-1: the whole moments are read into the host, then this rank's parts cut out.
+        self.opt.stage_for_load()?;
+        let state = checkpoint::from_bytes(&bytes, &label, &HfView(&self.model), Some(&mut self.opt));
+        self.opt.end_staging(state.is_ok())?;
+        let state = state?;
         let pos: LoaderPos = state
             .extra
             .get("loader")
