@@ -56,7 +56,11 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     };
     let nvrtc = k::nvrtc_info().map_err(|e| format!("cannot precompile for {arch}: {e}"))?;
     nvrtc.check_arch(arch).map_err(|e| format!("cannot precompile: {e}"))?;
-    writeln!(out, "nvrtc {} ({}); target {arch}", nvrtc.version, library(nvrtc))?;
+    write!(out, "nvrtc {} ({}); target {arch}", nvrtc.version, library(nvrtc))?;
+    if !k::env_options().is_empty() {
+        write!(out, "; {}: {}", k::NVRTC_OPTIONS_ENV, k::env_options().join(" "))?;
+    }
+    writeln!(out)?;
     out.flush()?;
 
     let report = modules::precompile(arch, ferrograd_models::MODULES)?;

@@ -55,4 +55,4 @@ pub use error::KernelError;
 pub use include::{cuda_include_candidates, find_cuda_include, CUDA_INCLUDE_ENV};
 pub use key::CacheKey;
 pub use report::{PrecompileEntry, PrecompileReport};
-pub use source::{CompileOptions, Define, Header, KernelSource, Module};
+pub use source::{env_options, CompileOptions, Define, Header, KernelSource, Module, NVRTC_OPTIONS_ENV};

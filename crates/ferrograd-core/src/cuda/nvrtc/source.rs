@@ -202,13 +202,32 @@ impl Module {
     }
 }
 
+/// Extra NVRTC flags for every module, whitespace-separated (`-lineinfo` for a profiler,
+/// `--Ofast-compile=min` to measure what it saves and costs). They are part of the cache key, like
+/// every option, so a run with them never reads a CUBIN built without them.
+pub const NVRTC_OPTIONS_ENV: &str = "FERROGRAD_NVRTC_OPTIONS";
+
+/// [`NVRTC_OPTIONS_ENV`]'s flags, read once per process.
+pub fn env_options() -> &'static [String] {
+    static OPTIONS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    OPTIONS.get_or_init(|| {
+        std::env::var(NVRTC_OPTIONS_ENV)
+            .map_or_else(|_| Vec::new(), |v| v.split_whitespace().map(str::to_string).collect())
+    })
+}
+
 /// The NVRTC flags that determine the output, i.e. everything but the include path.
 pub(crate) fn nvrtc_options(arch: Arch, kernel: &KernelSource<'_>) -> Vec<String> {
+    options_with(arch, kernel, env_options())
+}
+
+fn options_with(arch: Arch, kernel: &KernelSource<'_>, env: &[String]) -> Vec<String> {
     let mut out = vec![format!("--gpu-architecture={arch}"), "-std=c++17".to_string()];
     if kernel.options.fast_math {
         out.push("--use_fast_math".to_string());
     }
     out.extend(kernel.options.extra.iter().map(|s| s.to_string()));
+    out.extend(env.iter().cloned());
     let headers = kernel.headers.iter().flat_map(|h| h.defines);
     out.extend(headers.chain(kernel.defines).map(Define::option));
     out
@@ -225,6 +244,15 @@ mod tests {
         let k = KernelSource::new("k", "").with_options(CompileOptions { fast_math: true, extra: &["-lineinfo"] });
         let o = nvrtc_options(Arch::SM90.arch_specific(), &k);
         assert_eq!(o, ["--gpu-architecture=sm_90a", "-std=c++17", "--use_fast_math", "-lineinfo"]);
+    }
+
+    #[test]
+    fn env_options_follow_the_module_flags() {
+        let k = KernelSource::new("k", "").with_options(CompileOptions { fast_math: false, extra: &["-lineinfo"] });
+        const D: &[Define] = &[Define::int("FG_X", 1)];
+        let env = ["--Ofast-compile=min".to_string()];
+        let o = options_with(Arch::SM90, &k.with_defines(D), &env);
+        assert_eq!(o, ["--gpu-architecture=sm_90", "-std=c++17", "-lineinfo", "--Ofast-compile=min", "-DFG_X=1"]);
     }
 
     #[test]

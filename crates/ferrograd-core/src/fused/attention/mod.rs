@@ -87,20 +87,20 @@ macro_rules! attention_module {
     };
 }
 
-attention_module!(ATTENTION_D32_BF16, "attention_d32_bf16", 32, 0, 1000);
-attention_module!(ATTENTION_D32_F16, "attention_d32_f16", 32, 1, 1000);
+attention_module!(ATTENTION_D32_BF16, "attention_d32_bf16", 32, 0, 850);
+attention_module!(ATTENTION_D32_F16, "attention_d32_f16", 32, 1, 850);
 attention_module!(ATTENTION_D32_F32, "attention_d32_f32", 32, 2, 630);
-attention_module!(ATTENTION_D64_BF16, "attention_d64_bf16", 64, 0, 1250);
-attention_module!(ATTENTION_D64_F16, "attention_d64_f16", 64, 1, 1250);
+attention_module!(ATTENTION_D64_BF16, "attention_d64_bf16", 64, 0, 1000);
+attention_module!(ATTENTION_D64_F16, "attention_d64_f16", 64, 1, 1000);
 attention_module!(ATTENTION_D64_F32, "attention_d64_f32", 64, 2, 700);
-attention_module!(ATTENTION_D80_BF16, "attention_d80_bf16", 80, 0, 1400);
-attention_module!(ATTENTION_D80_F16, "attention_d80_f16", 80, 1, 1400);
+attention_module!(ATTENTION_D80_BF16, "attention_d80_bf16", 80, 0, 1200);
+attention_module!(ATTENTION_D80_F16, "attention_d80_f16", 80, 1, 1200);
 attention_module!(ATTENTION_D80_F32, "attention_d80_f32", 80, 2, 750);
-attention_module!(ATTENTION_D96_BF16, "attention_d96_bf16", 96, 0, 1550);
-attention_module!(ATTENTION_D96_F16, "attention_d96_f16", 96, 1, 1550);
+attention_module!(ATTENTION_D96_BF16, "attention_d96_bf16", 96, 0, 1300);
+attention_module!(ATTENTION_D96_F16, "attention_d96_f16", 96, 1, 1300);
 attention_module!(ATTENTION_D96_F32, "attention_d96_f32", 96, 2, 800);
-attention_module!(ATTENTION_D128_BF16, "attention_d128_bf16", 128, 0, 1800);
-attention_module!(ATTENTION_D128_F16, "attention_d128_f16", 128, 1, 1800);
+attention_module!(ATTENTION_D128_BF16, "attention_d128_bf16", 128, 0, 1500);
+attention_module!(ATTENTION_D128_F16, "attention_d128_f16", 128, 1, 1500);
 attention_module!(ATTENTION_D128_F32, "attention_d128_f32", 128, 2, 850);
 
 /// The kernel modules (for `cuda::modules::ALL`), head dim by head dim as in [`CUDA_HEAD_DIMS`],

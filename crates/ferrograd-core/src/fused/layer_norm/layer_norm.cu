@@ -22,9 +22,9 @@ template <> __device__ __forceinline__ double fg_ln_rsqrt<double>(double v) { re
 //                    u64 cols, double eps, int has_w, int has_b) and layer_norm_fwd_rows_{dt}(same)
 // Two-pass statistics like the CPU (sum, then sum of squared deviations). Any grid, any blockDim that
 // is a multiple of 32 up to 1024. As in softmax.cu, two entry points that keep their own register
-// counts: `layer_norm_fwd_*` always runs path 2, `layer_norm_fwd_rows_*` path 1 where it applies, else
-// path 2; the Rust side (src/fused/layer_norm/cuda.rs) launches the latter only where path 1 applies
-// (src/cuda/launch.rs `cfg_row_regs`).
+// counts: `layer_norm_fwd_*` always runs path 2, `layer_norm_fwd_rows_*` path 1 only; the Rust side
+// (src/fused/layer_norm/cuda.rs) launches the latter only where path 1 applies (src/cuda/launch.rs
+// `cfg_row_regs`), and elsewhere it traps (no second copy of path 2: see softmax.cu).
 // 1. Row in registers, when x, y (and w, b where given) are 16-byte aligned, cols is a multiple of
 //    V = 16 / sizeof(T) and 0 < cols <= blockDim.x * E (E = fg_row_cap): x is read once with 16-byte
 //    loads, both passes of the statistics run on registers, then y = (x - mean) * rstd * w + b is
@@ -173,7 +173,7 @@ static __device__ __forceinline__ void fg_layer_norm_rows(const T* __restrict__ 
     fg_layer_norm_regs<T, Y, V>(x, w, b, y, mean, rstd, rows, c, eps, has_w, has_b, c > 32u * E, sh);
     return;
   }
-  fg_layer_norm_long<T, Y>(x, w, b, y, mean, rstd, rows, cols, eps, has_w, has_b);
+  __trap();  // outside path 1's conditions: a launch-site bug (cfg_row_regs disagrees), never a result
 }
 
 // Y: the output's dtype (T, or bf16 for an f32 x: the autocast layer norm that feeds a GEMM).

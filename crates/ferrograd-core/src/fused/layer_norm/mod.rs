@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// in registers), per float dtype and as `f32_bf16` (see `mixed_suffix`).
 pub const MODULE: Module = Module::new("layer_norm", include_str!("layer_norm.cu"))
     .with_headers(&[COMMON, ROW_REDUCE, VEC_LOAD])
-    .with_cost_ms(2000);
+    .with_cost_ms(1400);
 
 /// The backward kernels, a module of their own (compiled in parallel with the forward's):
 /// `layer_norm_bwd_{dt}` (a block per row; per float dtype and `f32_bf16`) and

@@ -16,7 +16,7 @@ use std::sync::Arc;
 /// The kernels: `softmax_{dt}` (any row) and `softmax_rows_{dt}` (the row in registers).
 pub const MODULE: Module = Module::new("softmax", include_str!("softmax.cu"))
     .with_headers(&[COMMON, ACC_MATH, ONLINE_SOFTMAX, ROW_REDUCE, VEC_LOAD])
-    .with_cost_ms(2500);
+    .with_cost_ms(1450);
 
 /// Softmax (`log: false`) or log-softmax over the last dim of its one input.
 struct Softmax {
