@@ -212,7 +212,7 @@ static __device__ __forceinline__ void fg_sscan_bwd(
 #pragma unroll
       for (int i = 0; i < K; ++i) {
         const bool valid = base + i < nv;
-        a[i] = valid ? exp2f(dt[i] * an2) : 1.f;
+        a[i] = valid ? fg_sscan_ex2(dt[i] * an2) : 1.f;
         tb = a[i] * tb + (valid ? dt[i] * uv[i] * sb[FG_SSCAN_PAD(base + i)] : 0.f);
         ta = a[i] * ta;
       }
