@@ -23,21 +23,22 @@ mod cuda;
 use super::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
 use crate::cpu::CpuStorage;
 use crate::cuda::modules::headers::COMMON;
-use crate::cuda::modules::{Define, Module};
+use crate::cuda::modules::{Define, Header, Module};
 use crate::cuda::CudaStorage;
 use crate::{shape_err, DType, Error, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
-/// The kernels, `fg_sscan_{fwd,bwd}_{NT}x{K}_{f32,bf16}` (`selective_scan.cu` documents them), in
-/// six NVRTC modules built from the one source (`-D FG_SSCAN_PART=<n>`): the forward per dtype, the
-/// backward per dtype and short / long chunks. One module of all 20 took 9 s of NVRTC, the longest
+/// The kernels, `fg_sscan_{fwd,bwd,fwd1}_{NT}x{K}_{f32,bf16}` (`selective_scan.cu` documents them),
+/// in eight NVRTC modules built from the one source (`-D FG_SSCAN_PART=<n>`): the forward per
+/// dtype, the backward per dtype and short / long chunks, the previous forward per dtype (`fwd1`,
+/// launched only under `FERROGRAD_SSCAN_KERNEL=v1`). One module of all 20 took 9 s of NVRTC, the longest
 /// pole of a cold `ferrograd kernels --precompile`; the parts compile in parallel in about 1.5-2.5 s
 /// each, and a run compiles only the parts it launches. `cuda.rs` `module` picks the part.
 macro_rules! sscan_module {
     ($id:ident, $name:literal, $part:literal, $ms:literal) => {
         /// One part of the selective-scan kernels (see above).
         pub const $id: Module = Module::new($name, include_str!("selective_scan.cu"))
-            .with_headers(&[COMMON])
+            .with_headers(&[COMMON, SSCAN_COMMON, SSCAN_FWD])
             .with_defines(&[
                 Define::int("FG_SSCAN_MAX_STATE", MAX_CUDA_STATE as i64),
                 Define::int("FG_SSCAN_PART", $part),
@@ -46,15 +47,22 @@ macro_rules! sscan_module {
     };
 }
 
+/// The kernels' own headers (`selective_scan.cu` includes them): shared helpers, the forward.
+const SSCAN_COMMON: Header = Header::new("sscan_common.cuh", include_str!("sscan_common.cuh"));
+const SSCAN_FWD: Header = Header::new("sscan_fwd.cuh", include_str!("sscan_fwd.cuh"));
+
 sscan_module!(FWD_F32, "selective_scan_fwd_f32", 0, 1750);
 sscan_module!(FWD_BF16, "selective_scan_fwd_bf16", 1, 1850);
 sscan_module!(BWD_F32_SHORT, "selective_scan_bwd_f32_short", 2, 1450);
 sscan_module!(BWD_F32_LONG, "selective_scan_bwd_f32_long", 3, 2500);
 sscan_module!(BWD_BF16_SHORT, "selective_scan_bwd_bf16_short", 4, 1300);
 sscan_module!(BWD_BF16_LONG, "selective_scan_bwd_bf16_long", 5, 2600);
+sscan_module!(FWD1_F32, "selective_scan_fwd1_f32", 6, 1750);
+sscan_module!(FWD1_BF16, "selective_scan_fwd1_bf16", 7, 1850);
 
 /// Every part (for `cuda::modules::ALL`).
-pub const MODULES: [&Module; 6] = [&FWD_F32, &FWD_BF16, &BWD_F32_SHORT, &BWD_F32_LONG, &BWD_BF16_SHORT, &BWD_BF16_LONG];
+pub const MODULES: [&Module; 8] =
+    [&FWD_F32, &FWD_BF16, &BWD_F32_SHORT, &BWD_F32_LONG, &BWD_BF16_SHORT, &BWD_BF16_LONG, &FWD1_F32, &FWD1_BF16];
 
 /// The most states the CUDA kernels carry (`FG_SSCAN_MAX_STATE`: shared memory per block).
 pub const MAX_CUDA_STATE: usize = 256;

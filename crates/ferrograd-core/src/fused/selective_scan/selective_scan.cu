@@ -12,6 +12,8 @@
 //       const float* D, const T* z, const float* delta_bias, const float* states, const T* dout,
 //       T* du, T* ddelta, float* dA, float* dB, float* dC, float* dD, T* dz, float* ddelta_bias,
 //       FgScanParams p)
+//   fg_sscan_fwd1_{NT}x{K}_{sfx}: the previous forward (shared-memory tiles), same ABI, launched
+//   when FERROGRAD_SSCAN_KERNEL=v1 (cuda.rs), for comparison.
 //   grid (batch * dim), block NT, static shared memory only. Every tensor is contiguous: u, delta,
 //   z, out, dout, du, ddelta, dz [batch, dim, len]; A, dA [dim, state]; B, C, dB, dC [batch,
 //   groups, state, len]; D, dD, delta_bias, ddelta_bias [dim]; states [batch, dim, chunks, state],
@@ -29,25 +31,23 @@
 // go through shared memory, and each thread then replays its steps from its starting state. The
 // backward runs the same forward scan (from the saved state of the previous chunk) to get x, and a
 // reverse scan of the pairs (a_l, a_l g_l), g_l = dy_l C_l, which carries s_l = a_l dL/dx_l from
-// the end of the sequence: dL/dx_l = g_l + s_{l+1}. Coalesced global traffic goes through a
-// shared-memory tile padded one word per 32, so that thread t reading its K consecutive steps hits
-// distinct banks.
+// the end of the sequence: dL/dx_l = g_l + s_{l+1}. The forward (sscan_fwd.cuh) moves each
+// thread's steps straight between global memory and registers; the backward and fwd1 move them
+// through a shared-memory tile padded one word per 32, so that thread t reading its K consecutive
+// steps hits distinct banks.
 
-#include "common.cuh"
+#include "sscan_fwd.cuh"
 
-#ifndef FG_SSCAN_MAX_STATE
-#error "FG_SSCAN_MAX_STATE comes from Rust (src/fused/selective_scan/mod.rs MAX_CUDA_STATE)"
-#endif
-#define FG_SSCAN_LOG2E 1.4426950408889634f
 #define FG_SSCAN_PAD(j) ((j) + ((j) >> 5))
-#define FG_SSCAN_FULL 0xffffffffu
 
-struct FgScanParams {
-  unsigned int batch, dim, len, state, groups, dim_per_group, chunks, has_d, has_z, has_bias, softplus, pad;
-};
-
-static __device__ __forceinline__ float fg_sscan_softplus(float x) { return x <= 20.f ? log1pf(expf(x)) : x; }
-static __device__ __forceinline__ float fg_sscan_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+// Accurate softplus and logistic function of the backward and fwd1 (unused in the forward's parts:
+// `unused` keeps NVRTC quiet there).
+__attribute__((unused)) static __device__ __forceinline__ float fg_sscan_softplus(float x) {
+  return x <= 20.f ? log1pf(expf(x)) : x;
+}
+__attribute__((unused)) static __device__ __forceinline__ float fg_sscan_sigmoid(float x) {
+  return 1.f / (1.f + expf(-x));
+}
 
 // Steps [0, nv) of a chunk from global memory (zero past nv) into v[i] = step t*K + i.
 template <int NT, int K, typename T>
@@ -79,39 +79,8 @@ static __device__ __forceinline__ void fg_sscan_stage_bc(const T* __restrict__ b
   }
 }
 
-// Inclusive scan over the lanes of a warp of the maps x -> a x + b, lane order (earlier lanes
-// applied first).
-static __device__ __forceinline__ void fg_sscan_warp_fwd(float& a, float& b, int lane) {
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const float pa = __shfl_up_sync(FG_SSCAN_FULL, a, off), pb = __shfl_up_sync(FG_SSCAN_FULL, b, off);
-    if (lane >= off) {
-      b = a * pb + b;
-      a = a * pa;
-    }
-  }
-}
-
-// The same in reverse lane order (later lanes applied first).
-static __device__ __forceinline__ void fg_sscan_warp_rev(float& a, float& b, int lane) {
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const float pa = __shfl_down_sync(FG_SSCAN_FULL, a, off), pb = __shfl_down_sync(FG_SSCAN_FULL, b, off);
-    if (lane + off < 32) {
-      b = a * pb + b;
-      a = a * pa;
-    }
-  }
-}
-
-static __device__ __forceinline__ float fg_sscan_warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FG_SSCAN_FULL, v, off);
-  return v;
-}
-
 template <typename T, int NT, int K>
-static __device__ __forceinline__ void fg_sscan_fwd(const T* __restrict__ u, const T* __restrict__ delta,
+static __device__ __forceinline__ void fg_sscan_fwd1_impl(const T* __restrict__ u, const T* __restrict__ delta,
                                                     const float* __restrict__ A, const T* __restrict__ B,
                                                     const T* __restrict__ C, const float* __restrict__ D,
                                                     const T* __restrict__ z, const float* __restrict__ bias,
@@ -243,7 +212,7 @@ static __device__ __forceinline__ void fg_sscan_bwd(
 #pragma unroll
       for (int i = 0; i < K; ++i) {
         const bool valid = base + i < nv;
-        a[i] = valid ? exp2f(dt[i] * an2) : 1.f;
+        a[i] = valid ? fg_sscan_ex2(dt[i] * an2) : 1.f;
         tb = a[i] * tb + (valid ? dt[i] * uv[i] * sb[FG_SSCAN_PAD(base + i)] : 0.f);
         ta = a[i] * ta;
       }
@@ -360,11 +329,12 @@ static __device__ __forceinline__ void fg_sscan_bwd(
   for (unsigned int n = tid; n < p.state; n += NT) atomicAdd(dA + (size_t)d * p.state + n, dAs[n]);
 }
 
-#define FG_SSCAN_FWD(SUF, T, NT, K)                                                                          \
-  extern "C" __global__ void __launch_bounds__(NT) fg_sscan_fwd_##NT##x##K##_##SUF(                          \
+// VER: fwd (sscan_fwd.cuh) or fwd1 (the shared-memory-tiled forward before it, FERROGRAD_SSCAN_KERNEL=v1).
+#define FG_SSCAN_FWD(VER, SUF, T, NT, K)                                                                     \
+  extern "C" __global__ void __launch_bounds__(NT) fg_sscan_##VER##_##NT##x##K##_##SUF(                      \
       const T* u, const T* delta, const float* A, const T* B, const T* C, const float* D, const T* z,         \
       const float* bias, T* out, float* states, FgScanParams p) {                                             \
-    fg_sscan_fwd<T, NT, K>(u, delta, A, B, C, D, z, bias, out, states, p);                                    \
+    fg_sscan_##VER##_impl<T, NT, K>(u, delta, A, B, C, D, z, bias, out, states, p);                               \
   }
 #define FG_SSCAN_BWD(SUF, T, NT, K)                                                                          \
   extern "C" __global__ void __launch_bounds__(NT) fg_sscan_bwd_##NT##x##K##_##SUF(                          \
@@ -378,12 +348,12 @@ static __device__ __forceinline__ void fg_sscan_bwd(
 // The backward keeps eight K-step arrays in registers: with K = 16 it needs all 255 registers
 // (ptxas, sm_90), so its long chunks run twice the threads with K = 8 (same chunk lengths as the
 // forward's, which the saved states require).
-#define FG_SSCAN_FWDS(SUF, T)                                                                   \
-  FG_SSCAN_FWD(SUF, T, 32, 4)                                                                   \
-  FG_SSCAN_FWD(SUF, T, 32, 8)                                                                   \
-  FG_SSCAN_FWD(SUF, T, 32, 16)                                                                  \
-  FG_SSCAN_FWD(SUF, T, 64, 16)                                                                  \
-  FG_SSCAN_FWD(SUF, T, 128, 16)
+#define FG_SSCAN_FWDS(VER, SUF, T)                                                              \
+  FG_SSCAN_FWD(VER, SUF, T, 32, 4)                                                              \
+  FG_SSCAN_FWD(VER, SUF, T, 32, 8)                                                              \
+  FG_SSCAN_FWD(VER, SUF, T, 32, 16)                                                             \
+  FG_SSCAN_FWD(VER, SUF, T, 64, 16)                                                             \
+  FG_SSCAN_FWD(VER, SUF, T, 128, 16)
 #define FG_SSCAN_BWDS_SHORT(SUF, T)                                                             \
   FG_SSCAN_BWD(SUF, T, 32, 4)                                                                   \
   FG_SSCAN_BWD(SUF, T, 32, 8)
@@ -393,14 +363,14 @@ static __device__ __forceinline__ void fg_sscan_bwd(
   FG_SSCAN_BWD(SUF, T, 256, 8)
 
 // Which entry points this NVRTC module holds (`-D FG_SSCAN_PART=<n>`, mod.rs `MODULES`): all 20
-// in one module took 9 s of NVRTC, the longest pole of a cold precompile; six parts compile in
-// parallel, and a run compiles only the parts it launches.
+// in one module took 9 s of NVRTC, the longest pole of a cold precompile; the parts compile in
+// parallel, and a run compiles only the parts it launches (parts 6 and 7, fwd1, only on request).
 #if !defined(FG_SSCAN_PART)
 #error "FG_SSCAN_PART comes from Rust (src/fused/selective_scan/mod.rs MODULES)"
 #elif FG_SSCAN_PART == 0
-FG_SSCAN_FWDS(f32, float)
+FG_SSCAN_FWDS(fwd, f32, float)
 #elif FG_SSCAN_PART == 1
-FG_SSCAN_FWDS(bf16, __nv_bfloat16)
+FG_SSCAN_FWDS(fwd, bf16, __nv_bfloat16)
 #elif FG_SSCAN_PART == 2
 FG_SSCAN_BWDS_SHORT(f32, float)
 #elif FG_SSCAN_PART == 3
@@ -409,6 +379,10 @@ FG_SSCAN_BWDS_LONG(f32, float)
 FG_SSCAN_BWDS_SHORT(bf16, __nv_bfloat16)
 #elif FG_SSCAN_PART == 5
 FG_SSCAN_BWDS_LONG(bf16, __nv_bfloat16)
+#elif FG_SSCAN_PART == 6
+FG_SSCAN_FWDS(fwd1, f32, float)
+#elif FG_SSCAN_PART == 7
+FG_SSCAN_FWDS(fwd1, bf16, __nv_bfloat16)
 #else
-#error "FG_SSCAN_PART is 0..5 (mod.rs MODULES)"
+#error "FG_SSCAN_PART is 0..7 (mod.rs MODULES)"
 #endif
