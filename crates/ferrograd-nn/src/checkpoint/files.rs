@@ -153,7 +153,11 @@ pub(super) fn read_entries<R: Read + Seek>(
             let spans: Vec<FileTensor> = entries
                 .iter()
                 .zip(&dtypes)
-                .map(|((_, e), &dtype)| FileTensor { offset: header.data_start + e.start, shape: e.shape.clone().into(), dtype })
+                .map(|((_, e), &dtype)| FileTensor {
+                    offset: header.data_start + e.start,
+                    shape: e.shape.clone().into(),
+                    dtype,
+                })
                 .collect();
             ferrograd_core::cuda::file_read::read_tensors(path, &spans, ordinal, allow_cufile).map_err(|e| match e {
                 e @ ferrograd_core::Error::File { .. } => io_err(label, e),
@@ -231,7 +235,11 @@ pub fn save_safetensors(
     let corrupt = |msg: String| CheckpointError::Corrupt { path: label.clone(), msg: format!("serialising: {msg}") };
     let mut seen = std::collections::HashSet::new();
     if let Some((n, _)) = tensors.iter().find(|(n, _)| !seen.insert(*n)) {
-        return Err(CheckpointError::Metadata { path: label.clone(), key: n.to_string(), msg: "two tensors share this name".into() });
+        return Err(CheckpointError::Metadata {
+            path: label.clone(),
+            key: n.to_string(),
+            msg: "two tensors share this name".into(),
+        });
     }
     let views: Vec<(&str, HeaderOnly)> = tensors
         .iter()

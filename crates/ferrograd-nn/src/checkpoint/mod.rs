@@ -19,9 +19,9 @@ mod files;
 pub mod reader;
 
 pub use error::CheckpointError;
-pub use files::{load_safetensors, load_safetensors_with, save_safetensors, Loaded, ReadOptions, ReadPath};
 /// The project's one atomic write (`ferrograd_core::io`), re-exported where it used to live.
 pub use ferrograd_core::io::write_atomic;
+pub use files::{load_safetensors, load_safetensors_with, save_safetensors, Loaded, ReadOptions, ReadPath};
 
 use crate::optim::Optimizer;
 use crate::Module;
