@@ -475,6 +475,6 @@ fn table(r: &Report, out: &mut dyn Write) -> CliResult<()> {
 fn export_values(n: usize, path: &std::path::Path) -> CliResult<()> {
     let vals = (0..n).map(|c| CopyData::build(c, Device::Cpu).map(|d| d.values)).collect::<Result<Vec<_>, _>>()?;
     let all = Tensor::stack(&vals, 0)?;
-    ferrograd_nn::checkpoint::save_tensors(path, &[("values", &all)], Default::default())?;
+    ferrograd_nn::checkpoint::save_safetensors(path, &[("values", &all)], Default::default())?;
     Ok(())
 }

@@ -6,6 +6,13 @@
 //! library; `FERROGRAD_CUFILE=0` turns it off). Without the `nvidia-fs` kernel driver (as on the lent
 //! GPU machines) cuFile runs in its compatibility mode, POSIX reads through its own bounce buffers;
 //! [`ReadPath`] says which path ran, for the caller's log line.
+//!
+//! [`read_tensors`] reads many tensors of one file (a safetensors checkpoint) in one pass: each
+//! gets its own device allocation, and the file's byte ranges are streamed through the pinned
+//! chunks in file order, every chunk's DMAs scattering its bytes into the tensors it overlaps
+//! (so the peak is the tensors themselves plus two 8 MiB pinned chunks, not a second copy of the
+//! file on the device, and odd offsets need no alignment). `ferrograd_nn::checkpoint::
+//! load_safetensors` is the safetensors front end.
 
 use super::buffer::CudaBuffer;
 use super::device::{driver_err, CudaDevice};
@@ -30,6 +37,8 @@ pub enum ReadPath {
     },
     /// Two pinned buffers, double-buffered.
     Pinned,
+    /// Plain reads into host memory (a CPU destination: nothing to choose).
+    Host,
 }
 
 impl std::fmt::Display for ReadPath {
@@ -38,6 +47,7 @@ impl std::fmt::Display for ReadPath {
             ReadPath::CuFile { compat: false } => write!(f, "cuFile (GPUDirect Storage)"),
             ReadPath::CuFile { compat: true } => write!(f, "cuFile (compatibility mode: no nvidia-fs)"),
             ReadPath::Pinned => write!(f, "pinned double-buffered reads"),
+            ReadPath::Host => write!(f, "host reads"),
         }
     }
 }
@@ -137,6 +147,15 @@ fn nvidia_fs() -> bool {
     std::path::Path::new("/proc/driver/nvidia-fs").exists()
 }
 
+/// One destination of a scattered read: `len` bytes at `offset` of the file go to device address
+/// `dst`.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    offset: u64,
+    len: usize,
+    dst: u64,
+}
+
 /// Reads `len` bytes of `file` at `offset` into the start of `dst`; returns the path taken. With
 /// `allow_cufile` false the pinned path runs (tests compare both). `direct`, the same file opened
 /// with `O_DIRECT` where the file system allows it, is what cuFile reads (GPUDirect needs it). The
@@ -153,19 +172,33 @@ pub fn read_to_device(
     if len > dst.bytes() {
         return Err(Error::InvalidArgument(format!("read of {len} bytes into a buffer of {}", dst.bytes())));
     }
+    read_scattered(dev, file, direct, &[Target { offset, len, dst: dst.ptr() }], allow_cufile)
+}
+
+/// The bytes of every target, read into device memory by one path; the host waits until they are
+/// there. The destinations must be live device ranges of their lengths.
+fn read_scattered(
+    dev: &Arc<CudaDevice>,
+    file: &File,
+    direct: Option<&File>,
+    targets: &[Target],
+    allow_cufile: bool,
+) -> Result<ReadPath> {
     super::sync::not_capturable("file read")?;
     dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
-    // The block may come from memory that queued compute still uses: let that finish first (both
-    // paths write it from outside the compute stream).
+    // The blocks may come from memory that queued compute still uses, and fresh blocks may still
+    // be being poisoned on the compute stream: let that finish first (both paths write them from
+    // outside the compute stream).
     super::sync::host_wait("cuStreamSynchronize", || {
         dev.stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))
     })?;
-    if len == 0 {
+    let targets: Vec<Target> = targets.iter().copied().filter(|t| t.len > 0).collect();
+    if targets.is_empty() {
         return Ok(ReadPath::Pinned);
     }
     if allow_cufile {
         if let Some(lib) = CUFILE.get_or_init(load_cufile) {
-            match read_cufile(lib, direct.unwrap_or(file), offset, len, dst) {
+            match read_cufile(lib, direct.unwrap_or(file), &targets) {
                 Ok(()) => {
                     *WHY_NOT.lock().unwrap_or_else(|e| e.into_inner()) = None;
                     return Ok(ReadPath::CuFile { compat: !nvidia_fs() });
@@ -174,11 +207,13 @@ pub fn read_to_device(
             }
         }
     }
-    read_pinned(dev, file, offset, len, dst)?;
+    read_pinned(dev, file, &targets)?;
     Ok(ReadPath::Pinned)
 }
 
-fn read_cufile(lib: &CuFileLib, file: &File, offset: u64, len: usize, dst: &CudaBuffer) -> Result<()> {
+/// Every target through one registered handle (cuFile reads are synchronous: the bytes are on
+/// the device when `cuFileRead` returns).
+fn read_cufile(lib: &CuFileLib, file: &File, targets: &[Target]) -> Result<()> {
     let mut descr = CuFileDescr {
         kind: HANDLE_TYPE_FD,
         handle: file.as_raw_fd() as isize as *mut c_void,
@@ -190,24 +225,29 @@ fn read_cufile(lib: &CuFileLib, file: &File, offset: u64, len: usize, dst: &Cuda
     if e.err != 0 {
         return Err(Error::Cuda(format!("cuFileHandleRegister: error {} (CUDA {})", e.err, e.cu_err)));
     }
-    let mut done = 0usize;
     let mut result = Ok(());
-    while done < len {
-        // SAFETY: `dst` holds at least `len` bytes; the handle is registered.
-        let n = unsafe {
-            (lib.read)(
-                handle,
-                dst.ptr() as usize as *mut c_void,
-                len - done,
-                (offset + done as u64) as i64,
-                done as i64,
-            )
-        };
-        if n <= 0 {
-            result = Err(Error::Cuda(format!("cuFileRead returned {n} at byte {done} of {len}")));
-            break;
+    'all: for t in targets {
+        let mut done = 0usize;
+        while done < t.len {
+            // SAFETY: `t.dst` holds at least `t.len` bytes; the handle is registered.
+            let n = unsafe {
+                (lib.read)(
+                    handle,
+                    t.dst as usize as *mut c_void,
+                    t.len - done,
+                    (t.offset + done as u64) as i64,
+                    done as i64,
+                )
+            };
+            if n <= 0 {
+                result = Err(Error::Cuda(format!(
+                    "cuFileRead returned {n} at byte {done} of {} (file offset {})",
+                    t.len, t.offset
+                )));
+                break 'all;
+            }
+            done += n as usize;
         }
-        done += n as usize;
     }
     // SAFETY: registered above, deregistered once.
     unsafe { (lib.deregister)(handle) };
@@ -217,49 +257,151 @@ fn read_cufile(lib: &CuFileLib, file: &File, offset: u64, len: usize, dst: &Cuda
 /// Chunk of a pinned read, and the piece each thread reads of it.
 const CHUNK: usize = 8 << 20;
 const PIECE: usize = 1 << 20;
+/// Targets closer than this in the file are read as one run (the gap read and dropped): one
+/// more request costs more than a megabyte from the page cache.
+const GAP: u64 = 1 << 20;
 
-fn read_pinned(dev: &Arc<CudaDevice>, file: &File, offset: u64, len: usize, dst: &CudaBuffer) -> Result<()> {
+/// Runs of the file to read: `(start, end, targets)`, targets in file order.
+fn runs(targets: &[Target]) -> Vec<(u64, u64, Vec<Target>)> {
+    let mut sorted = targets.to_vec();
+    sorted.sort_by_key(|t| t.offset);
+    let mut out: Vec<(u64, u64, Vec<Target>)> = Vec::new();
+    for t in sorted {
+        let end = t.offset + t.len as u64;
+        match out.last_mut() {
+            Some((_, e, ts)) if t.offset <= e.saturating_add(GAP) => {
+                *e = (*e).max(end);
+                ts.push(t);
+            }
+            _ => out.push((t.offset, end, vec![t])),
+        }
+    }
+    out
+}
+
+fn read_pinned(dev: &Arc<CudaDevice>, file: &File, targets: &[Target]) -> Result<()> {
     let mut bufs = [PinnedBuf::new(dev, CHUNK)?, PinnedBuf::new(dev, CHUNK)?];
     let events = [Event::new()?, Event::new()?];
     let mut used = [false, false];
-    let s = dev.copy_stream();
-    for i in 0..len.div_ceil(CHUNK) {
-        let (b, n) = (i % 2, CHUNK.min(len - i * CHUNK));
-        if used[b] {
-            events[b].synchronize()?;
+    let mut k = 0usize;
+    let mut stream_all = || -> Result<()> {
+        for (start, end, ts) in runs(targets) {
+            // Targets before `first` are complete (they end at or before the chunk read now).
+            let mut first = 0;
+            let mut at = start;
+            while at < end {
+                let (b, n) = (k % 2, (CHUNK as u64).min(end - at) as usize);
+                if used[b] {
+                    events[b].synchronize()?;
+                }
+                // One thread's `pread` from the page cache runs at about 7 GB/s, a few times
+                // below the link: read the chunk's pieces on all cores.
+                bufs[b]
+                    .as_mut_slice(n)
+                    .par_chunks_mut(PIECE)
+                    .enumerate()
+                    .try_for_each(|(j, piece)| file.read_exact_at(piece, at + (j * PIECE) as u64))?;
+                let chunk_end = at + n as u64;
+                while first < ts.len() && ts[first].offset + ts[first].len as u64 <= at {
+                    first += 1;
+                }
+                for t in ts[first..].iter().take_while(|t| t.offset < chunk_end) {
+                    let (lo, hi) = (t.offset.max(at), (t.offset + t.len as u64).min(chunk_end));
+                    if lo < hi {
+                        // SAFETY: the pinned chunk holds `n` bytes covering [lo, hi), not touched
+                        // again before its event; `t.dst` holds `t.len` bytes.
+                        unsafe {
+                            super::transfer::dma_htod(
+                                dev,
+                                t.dst + (lo - t.offset),
+                                bufs[b].as_ptr().add((lo - at) as usize),
+                                (hi - lo) as usize,
+                            )?
+                        };
+                    }
+                }
+                events[b].record(dev.copy_stream())?;
+                used[b] = true;
+                k += 1;
+                at = chunk_end;
+            }
         }
-        // One thread's `pread` from the page cache runs at about 7 GB/s, a few times below the
-        // link: read the chunk's pieces on all cores.
-        let at = offset + (i * CHUNK) as u64;
-        bufs[b]
-            .as_mut_slice(n)
-            .par_chunks_mut(PIECE)
-            .enumerate()
-            .try_for_each(|(j, piece)| file.read_exact_at(piece, at + (j * PIECE) as u64))?;
-        // SAFETY: the pinned chunk holds `n` bytes and is not touched again before its event.
-        unsafe {
-            cudarc::driver::sys::cuMemcpyHtoDAsync_v2(
-                dst.ptr() + (i * CHUNK) as u64,
-                bufs[b].as_ptr() as *const _,
-                n,
-                s.cu_stream(),
-            )
-        }
-        .result()
-        .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))?;
-        events[b].record(s)?;
-        used[b] = true;
-    }
+        Ok(())
+    };
+    let result = stream_all();
+    // Also on an error: the DMAs already queued read the pinned chunks (which go back to the
+    // pool on return) and write the destinations (which the caller may free).
     for (e, u) in events.iter().zip(used) {
         if u {
             e.synchronize()?;
         }
     }
-    Ok(())
+    result
+}
+
+/// One tensor to read from a file: `shape` elements of `dtype`, little-endian, at `offset`.
+#[derive(Debug, Clone)]
+pub struct FileTensor {
+    /// Byte offset in the file.
+    pub offset: u64,
+    /// The tensor's shape.
+    pub shape: crate::Shape,
+    /// The tensor's dtype.
+    pub dtype: crate::DType,
+}
+
+/// The tensors `spans` of `path` on GPU `device`, each in its own allocation, read in one pass
+/// (see the module documentation), and the path the bytes took. Every span is checked against
+/// the file's length before anything is allocated.
+pub fn read_tensors(
+    path: &std::path::Path,
+    spans: &[FileTensor],
+    device: usize,
+    allow_cufile: bool,
+) -> Result<(Vec<crate::Tensor>, ReadPath)> {
+    let dev = CudaDevice::get(device)?;
+    let file_err = |msg: String| Error::File { path: path.display().to_string(), msg };
+    let file = File::open(path).map_err(|e| file_err(e.to_string()))?;
+    let size = file.metadata().map_err(|e| file_err(e.to_string()))?.len();
+    let mut lens = Vec::with_capacity(spans.len());
+    for s in spans {
+        let elems = s.shape.checked_elem_count("read_tensors")?;
+        let len = elems.checked_mul(s.dtype.size_in_bytes()).ok_or_else(|| {
+            Error::InvalidArgument(format!("{:?} of {} overflows the address space", s.shape, s.dtype))
+        })?;
+        if s.offset.checked_add(len as u64).is_none_or(|end| end > size) {
+            return Err(file_err(format!(
+                "{len} bytes at offset {} reach past the end of the file ({size} bytes)",
+                s.offset
+            )));
+        }
+        lens.push(len);
+    }
+    let storages = spans
+        .iter()
+        .zip(&lens)
+        .map(|(s, &len)| super::CudaStorage::uninit(&dev, len / s.dtype.size_in_bytes(), s.dtype))
+        .collect::<Result<Vec<_>>>()?;
+    let targets: Vec<Target> = spans
+        .iter()
+        .zip(&lens)
+        .zip(&storages)
+        .map(|((s, &len), st)| Target { offset: s.offset, len, dst: st.buf.ptr() })
+        .collect();
+    let direct = allow_cufile
+        .then(|| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok())
+        .flatten();
+    let how = read_scattered(&dev, &file, direct.as_ref(), &targets, allow_cufile)?;
+    let tensors = storages
+        .into_iter()
+        .zip(spans)
+        .map(|(st, s)| crate::Tensor::from_storage(crate::storage::Storage::Cuda(st), s.shape.clone(), None))
+        .collect();
+    Ok((tensors, how))
 }
 
 /// A tensor of `shape` and `dtype` on GPU `device`, its bytes read from `path` at `offset`
-/// (a safetensors payload, a token shard), and the path the bytes took.
+/// (a token shard, a raw payload), and the path the bytes took: [`read_tensors`] of one.
 pub fn read_tensor(
     path: &std::path::Path,
     offset: u64,
@@ -268,22 +410,8 @@ pub fn read_tensor(
     device: usize,
     allow_cufile: bool,
 ) -> Result<(crate::Tensor, ReadPath)> {
-    let shape = shape.into();
-    let dev = CudaDevice::get(device)?;
-    let len = shape
-        .elem_count()
-        .checked_mul(dtype.size_in_bytes())
-        .ok_or_else(|| Error::InvalidArgument(format!("{shape:?} of {dtype} overflows the address space")))?;
-    let file_err = |msg: String| Error::File { path: path.display().to_string(), msg };
-    let file = File::open(path).map_err(|e| file_err(e.to_string()))?;
-    let size = file.metadata().map_err(|e| file_err(e.to_string()))?.len();
-    if offset.checked_add(len as u64).is_none_or(|end| end > size) {
-        return Err(file_err(format!("{len} bytes at offset {offset} reach past the end of the file ({size} bytes)")));
-    }
-    let s = super::CudaStorage::uninit(&dev, shape.elem_count(), dtype)?;
-    let direct = allow_cufile
-        .then(|| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok())
-        .flatten();
-    let how = read_to_device(&dev, &file, direct.as_ref(), offset, len, &s.buf, allow_cufile)?;
-    Ok((crate::Tensor::from_storage(crate::storage::Storage::Cuda(s), shape, None), how))
+    let span = FileTensor { offset, shape: shape.into(), dtype };
+    let (mut ts, how) = read_tensors(path, std::slice::from_ref(&span), device, allow_cufile)?;
+    let t = ts.pop().ok_or_else(|| Error::InvalidArgument("read_tensors returned no tensor".into()))?;
+    Ok((t, how))
 }

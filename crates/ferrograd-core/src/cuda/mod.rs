@@ -13,6 +13,7 @@ mod driver;
 pub(crate) mod error_flag;
 pub mod event;
 pub mod file_read;
+pub mod file_write;
 pub mod graph;
 mod interop;
 pub mod klayout;

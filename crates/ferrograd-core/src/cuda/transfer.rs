@@ -54,7 +54,7 @@ fn copy_after_compute(dev: &CudaDevice) -> Result<()> {
 
 /// Every DMA on the copy stream goes through these two, so the profiler (`cuda/profile.rs`,
 /// `FERROGRAD_PROFILE=1`) times and counts each one.
-unsafe fn dma_htod(dev: &CudaDevice, dst: u64, src: *const u8, n: usize) -> Result<()> {
+pub(crate) unsafe fn dma_htod(dev: &CudaDevice, dst: u64, src: *const u8, n: usize) -> Result<()> {
     let span = super::profile::begin_copy(dev, super::profile::CopyKind::HtoD, n);
     // SAFETY (caller): `src` is pinned (or staged by the driver) and `dst` holds `n` bytes.
     unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const _, n, dev.copy_stream().cu_stream()) }
@@ -66,7 +66,7 @@ unsafe fn dma_htod(dev: &CudaDevice, dst: u64, src: *const u8, n: usize) -> Resu
     Ok(())
 }
 
-unsafe fn dma_dtoh(dev: &CudaDevice, dst: *mut u8, src: u64, n: usize) -> Result<()> {
+pub(crate) unsafe fn dma_dtoh(dev: &CudaDevice, dst: *mut u8, src: u64, n: usize) -> Result<()> {
     let span = super::profile::begin_copy(dev, super::profile::CopyKind::DtoH, n);
     // SAFETY (caller): `dst` is pinned and holds `n` bytes, `src` is a live device range.
     unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut _, src, n, dev.copy_stream().cu_stream()) }
@@ -201,31 +201,66 @@ pub fn dtoh(dev: &Arc<CudaDevice>, src: &CudaBuffer, dst: &mut [u8]) -> Result<(
             dev.stream().synchronize().map_err(|e| driver_err("cuStreamSynchronize", e))
         });
     }
+    let n = dst.len();
+    let mut sink = |at: usize, chunk: &[u8]| {
+        par_copy(&mut dst[at..at + chunk.len()], chunk);
+        Ok(())
+    };
+    dtoh_stream(dev, src.ptr(), n, &mut sink)
+}
+
+/// `n` bytes at device address `src`, handed to `sink(offset, bytes)` chunk by chunk in order,
+/// through two pinned chunks: the DMA of the next chunks runs while `sink` takes this one (how
+/// `dtoh` fills a pageable buffer and how device tensors are written to files). The copies are
+/// ordered after the compute queued so far. On an error (of `sink` or of a copy) the copies in
+/// flight are waited for before the pinned chunks go back to the pool.
+pub fn dtoh_stream(
+    dev: &Arc<CudaDevice>,
+    src: u64,
+    n: usize,
+    sink: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
     not_capturable("cuMemcpyDtoH")?;
-    super::profile::note_useful(dst.len());
+    bind(dev)?;
+    super::profile::note_useful(n);
     copy_after_compute(dev)?;
     let mut bufs = [PinnedBuf::new(dev, CHUNK)?, PinnedBuf::new(dev, CHUNK)?];
     let events = [Event::new()?, Event::new()?];
-    let n = dst.len();
+    let mut queued = [false, false];
     let chunks = n.div_ceil(CHUNK);
     let len = |i: usize| CHUNK.min(n - i * CHUNK);
     let enqueue = |i: usize, buf: &mut PinnedBuf, ev: &Event| -> Result<()> {
         // SAFETY: the pinned buffer holds CHUNK bytes and is read only after `ev` completes.
-        unsafe { dma_dtoh(dev, buf.as_mut_slice(len(i)).as_mut_ptr(), src.ptr() + (i * CHUNK) as u64, len(i))? };
+        unsafe { dma_dtoh(dev, buf.as_mut_slice(len(i)).as_mut_ptr(), src + (i * CHUNK) as u64, len(i))? };
         ev.record(dev.copy_stream())
     };
-    for (i, (b, e)) in bufs.iter_mut().zip(&events).enumerate().take(chunks) {
-        enqueue(i, b, e)?;
-    }
-    for i in 0..chunks {
-        let s = i % 2;
-        events[s].synchronize()?;
-        par_copy(&mut dst[i * CHUNK..i * CHUNK + len(i)], bufs[s].as_slice(len(i)));
-        if i + 2 < chunks {
-            enqueue(i + 2, &mut bufs[s], &events[s])?;
+    let mut run = || -> Result<()> {
+        for i in 0..chunks.min(2) {
+            enqueue(i, &mut bufs[i], &events[i])?;
+            queued[i] = true;
+        }
+        for i in 0..chunks {
+            let s = i % 2;
+            events[s].synchronize()?;
+            queued[s] = false;
+            sink(i * CHUNK, bufs[s].as_slice(len(i)))?;
+            if i + 2 < chunks {
+                enqueue(i + 2, &mut bufs[s], &events[s])?;
+                queued[s] = true;
+            }
+        }
+        Ok(())
+    };
+    let result = run();
+    for (e, q) in events.iter().zip(queued) {
+        if q {
+            e.synchronize()?;
         }
     }
-    Ok(())
+    result
 }
 
 /// Alignment of each tensor inside a coalesced transfer (vector loads want 16 bytes; 256 keeps

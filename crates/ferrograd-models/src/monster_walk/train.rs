@@ -548,7 +548,7 @@ pub fn export(copy: usize, path: &std::path::Path) -> Result<()> {
     let c = CopyData::build(copy, Device::Cpu)?;
     let meta = std::collections::HashMap::from([("copy".to_string(), copy.to_string())]);
     let named: Vec<(&str, &Tensor)> = c.named().to_vec();
-    Ok(ferrograd_nn::checkpoint::save_tensors(path, &named, meta)?)
+    Ok(ferrograd_nn::checkpoint::save_safetensors(path, &named, meta)?)
 }
 
 #[cfg(test)]

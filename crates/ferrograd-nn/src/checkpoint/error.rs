@@ -86,6 +86,17 @@ pub enum CheckpointError {
         got: String,
     },
 
+    /// A tensor's dtype is valid safetensors but has no ferrograd dtype (I64, BOOL, F8, ...).
+    #[error("{path}: tensor {name} has dtype {dtype}, which ferrograd cannot hold (it has F32, F64, F16, BF16, I32, U32, U8, I8)")]
+    Unsupported {
+        /// The file.
+        path: String,
+        /// The tensor.
+        name: String,
+        /// The file's dtype name.
+        dtype: String,
+    },
+
     /// A tensor holds NaN or infinity (refused unless non-finite values are allowed).
     #[error("{path}: tensor {name} holds {value} at element {index} (not finite)")]
     NonFinite {
@@ -124,6 +135,7 @@ impl CheckpointError {
             | CheckpointError::Unexpected { name, .. }
             | CheckpointError::Shape { name, .. }
             | CheckpointError::DType { name, .. }
+            | CheckpointError::Unsupported { name, .. }
             | CheckpointError::NonFinite { name, .. } => Some(name),
             _ => None,
         }
@@ -147,6 +159,7 @@ impl From<CheckpointError> for ferrograd_core::Error {
             | CheckpointError::Unexpected { path, .. }
             | CheckpointError::Shape { path, .. }
             | CheckpointError::DType { path, .. }
+            | CheckpointError::Unsupported { path, .. }
             | CheckpointError::NonFinite { path, .. }
             | CheckpointError::Metadata { path, .. } => path.clone(),
         };

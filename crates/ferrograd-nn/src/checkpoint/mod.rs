@@ -2,8 +2,11 @@
 //! file doubles as a plain weights file), the optimizer's state under `optim.state.<param>.<slot>`,
 //! and the step, generator states, optimizer scalars and user entries in the header metadata.
 //!
-//! Writes are atomic (`ferrograd_core::io::write_atomic`). Loading reads the header first and only
-//! the tensors it needs, by their declared sizes (`reader.rs`); it checks every tensor's presence,
+//! Writes are atomic (`ferrograd_core::io::write_atomic`) and stream each tensor into the file
+//! (device tensors through pinned chunks: `files.rs`). Loading reads the header first and only
+//! the tensors it needs, by their declared sizes (`reader.rs`); into a CUDA model they come in one
+//! pass through the GPU file reader (`files.rs`, one log line naming the path), into a CPU model
+//! tensor by tensor. It checks every tensor's presence,
 //! dtype, shape and values (no NaN or infinity unless `LoadOptions::allow_nonfinite`) and all
 //! metadata before it changes anything, and restores values bit for bit into the existing
 //! parameter and state buffers (their identity is kept), so a resumed run continues exactly as
@@ -12,15 +15,17 @@
 mod codec;
 pub use codec::serialize as serialize_safetensors;
 mod error;
+mod files;
 pub mod reader;
 
 pub use error::CheckpointError;
 /// The project's one atomic write (`ferrograd_core::io`), re-exported where it used to live.
 pub use ferrograd_core::io::write_atomic;
+pub use files::{load_safetensors, load_safetensors_with, save_safetensors, Loaded, ReadOptions, ReadPath};
 
 use crate::optim::Optimizer;
 use crate::Module;
-use ferrograd_core::{Rng, Tensor};
+use ferrograd_core::{Device, Rng, Tensor};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Seek};
 use std::path::Path;
@@ -61,7 +66,8 @@ fn io_err(label: &str, e: ferrograd_core::Error) -> CheckpointError {
     CheckpointError::Io { path: label.to_string(), source: std::io::Error::other(msg) }
 }
 
-/// Write model, optimizer and training state to `path`, atomically (`ferrograd_core::io`).
+/// Write model, optimizer and training state to `path`, atomically (`ferrograd_core::io`), each
+/// tensor streamed into the file (the bytes of [`to_bytes`]).
 pub fn save(
     path: impl AsRef<Path>,
     model: &dyn Module,
@@ -69,25 +75,9 @@ pub fn save(
     state: &TrainState,
 ) -> CResult<()> {
     let path = path.as_ref();
-    let label = path.display().to_string();
-    let bytes = to_bytes(model, optim, state, &label)?;
-    write_atomic(path, &bytes).map_err(|e| io_err(&label, e))
-}
-
-/// Write named tensors (any dtype, any device) as a plain safetensors file with `metadata`,
-/// atomically: data exports, token shards.
-pub fn save_tensors(
-    path: impl AsRef<Path>,
-    tensors: &[(&str, &Tensor)],
-    metadata: HashMap<String, String>,
-) -> CResult<()> {
-    let path = path.as_ref();
-    let label = path.display().to_string();
-    let blobs = tensors.iter().map(|(n, t)| Ok((*n, codec::Blob::of(t)?))).collect::<CResult<Vec<_>>>()?;
-    let meta = (!metadata.is_empty()).then_some(metadata);
-    let bytes = codec::serialize(blobs.iter().map(|(n, b)| (*n, b)), meta)
-        .map_err(|e| CheckpointError::Corrupt { path: label.clone(), msg: format!("serialising: {e}") })?;
-    write_atomic(path, &bytes).map_err(|e| io_err(&label, e))
+    let (tensors, meta) = contents(model, optim, state, &path.display().to_string())?;
+    let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    save_safetensors(path, &named, meta)
 }
 
 /// Restore model, optimizer and training state from `path`. With `optim: None` the optimizer
@@ -108,30 +98,30 @@ pub fn load_with(
     let path = path.as_ref();
     let label = path.display().to_string();
     let (file, len) = ferrograd_core::io::open_input(path).map_err(|e| io_err(&label, e))?;
-    from_reader(&mut std::io::BufReader::new(file), len, &label, model, optim, opts)
+    restore(&mut std::io::BufReader::new(file), len, &label, Some(path), model, optim, opts)
 }
 
 fn metadata_err(path: &str, key: &str, msg: impl std::fmt::Display) -> CheckpointError {
     CheckpointError::Metadata { path: path.to_string(), key: key.to_string(), msg: msg.to_string() }
 }
 
-/// The checkpoint as bytes (`label` names it in errors).
-pub fn to_bytes(
+/// The checkpoint's tensors by file name and its metadata (`label` names it in errors).
+fn contents(
     model: &dyn Module,
     optim: Option<&dyn Optimizer>,
     state: &TrainState,
     label: &str,
-) -> CResult<Vec<u8>> {
-    let mut tensors: BTreeMap<String, codec::Blob> = BTreeMap::new();
-    let mut add = |name: String, t: &Tensor| -> CResult<()> {
+) -> CResult<(BTreeMap<String, Tensor>, HashMap<String, String>)> {
+    let mut tensors: BTreeMap<String, Tensor> = BTreeMap::new();
+    let mut add = |name: String, t: Tensor| -> CResult<()> {
         if tensors.contains_key(&name) {
             return Err(metadata_err(label, &name, "two tensors share this name"));
         }
-        tensors.insert(name, codec::Blob::of(t)?);
+        tensors.insert(name, t);
         Ok(())
     };
     for (name, t) in model.named_parameters() {
-        add(name, &t)?;
+        add(name, t)?;
     }
     let mut meta = HashMap::new();
     meta.insert("format".to_string(), FORMAT.to_string());
@@ -144,7 +134,7 @@ pub fn to_bytes(
     meta.insert("rngs".to_string(), serde_json::json!(rngs).to_string());
     if let Some(o) = optim {
         for (name, t) in o.state_tensors() {
-            add(format!("{OPTIM_PREFIX}{name}"), &t)?;
+            add(format!("{OPTIM_PREFIX}{name}"), t)?;
         }
         let names: Vec<&str> = o.params().iter().map(|(n, _)| n.as_str()).collect();
         let v = serde_json::json!({ "kind": o.kind(), "params": names, "state": o.state_meta() });
@@ -153,7 +143,19 @@ pub fn to_bytes(
     for (k, v) in &state.extra {
         meta.insert(format!("extra.{k}"), v.clone());
     }
-    codec::serialize(tensors.iter().map(|(n, b)| (n.as_str(), b)), Some(meta))
+    Ok((tensors, meta))
+}
+
+/// The checkpoint as bytes (`label` names it in errors): what [`save`] writes.
+pub fn to_bytes(
+    model: &dyn Module,
+    optim: Option<&dyn Optimizer>,
+    state: &TrainState,
+    label: &str,
+) -> CResult<Vec<u8>> {
+    let (tensors, meta) = contents(model, optim, state, label)?;
+    let blobs = tensors.iter().map(|(n, t)| Ok((n.as_str(), codec::Blob::of(t)?))).collect::<CResult<Vec<_>>>()?;
+    codec::serialize(blobs.iter().map(|(n, b)| (*n, b)), Some(meta))
         .map_err(|e| CheckpointError::Corrupt { path: label.to_string(), msg: format!("serialising: {e}") })
 }
 
@@ -218,6 +220,28 @@ pub fn from_reader<R: Read + Seek>(
     total_len: u64,
     label: &str,
     model: &dyn Module,
+    optim: Option<&mut dyn Optimizer>,
+    opts: LoadOptions,
+) -> CResult<TrainState> {
+    restore(r, total_len, label, None, model, optim, opts)
+}
+
+/// The tensors read from the file, before they are written into the model.
+enum ReadData {
+    /// Host bytes, one vector per target (CPU models, sources without a path).
+    Host(Vec<Vec<u8>>),
+    /// Device tensors, one per target (a CUDA model loaded from a file).
+    Device(Vec<Tensor>),
+}
+
+/// [`from_reader`]; `file`, the path `r` reads, lets a CUDA model's tensors come through the GPU
+/// file reader.
+fn restore<R: Read + Seek>(
+    r: &mut R,
+    total_len: u64,
+    label: &str,
+    file: Option<&Path>,
+    model: &dyn Module,
     mut optim: Option<&mut dyn Optimizer>,
     opts: LoadOptions,
 ) -> CResult<TrainState> {
@@ -275,17 +299,41 @@ pub fn from_reader<R: Read + Seek>(
             return Err(CheckpointError::Unexpected { path: label.to_string(), name: name.to_string() });
         }
     }
-    // Read every tensor (each by its declared size) and check its values before writing any.
-    let mut data = Vec::with_capacity(sources.len());
-    for ((name, t), entry) in targets.iter().zip(&sources) {
-        let bytes = reader::read_tensor(r, &header, entry, label)?;
-        if !opts.allow_nonfinite {
-            if let Some((index, value)) = codec::first_nonfinite(&bytes, t.dtype()) {
-                return Err(CheckpointError::NonFinite { path: label.to_string(), name: name.clone(), index, value });
+    // Read every tensor and check its values before writing any: into a CUDA model (all targets
+    // on one GPU) through the GPU file reader, else each by its declared size into host memory.
+    let device = targets.first().map(|(_, t)| t.device());
+    let data = match (file, device) {
+        (Some(path), Some(dev @ Device::Cuda(_))) if targets.iter().all(|(_, t)| t.device() == dev) => {
+            let start = std::time::Instant::now();
+            let named: Vec<(&str, &reader::Entry)> =
+                targets.iter().zip(&sources).map(|((n, _), e)| (n.as_str(), *e)).collect();
+            let (ts, how) = files::read_entries(r, path, label, &header, &named, dev, true)?;
+            let bytes = sources.iter().map(|e| e.end - e.start).sum();
+            let line = files::read_line(label, ts.len(), bytes, dev, how, start.elapsed().as_secs_f64());
+            eprintln!("ferrograd: read {line}");
+            if !opts.allow_nonfinite {
+                if let Some((i, index, value)) = files::first_nonfinite(&ts)? {
+                    let name = targets[i].0.clone();
+                    return Err(CheckpointError::NonFinite { path: label.to_string(), name, index, value });
+                }
             }
+            ReadData::Device(ts)
         }
-        data.push(bytes);
-    }
+        _ => {
+            let mut data = Vec::with_capacity(sources.len());
+            for ((name, t), entry) in targets.iter().zip(&sources) {
+                let bytes = reader::read_tensor(r, &header, entry, label)?;
+                if !opts.allow_nonfinite {
+                    if let Some((index, value)) = codec::first_nonfinite(&bytes, t.dtype()) {
+                        let name = name.clone();
+                        return Err(CheckpointError::NonFinite { path: label.to_string(), name, index, value });
+                    }
+                }
+                data.push(bytes);
+            }
+            ReadData::Host(data)
+        }
+    };
 
     // Scalars first (they validate; on a later failure the old ones are put back), then tensors.
     let mut previous = None;
@@ -296,9 +344,17 @@ pub fn from_reader<R: Read + Seek>(
         previous = Some(old);
     }
     let written = (|| -> CResult<()> {
-        for ((_, t), bytes) in targets.iter().zip(&data) {
-            let src = codec::tensor_from_bytes(bytes, t.dtype(), t.dims(), t.device())?;
-            t.set(&src)?;
+        match &data {
+            ReadData::Host(bytes) => {
+                for ((_, t), b) in targets.iter().zip(bytes) {
+                    t.set(&codec::tensor_from_bytes(b, t.dtype(), t.dims(), t.device())?)?;
+                }
+            }
+            ReadData::Device(ts) => {
+                for ((_, t), src) in targets.iter().zip(ts) {
+                    t.set(src)?;
+                }
+            }
         }
         Ok(())
     })();

@@ -3,7 +3,8 @@
 //! checked arithmetic, then only the tensors the caller needs read, each by its declared size. A
 //! 4 GiB file whose header lists one 38 KB tensor never costs more than the header and that
 //! tensor; a truncated file names the first tensor whose bytes are missing; sizes that would
-//! overflow are errors, never panics.
+//! overflow are errors, never panics; tensors must tile the data section in offset order (no
+//! overlaps, no gaps), as the format requires.
 //!
 //! Works over any `Read + Seek`: a file (`checkpoint::load`) or bytes in memory (`from_bytes`).
 //! Files are read (`read_exact` after a seek), not memory-mapped: a file truncated by another
@@ -140,6 +141,22 @@ pub fn read_header<R: Read + Seek>(r: &mut R, total_len: u64, path: &str) -> Res
             end: e.end,
             available,
         });
+    }
+    // The format's rule (and the `safetensors` crate's check): in offset order each tensor starts
+    // where the one before it ends, so no two share bytes and no bytes are unaccounted for.
+    let mut by_offset: Vec<(&String, &Entry)> = tensors.iter().collect();
+    by_offset.sort_by_key(|(_, e)| (e.start, e.end));
+    let mut next = 0u64;
+    for (name, e) in by_offset {
+        if e.start != next {
+            return Err(corrupt(format!(
+                "tensor {name} starts at byte {} of the data section, but the tensors before it end at byte \
+                 {next} ({} tensors)",
+                e.start,
+                if e.start < next { "overlapping" } else { "a gap between" }
+            )));
+        }
+        next = e.end;
     }
     let used = tensors.values().map(|e| e.end).max().unwrap_or(0);
     if used != available {

@@ -282,6 +282,18 @@ fn try_load(bytes: &[u8]) {
     }
 }
 
+/// The same bytes as a file through `load_safetensors` (the path every device load starts with):
+/// any outcome but a panic, and errors name the file.
+fn try_load_file(bytes: &[u8]) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("fuzz.safetensors");
+    std::fs::write(&path, bytes).expect("write");
+    let quiet = checkpoint::ReadOptions { log: false, ..Default::default() };
+    if let Err(e) = checkpoint::load_safetensors_with(&path, CPU, quiet) {
+        assert!(e.to_string().contains("fuzz.safetensors"), "{e}");
+    }
+}
+
 fn header_json() -> impl Strategy<Value = String> {
     let num = prop_oneof![0u64..64, any::<u64>(), Just(u64::MAX), Just(1u64 << 61)];
     let dtype = prop::sample::select(vec!["F32", "F64", "BF16", "U8", "I64", "BOOL", "F4", "nope"]);
@@ -309,6 +321,7 @@ proptest! {
     #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
         try_load(&bytes);
+        try_load_file(&bytes);
     }
 
     #[test]
@@ -329,6 +342,7 @@ proptest! {
             b.truncate(at);
         }
         try_load(&b);
+        try_load_file(&b);
     }
 
     #[test]
@@ -337,5 +351,6 @@ proptest! {
         b.extend(json.as_bytes());
         b.extend(std::iter::repeat_n(0u8, data_len));
         try_load(&b);
+        try_load_file(&b);
     }
 }

@@ -24,7 +24,11 @@ fn nan_and_inf_weights_are_refused_unless_allowed() -> R {
         let mut w = lin.weight.to_vec::<f32>()?;
         w[4] = bad;
         let w = Tensor::from_vec(w, (2, 3), CPU)?;
-        checkpoint::save_tensors(&path, &[("weight", &w), ("bias", lin.bias.as_ref().ok_or("bias")?)], HashMap::new())?;
+        checkpoint::save_safetensors(
+            &path,
+            &[("weight", &w), ("bias", lin.bias.as_ref().ok_or("bias")?)],
+            HashMap::new(),
+        )?;
         let target = layer()?;
         let before = target.weight.to_vec::<f32>()?;
         match checkpoint::load(&path, &target, None) {

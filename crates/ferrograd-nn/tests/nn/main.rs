@@ -11,4 +11,5 @@ mod learn;
 mod mamba;
 mod modules;
 mod optim;
+mod safetensors_files;
 mod trainer;
