@@ -8,7 +8,8 @@
 //! - `optim`: AdamW in two groups (decay on matrices only).
 //! - `train`: one run's state and step (accumulation, schedule, clipping, validation,
 //!   checkpoints, resume); `fit`: the loop, its log and summary; `autobatch`: `--batch auto`;
-//!   `dp`: data parallel over several GPUs (hooks from `ferrograd-dist`).
+//!   `dp`: data parallel over several GPUs (hooks from `ferrograd-dist`); `startup`: where the
+//!   start of a run goes (`FERROGRAD_PROFILE=1`).
 //! - `sample`: generation with a KV cache, temperature and top-k.
 //! - `quant`: int8 projections (W8A16, W8A8), the int8 weights file, QAT (issue 18).
 
@@ -27,6 +28,7 @@ pub mod quant;
 pub mod sample;
 pub mod settings;
 pub mod shards;
+pub mod startup;
 pub mod tokenizer;
 pub mod train;
 

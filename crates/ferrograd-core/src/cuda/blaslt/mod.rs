@@ -215,7 +215,8 @@ fn lt_device(dev: &CudaDevice) -> Result<Arc<LtDevice>> {
         return Err(Error::CudaUnavailable { reason: "libcublasLt was not found".into() });
     }
     dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
-    let handle = lt::create_handle().map_err(|e| lt_err("cublasLtCreate", e))?;
+    let handle = super::startup::timed(super::startup::Cost::CublasLt, lt::create_handle)
+        .map_err(|e| lt_err("cublasLtCreate", e))?;
     let d = Arc::new(LtDevice { handle, plans: Mutex::new(HashMap::new()), workspaces: Mutex::new(HashMap::new()) });
     map.insert(dev.ordinal, d.clone());
     Ok(d)
@@ -277,7 +278,9 @@ fn gemm_tuned(dev: &Arc<CudaDevice>, g: &Gemm, tune_new: bool) -> Result<bool> {
     let plan = match plans.entry(key) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => {
+            let t = std::time::Instant::now();
             let mut plan = Plan::new(lt.handle, g, &key, ws_bytes)?;
+            super::startup::add(super::startup::Cost::CublasLt, t.elapsed());
             if let (Some(p), true) = (plan.as_mut(), tune_new) {
                 tune(dev, &lt, p, g, (ws_ptr, ws_bytes))?;
             }
