@@ -203,6 +203,12 @@ pub(crate) fn backward_from(
     let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
     grads.insert(root.id(), seed.detach());
     let mut finish_leaf = |leaf: &Tensor, g: Tensor, store: &mut GradStore| -> Result<()> {
+        // A gradient takes its leaf's layout, as PyTorch's AccumulateGrad keeps a gradient in its
+        // parameter's strides: a contiguous leaf handed a view (a transposed or broadcast
+        // gradient) stores it contiguous, copied once here rather than by every reader (the
+        // optimizers' kernels and clipping need contiguous buffers). Ops that can write a
+        // gradient in its leaf's layout do (the fused linear's transposed dW), and pay nothing.
+        let g = if leaf.is_contiguous() && !g.is_contiguous() { g.contiguous()? } else { g };
         GradStore::accumulate(&mut store.0, leaf.id(), g)?;
         if let (Some(hook), Some(full)) = (on_leaf.as_mut(), store.0.get(&leaf.id())) {
             hook(leaf, full)?;

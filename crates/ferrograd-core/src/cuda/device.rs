@@ -11,6 +11,7 @@ use super::matmul::Blas;
 use super::modules::Module;
 use super::nvrtc::{self, Arch, KernelError};
 use super::probe::{self, CudaDeviceInfo};
+use super::startup::Cost;
 use super::stream::StreamTable;
 use super::sync;
 use crate::{Error, Result};
@@ -137,9 +138,11 @@ impl CudaDevice {
         let arch = Arch::from_compute_capability(maj, min)?;
         // NVRTC must be loadable before we promise a working device.
         nvrtc::nvrtc_info()?;
+        let t = std::time::Instant::now();
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("cuCtx", e))?;
         let streams = Arc::new(StreamTable::new(&ctx)?);
-        let blas = Blas::new(&streams, info.compute_capability)?;
+        super::startup::add(Cost::Context, t.elapsed());
+        let blas = super::startup::timed(Cost::Cublas, || Blas::new(&streams, info.compute_capability))?;
         let mut alloc =
             CachingAllocator::new(DriverMemory { ctx: ctx.clone() }, DriverEvents::new(ctx.clone(), streams.clone()));
         alloc.set_memory_limit(super::alloc::memory_limit_from_env()?);
@@ -368,9 +371,14 @@ impl CudaDevice {
 
     fn load_cuda_module(&self, module: &Module) -> Result<Arc<CudaModule>> {
         sync::not_capturable("cuModuleLoadData")?;
-        let compiled = nvrtc::get_or_compile(&module.source(), self.arch)?;
-        self.ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.to_vec()))
-            .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))
+        super::startup::timed(Cost::KernelModules, || {
+            let compiled = nvrtc::get_or_compile(&module.source(), self.arch)?;
+            if !compiled.from_cache {
+                super::startup::add(Cost::Nvrtc, compiled.compile_time);
+            }
+            self.ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.to_vec()))
+                .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))
+        })
     }
 }

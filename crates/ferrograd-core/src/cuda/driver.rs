@@ -27,8 +27,10 @@ fn raw_err(e: result::DriverError) -> RawAllocError {
 impl RawDeviceMemory for DriverMemory {
     fn raw_alloc(&mut self, bytes: usize) -> Result<u64, RawAllocError> {
         self.ctx.bind_to_thread().map_err(raw_err)?;
-        // SAFETY: a plain allocation in the bound context.
-        host_wait("cuMemAlloc", || unsafe { result::malloc_sync(bytes) }.map_err(raw_err))
+        super::startup::timed(super::startup::Cost::DeviceMalloc, || {
+            // SAFETY: a plain allocation in the bound context.
+            host_wait("cuMemAlloc", || unsafe { result::malloc_sync(bytes) }.map_err(raw_err))
+        })
     }
 
     unsafe fn raw_free(&mut self, ptr: u64) -> Result<(), RawAllocError> {

@@ -30,6 +30,7 @@ pub mod pinned;
 pub mod predictor;
 pub mod probe;
 pub mod profile;
+pub mod startup;
 pub mod storage;
 pub mod stream;
 pub mod sync;

@@ -5,6 +5,7 @@
 use super::dp::{mean_over_ranks, writes_files};
 use super::hf;
 use super::loader::{LoaderPos, StepInputs, TokenLoader};
+use super::startup::StartupLog;
 use super::train::{precision_guard, Precision, Run, RunInfo, TrainConfig};
 use ferrograd_core::cuda::CudaDevice;
 use ferrograd_core::{Device, Error, Result, Tensor};
@@ -130,7 +131,9 @@ impl JsonLog {
 /// Train as `cfg` says, reporting through `on_event`. `started` is when the process started (for
 /// the startup time).
 pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<'_>)) -> Result<Summary> {
-    let mut run = Run::new(cfg)?;
+    let mut startup = StartupLog::new(started, cfg.device);
+    startup.mark("process start to training (arguments, device choice)");
+    let mut run = Run::new_logged(cfg, &mut startup)?;
     let writer = writes_files(run.cfg.dist.as_ref());
     if let (Some(p), true) = (&run.cfg.save_init, writer) {
         if run.step != 0 {
@@ -145,16 +148,17 @@ pub fn train(cfg: TrainConfig, started: Instant, mut on_event: impl FnMut(Event<
     let mut log = JsonLog::open(&run.cfg.out, run.cfg.resume, writer)?;
     log.write(serde_json::json!({ "kind": "start", "settings": run.settings(), "info": &run.info }))?;
     let mut summary = Summary { log: log.path.clone(), ..Default::default() };
-    let plan = FitPlan {
+    startup.mark("--save-init, the log");
+    let mut plan = FitPlan {
         steps: run.cfg.steps,
         log_every: run.cfg.log_every,
         val_every: run.cfg.val_every,
         save_every: run.cfg.save_every,
         device: run.cfg.device,
         flops_per_token: run.cfg.model.flops_per_token(run.cfg.context),
-        started,
+        startup,
     };
-    fit_loop(&mut run, &plan, &mut log, &mut summary, &mut on_event)?;
+    fit_loop(&mut run, &mut plan, &mut log, &mut summary, &mut on_event)?;
     if run.step > 0 && writer {
         let dir = run.cfg.out.join("model");
         hf::save_pretrained(&run.model, &dir)?;
@@ -173,6 +177,11 @@ pub(crate) trait FitRun {
     fn train_step(&mut self) -> Result<(Tensor, Tensor)>;
     /// Optimizer steps taken so far (a resumed run counts the earlier ones).
     fn steps_done(&self) -> u64;
+    /// How the last step ran (eager, a warm-up before a capture, the capture, a replay), for the
+    /// startup breakdown.
+    fn last_step_kind(&self) -> &'static str {
+        "step"
+    }
     /// The learning rate of the step just taken.
     fn lr(&self) -> f64;
     fn info(&self) -> &RunInfo;
@@ -215,6 +224,9 @@ pub(crate) fn val_loss(
     Ok(sum.map(|s| s.item_f64()).transpose()?.map(|s| s / n as f64))
 }
 
+/// Steps the startup breakdown lists: the eager warm-ups, the capture and the first replay.
+const STARTUP_STEPS: u64 = super::settings::GRAPH_WARMUP as u64 + 2;
+
 /// The loop's settings.
 pub(crate) struct FitPlan {
     pub steps: u64,
@@ -225,8 +237,9 @@ pub(crate) struct FitPlan {
     pub save_every: u64,
     pub device: Device,
     pub flops_per_token: f64,
-    /// When the process started (the summary's startup time runs from it to the first step's end).
-    pub started: Instant,
+    /// The start's phases from the process start (the summary's startup time runs from it to the
+    /// first step's end); the first steps add theirs.
+    pub startup: StartupLog,
 }
 
 /// [`FitRun`]'s methods for a run type with the fields `step`, `opt` and `info` and inherent
@@ -257,6 +270,9 @@ pub(crate) use fit_run_by_fields;
 
 impl FitRun for Run {
     fit_run_by_fields!(Run);
+    fn last_step_kind(&self) -> &'static str {
+        self.last_step_kind
+    }
     fn window_loss(&self, w: Tensor) -> Result<Tensor> {
         mean_over_ranks(self.cfg.dist.as_ref(), w)
     }
@@ -269,7 +285,7 @@ impl FitRun for Run {
 /// FERROGRAD_PROFILE=1 prints the device time per kernel over the steady steps.
 pub(crate) fn fit_loop<R: FitRun>(
     run: &mut R,
-    plan: &FitPlan,
+    plan: &mut FitPlan,
     log: &mut JsonLog,
     summary: &mut Summary,
     on_event: &mut impl FnMut(Event<'_>),
@@ -294,7 +310,14 @@ pub(crate) fn fit_loop<R: FitRun>(
         on_event(Event::Progress(step));
         if step == start_step + 1 {
             device.synchronize()?;
-            summary.startup_s = plan.started.elapsed().as_secs_f64();
+            summary.startup_s = plan.startup.elapsed_s();
+        }
+        // The breakdown follows the steps up to the first replay of a captured step.
+        if plan.startup.is_on() && step <= start_step + STARTUP_STEPS {
+            plan.startup.mark(format!("step {} ({})", step - start_step, run.last_step_kind()));
+            if step == start_step + STARTUP_STEPS || step == steps {
+                plan.startup.print_once();
+            }
         }
         if step == start_step + skip.max(1) && steady.is_none() {
             device.synchronize()?;

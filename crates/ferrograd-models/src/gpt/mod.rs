@@ -9,7 +9,8 @@
 //! - `train`: one run's state and step (accumulation, schedule, clipping, validation,
 //!   checkpoints, resume); `fit`: the loop, its log and summary; `autobatch`: `--batch auto`;
 //!   `dp`: data parallel over several GPUs (hooks from `ferrograd-dist`); `zero`: ZeRO-1, the
-//!   AdamW of `optim` over this rank's shard.
+//!   AdamW of `optim` over this rank's shard; `startup`: where the start of a run goes
+//!   (`FERROGRAD_PROFILE=1`).
 //! - `sample`: generation with a KV cache, temperature and top-k.
 //! - `quant`: int8 projections (W8A16, W8A8), the int8 weights file, QAT (issue 18).
 
@@ -28,6 +29,7 @@ pub mod quant;
 pub mod sample;
 pub mod settings;
 pub mod shards;
+pub mod startup;
 pub mod tokenizer;
 pub mod train;
 mod zero;

@@ -17,8 +17,9 @@
 //! takes PyTorch's `[out, in]` is called with `w.t()` (a view, no copy).
 //!
 //! Precision follows `ferrograd_nn::amp` as PyTorch's autocast does: under an autocast scope the
-//! matmuls run in the low dtype (inputs and weights cast down, f32 accumulation) and their outputs
-//! stay there, bias and GELU included (each linear's output feeds the next GEMM or attention, so
+//! matmuls run in the low dtype (inputs and weights cast down, f32 accumulation; the projections'
+//! f32 weights and biases go to the fused ops as they are, which cast them down themselves and
+//! return their gradients in f32: no cast kernels in the backward) and their outputs stay there, bias and GELU included (each linear's output feeds the next GEMM or attention, so
 //! nothing is cast back and forth, and the activations autograd keeps are half the size); norms,
 //! the loss (computed from the low-dtype logits, see [`lm_loss`]) and the residual stream are f32.
 //! Without autocast everything runs in the input's dtype (f32, or f64 in gradient checks).
@@ -33,18 +34,26 @@ fn matmul_dtype(x: &Tensor) -> Option<DType> {
     autocast_dtype().filter(|_| x.dtype().is_float() && x.dtype() != DType::F64)
 }
 
-/// The matmul operands `x`, `w`, `b` in the dtype the GEMM runs in (see [`matmul_dtype`]).
+/// The operands of a fused linear / mlp: `x` in the dtype the GEMM runs in (see
+/// [`matmul_dtype`]), the parameters as they are when they are all f32 (master weights: the fused
+/// op casts them down itself and returns f32 gradients, in the weights' own layout), else cast to
+/// that dtype too.
 fn gemm_operands(x: &Tensor, ws: &[&Tensor]) -> Result<(Tensor, Vec<Tensor>)> {
     match matmul_dtype(x) {
-        Some(low) => Ok((x.to_dtype(low)?, ws.iter().map(|w| w.to_dtype(low)).collect::<Result<_>>()?)),
+        Some(low) => {
+            let master = ws.iter().all(|w| w.dtype() == DType::F32);
+            let cast = |w: &&Tensor| if master { Ok((*w).clone()) } else { w.to_dtype(low) };
+            Ok((x.to_dtype(low)?, ws.iter().map(cast).collect::<Result<_>>()?))
+        }
         None => Ok((x.clone(), ws.iter().map(|w| (*w).clone()).collect())),
     }
 }
 
 /// `x W + b` over the last dim of `x` (any leading dims), `w` `[in, out]`: one fused cuBLASLt
 /// linear (bias in the epilogue; its gradient from the dW GEMM's BGRADB epilogue), reading
-/// `w.t()` (PyTorch's `[out, in]`) as a transposed view, never a copy. Under autocast the output
-/// stays in the low dtype, bias included, as PyTorch's bias epilogue does.
+/// `w.t()` (PyTorch's `[out, in]`) as a transposed view, never a copy (its gradient comes back
+/// written transposed, so `w`'s is contiguous). Under autocast the output stays in the low dtype,
+/// bias included (rounded to it first, as autocast casts it), as PyTorch's bias epilogue does.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let ws: Vec<&Tensor> = std::iter::once(w).chain(b).collect();
     let (x, ws) = gemm_operands(x, &ws)?;

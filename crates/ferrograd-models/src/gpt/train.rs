@@ -16,6 +16,7 @@ use super::hf;
 use super::loader::{LoaderPos, StepInputs, TokenLoader};
 use super::model::{Gpt, HfView};
 use super::optim::GptAdamW;
+use super::startup::StartupLog;
 use super::zero::ShardKeys;
 use ferrograd_core::cuda::{Capture, CudaDevice, Graph};
 use ferrograd_core::{DType, Device, Error, GradStore, Result, Tensor};
@@ -160,6 +161,8 @@ pub struct Run {
     pub micro_batch: usize,
     pub grad_accum: usize,
     pub info: RunInfo,
+    /// How the last step ran (for the startup breakdown).
+    pub(crate) last_step_kind: &'static str,
 }
 
 impl Run {
@@ -170,6 +173,12 @@ impl Run {
     /// Build the model (GPT-2 init, `--init` weights, or the checkpoint when resuming), the
     /// optimizer and the loaders; choose the micro-batch.
     pub fn new(cfg: TrainConfig) -> Result<Run> {
+        Self::new_logged(cfg, &mut StartupLog::off())
+    }
+
+    /// [`Run::new`], ending a phase of `startup` after each part (device, model, optimizer, data,
+    /// buffers).
+    pub fn new_logged(cfg: TrainConfig, startup: &mut StartupLog) -> Result<Run> {
         cfg.model.validate()?;
         if cfg.context == 0 || cfg.context > cfg.model.n_positions {
             return Err(Error::InvalidArgument(format!(
@@ -196,7 +205,12 @@ impl Run {
             )));
         }
         let mut notes = vec![];
+        if let Device::Cuda(o) = cfg.device {
+            CudaDevice::get(o)?;
+            startup.mark("device open (context, streams, cuBLAS handle)");
+        }
         let mut model = Gpt::new(cfg.model, cfg.seed, cfg.device)?;
+        startup.mark("model init (weights drawn on the device)");
         if cfg.qat {
             model.linears = super::quant::Linears::Qat;
             notes.push(
@@ -215,6 +229,7 @@ impl Run {
             }
             hf::load_weights(&model, &src.weights)?;
             notes.push(format!("weights from {}", init.display()));
+            startup.mark("--init weights read");
         }
         // Data parallel: broadcasts rank 0's parameters, so every rank starts from the same weights
         // (a resume below then reads the same file on every rank).
@@ -237,6 +252,7 @@ impl Run {
             }
             None => GptAdamW::new(&model, cfg.lr, cfg.weight_decay)?,
         };
+        startup.mark("optimizer state (AdamW moments)");
         let t = cfg.context;
         let (micro_batch, auto_note) = match cfg.batch {
             BatchSize::Fixed(0) => return Err(Error::InvalidArgument("--batch must be positive".into())),
@@ -287,6 +303,7 @@ impl Run {
                 None
             }
         };
+        startup.mark("data open (token shards, loaders; --batch auto's search)");
         let inputs = StepInputs::new(grad_accum, micro_batch, t, cfg.device)?;
         let info = RunInfo {
             parameters: cfg.model.num_parameters(),
@@ -327,9 +344,11 @@ impl Run {
             micro_batch,
             grad_accum,
             info,
+            last_step_kind: "step",
         };
         if run.cfg.resume {
             run.resume()?;
+            startup.mark("--resume: checkpoint read");
         }
         if let Device::Cuda(o) = device {
             // The step is captured when asked for and, data parallel, when the communicator's
@@ -355,6 +374,7 @@ impl Run {
                 run.info.notes.push(format!("step: {how}"));
             }
         }
+        startup.mark("step buffers, data-parallel setup, graph pool");
         Ok(run)
     }
 
@@ -401,6 +421,7 @@ impl Run {
         let body = StepBody { model, inputs, k, clip, precision, shard };
         let mut sync = sync.as_deref_mut();
         let mut eager = false;
+        let mut kind = "eager";
         let out = match step_graph {
             Some(sg) => {
                 // Whether the body itself ran to its end (a capture that fails after it did leaves
@@ -413,9 +434,12 @@ impl Run {
                 };
                 if sg.warmups < GRAPH_WARMUP {
                     sg.warmups += 1;
+                    kind = "eager warm-up on the graph's stream and pool";
                     Some(sg.capture.warmup(run)?)
                 } else {
+                    kind = "graph replay";
                     if sg.graph.is_none() {
+                        kind = "graph capture + first replay";
                         match sg.capture.capture(&mut run) {
                             Ok(g) => sg.graph = Some(g),
                             // Data parallel: the driver or NCCL refused to record the collectives.
@@ -447,6 +471,7 @@ impl Run {
         if eager {
             self.step_graph = None;
         }
+        self.last_step_kind = kind;
         if on_device {
             self.opt.count_step();
         }

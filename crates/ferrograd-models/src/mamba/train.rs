@@ -273,16 +273,16 @@ pub fn train(cfg: MambaTrainConfig, started: Instant, mut on_event: impl FnMut(E
     let model_json = serde_json::to_value(run.cfg.model).map_err(|e| Error::InvalidArgument(e.to_string()))?;
     log.write(serde_json::json!({ "kind": "start", "model": model_json, "info": &run.info }))?;
     let mut summary = Summary { log: log.path.clone(), ..Default::default() };
-    let plan = FitPlan {
+    let mut plan = FitPlan {
         steps: run.cfg.steps,
         log_every: run.cfg.log_every,
         val_every: run.cfg.val_every,
         save_every: 0,
         device: run.cfg.device,
         flops_per_token: run.cfg.model.flops_per_token(),
-        started,
+        startup: crate::gpt::startup::StartupLog::new(started, run.cfg.device),
     };
-    fit_loop(&mut run, &plan, &mut log, &mut summary, &mut on_event)?;
+    fit_loop(&mut run, &mut plan, &mut log, &mut summary, &mut on_event)?;
     write_summary(&mut log, &summary)?;
     Ok(summary)
 }

@@ -59,6 +59,9 @@ pub enum Epilogue {
     /// `D = A B`, `bias = sum of op(B) over k` (one entry per column of D): a weight gradient and
     /// the bias gradient in one call.
     BGradB,
+    /// `D = A B`, `bias = sum of op(A) over k` (one entry per row of D): the same when the weight
+    /// gradient is written transposed (the incoming gradient is then A).
+    BGradA,
 }
 
 impl Epilogue {
@@ -72,6 +75,7 @@ impl Epilogue {
                 | Epilogue::GeluAuxBias
                 | Epilogue::DGeluBGrad
                 | Epilogue::BGradB
+                | Epilogue::BGradA
         )
     }
 
@@ -106,8 +110,11 @@ pub struct Aux {
 /// when the matmul precision is `High`). Bias and aux have D's dtype.
 #[derive(Clone, Copy, Debug)]
 pub struct Gemm {
-    /// Element type of A, B, D, bias and aux.
+    /// Element type of A and B (and of the aux buffer).
     pub dtype: DType,
+    /// Element type of D and of the bias: `dtype`, or f32 for an f16/bf16 product kept in f32 (the
+    /// f32 weight gradient of a half-precision linear over f32 master weights).
+    pub d_dtype: DType,
     /// Rows of `op(A)` and D.
     pub m: usize,
     /// Columns of `op(B)` and D.
@@ -215,7 +222,8 @@ fn lt_device(dev: &CudaDevice) -> Result<Arc<LtDevice>> {
         return Err(Error::CudaUnavailable { reason: "libcublasLt was not found".into() });
     }
     dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
-    let handle = lt::create_handle().map_err(|e| lt_err("cublasLtCreate", e))?;
+    let handle = super::startup::timed(super::startup::Cost::CublasLt, lt::create_handle)
+        .map_err(|e| lt_err("cublasLtCreate", e))?;
     let d = Arc::new(LtDevice { handle, plans: Mutex::new(HashMap::new()), workspaces: Mutex::new(HashMap::new()) });
     map.insert(dev.ordinal, d.clone());
     Ok(d)
@@ -242,6 +250,13 @@ fn check(g: &Gemm) -> Result<()> {
     let (ra, rb) = (if g.a.trans { g.k } else { g.m }, if g.b.trans { g.n } else { g.k });
     if g.a.ld < ra || g.b.ld < rb || g.d.ld < g.m || g.d.trans {
         return bad("a leading dimension is below its operand's row count (or D is transposed)".into());
+    }
+    let wide = g.d_dtype == DType::F32 && matches!(g.dtype, DType::F16 | DType::BF16);
+    if g.d_dtype != g.dtype && !wide {
+        return bad(format!("D in {} for a {} product (only f16/bf16 may be written in f32)", g.d_dtype, g.dtype));
+    }
+    if g.epilogue.uses_aux() && g.d_dtype != g.dtype {
+        return bad(format!("epilogue {:?} needs D in the operands' dtype", g.epilogue));
     }
     if g.epilogue.uses_bias() != g.bias.is_some() {
         return bad(format!("epilogue {:?} and the bias pointer disagree", g.epilogue));
@@ -277,7 +292,9 @@ fn gemm_tuned(dev: &Arc<CudaDevice>, g: &Gemm, tune_new: bool) -> Result<bool> {
     let plan = match plans.entry(key) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => {
+            let t = std::time::Instant::now();
             let mut plan = Plan::new(lt.handle, g, &key, ws_bytes)?;
+            super::startup::add(super::startup::Cost::CublasLt, t.elapsed());
             if let (Some(p), true) = (plan.as_mut(), tune_new) {
                 tune(dev, &lt, p, g, (ws_ptr, ws_bytes))?;
             }
@@ -289,7 +306,9 @@ fn gemm_tuned(dev: &Arc<CudaDevice>, g: &Gemm, tune_new: bool) -> Result<bool> {
         return Ok(false);
     };
     plan.bind(g)?;
-    let span = super::profile::begin(dev, || format!("lt_gemm {:?} {} {}x{}x{}", g.epilogue, g.dtype, g.m, g.n, g.k));
+    let span = super::profile::begin(dev, || {
+        format!("lt_gemm {:?} {}->{} {}x{}x{}", g.epilogue, g.dtype, g.d_dtype, g.m, g.n, g.k)
+    });
     launch(dev, &lt, plan, &plan.algo, g, (ws_ptr, ws_bytes)).map_err(|e| lt_err("cublasLtMatmul", e))?;
     if let Some(span) = span {
         span.end(dev);

@@ -14,6 +14,7 @@ use cudarc::cublaslt::sys::{self, cublasLtMatmulDescAttributes_t as D, cublasLtM
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct PlanKey {
     dtype: DType,
+    d_dtype: DType,
     tf32: bool,
     epilogue: Epilogue,
     m: usize,
@@ -42,6 +43,7 @@ impl PlanKey {
     pub(super) fn of(g: &Gemm) -> PlanKey {
         PlanKey {
             dtype: g.dtype,
+            d_dtype: g.d_dtype,
             tf32: g.dtype == DType::F32 && matmul_precision() == MatmulPrecision::High,
             epilogue: g.epilogue,
             m: g.m,
@@ -109,6 +111,7 @@ fn epilogue(e: Epilogue) -> sys::cublasLtEpilogue_t {
         Epilogue::DGelu => E::CUBLASLT_EPILOGUE_DGELU,
         Epilogue::DGeluBGrad => E::CUBLASLT_EPILOGUE_DGELU_BGRAD,
         Epilogue::BGradB => E::CUBLASLT_EPILOGUE_BGRADB,
+        Epilogue::BGradA => E::CUBLASLT_EPILOGUE_BGRADA,
     }
 }
 
@@ -138,6 +141,8 @@ impl Plan {
         workspace: usize,
     ) -> Result<Option<Plan>> {
         let (ty, compute) = data_type(g.dtype)?;
+        // D (and the bias, whose type defaults to D's) in f32 under the same f32 compute type.
+        let (d_ty, _) = if g.d_dtype == g.dtype { (ty, compute) } else { data_type(g.d_dtype)? };
         let desc = MatmulDesc::new(compute)?;
         desc.set(D::CUBLASLT_MATMUL_DESC_TRANSA, op(g.a.trans))?;
         desc.set(D::CUBLASLT_MATMUL_DESC_TRANSB, op(g.b.trans))?;
@@ -156,7 +161,7 @@ impl Plan {
             } else {
                 MatrixLayout::new(ty, g.k, g.n, g.b.ld)?
             },
-            d: MatrixLayout::new(ty, g.m, g.n, g.d.ld)?,
+            d: MatrixLayout::new(d_ty, g.m, g.n, g.d.ld)?,
             desc,
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
             candidates: vec![],
@@ -169,12 +174,13 @@ impl Plan {
         pref.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, ab as u32)?;
         pref.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ad as u32)?;
         pref.set(P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ad as u32)?;
-        if matches!(g.dtype, DType::F16 | DType::BF16) {
+        if matches!(g.d_dtype, DType::F16 | DType::BF16) {
             // Split-K partial sums of a half-precision product are reduced in f32 (COMPUTE_TYPE)
             // or in place, never in the output type, which would round every partial to the
             // output's 8 or 11 bits (PyTorch's allow_bf16_reduced_precision_reduction = False).
-            // f32/f64 outputs are their own compute type: every scheme stays allowed there (the
-            // skinny weight gradients of small MLPs need split-K to fill the chip).
+            // f32 outputs (f32 products, and f16/bf16 products written in f32) are their own compute
+            // type: every scheme stays allowed there (the skinny weight gradients of small MLPs
+            // need split-K to fill the chip).
             let schemes = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32
                 | sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_INPLACE as u32
                 | sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;

@@ -1,5 +1,6 @@
 //! Every epilogue of the layer against an f64 reference on the CPU, on shapes that are and are
-//! not multiples of 8, in f32, f16 and bf16. Outputs start as NaN, so an unwritten element fails.
+//! not multiples of 8, in f32, f16 and bf16, and f16/bf16 products written in f32 (the epilogues a
+//! master-weight gradient uses). Outputs start as NaN, so an unwritten element fails.
 //! Without a GPU each test prints one line and passes.
 //!
 //! Column-major operands are built as row-major tensors of the transposed shape: A (m x k) is a
@@ -10,7 +11,7 @@ use super::{counters_on_this_thread, gemm, gemm_tuned, Aux, Epilogue, Gemm, Oper
 use crate::cuda::CudaDevice;
 use crate::{DType, Device, Result, Rng, Tensor};
 
-const ALL: [Epilogue; 11] = [
+const ALL: [Epilogue; 12] = [
     Epilogue::Default,
     Epilogue::Bias,
     Epilogue::Relu,
@@ -22,7 +23,11 @@ const ALL: [Epilogue; 11] = [
     Epilogue::DGelu,
     Epilogue::DGeluBGrad,
     Epilogue::BGradB,
+    Epilogue::BGradA,
 ];
+
+/// The epilogues that may write an f16/bf16 product in f32 (no aux).
+const WIDE: [Epilogue; 3] = [Epilogue::Default, Epilogue::BGradB, Epilogue::BGradA];
 
 fn randn(rng: &mut Rng, dims: &[usize], d: DType) -> Tensor {
     Tensor::randn_with(rng, 0.0, 1.0, dims.to_vec(), DType::F64, Device::Cpu)
@@ -97,6 +102,8 @@ fn reference(
         }
         // One bias entry per column of D (per row of D^T): op(B) summed over k.
         Epilogue::BGradB => (p, Some(f(bt)?.sum(1, false)?), None),
+        // One bias entry per row of D (per column of D^T): op(A) summed over k.
+        Epilogue::BGradA => (p, Some(f(at)?.sum(0, false)?), None),
     })
 }
 
@@ -111,24 +118,31 @@ fn check_epilogues(shapes: &[(usize, usize, usize)], tune: bool) -> Result<()> {
     };
     let gd = Device::Cuda(0);
     let mut rng = Rng::new(21);
-    for d in [DType::F32, DType::F16, DType::BF16] {
+    let kinds = [
+        (DType::F32, DType::F32),
+        (DType::F16, DType::F16),
+        (DType::BF16, DType::BF16),
+        (DType::F16, DType::F32),
+        (DType::BF16, DType::F32),
+    ];
+    for (d, od) in kinds {
         for &(m, n, k) in shapes {
             let ld_aux = m.next_multiple_of(8);
             let (at, bt) = (randn(&mut rng, &[k, m], d), randn(&mut rng, &[n, k], d));
             // The bias input has one entry per row of D; BGRADB's output one per column.
             let bias_in = randn(&mut rng, &[m], d);
             let aux_in = randn(&mut rng, &[n, m], d);
-            for e in ALL {
-                let what = format!("{e:?} {d} m={m} n={n} k={k}");
+            for e in ALL.into_iter().filter(|e| od == d || WIDE.contains(e)) {
+                let what = format!("{e:?} {d}->{od} m={m} n={n} k={k}");
                 let (want_d, want_bias, want_aux) = reference(e, &at, &bt, &bias_in, &aux_in, d)?;
                 let (ga, gb) = (at.to_device(gd)?, bt.to_device(gd)?);
-                let out = Tensor::full(f64::NAN, (n, m), d, gd)?;
+                let out = Tensor::full(f64::NAN, (n, m), od, gd)?;
                 let bias = match e {
                     Epilogue::Bias | Epilogue::ReluBias | Epilogue::GeluBias | Epilogue::GeluAuxBias => {
                         Some(bias_in.to_device(gd)?)
                     }
-                    Epilogue::DGeluBGrad => Some(Tensor::full(f64::NAN, m, d, gd)?),
-                    Epilogue::BGradB => Some(Tensor::full(f64::NAN, n, d, gd)?),
+                    Epilogue::DGeluBGrad | Epilogue::BGradA => Some(Tensor::full(f64::NAN, m, od, gd)?),
+                    Epilogue::BGradB => Some(Tensor::full(f64::NAN, n, od, gd)?),
                     _ => None,
                 };
                 let aux = match e {
@@ -142,6 +156,7 @@ fn check_epilogues(shapes: &[(usize, usize, usize)], tune: bool) -> Result<()> {
                 };
                 let g = Gemm {
                     dtype: d,
+                    d_dtype: od,
                     m,
                     n,
                     k,
@@ -156,11 +171,14 @@ fn check_epilogues(shapes: &[(usize, usize, usize)], tune: bool) -> Result<()> {
                     println!("{what}: cuBLASLt has no kernel (the callers fall back)");
                     continue;
                 }
+                // Written in f32, only the inputs' rounding remains (the reference starts from the
+                // rounded inputs): the f32 tolerance.
+                let tl = tol(od, e);
                 let err = max_rel(&out.to_f64_vec()?, &want_d.to_f64_vec()?);
-                assert!(err <= tol(d, e), "{what}: D max rel err {err:e}");
+                assert!(err <= tl, "{what}: D max rel err {err:e}");
                 if let (Some(want), Some(got)) = (&want_bias, &bias) {
                     let err = max_rel(&got.to_f64_vec()?, &want.to_f64_vec()?);
-                    assert!(err <= tol(d, e), "{what}: bias gradient max rel err {err:e}");
+                    assert!(err <= tl, "{what}: bias gradient max rel err {err:e}");
                 }
                 if let (Some(want), Some(got)) = (&want_aux, &aux) {
                     let got = got.narrow(1, 0, m)?;
@@ -201,6 +219,7 @@ fn bad_problems_are_typed_errors() {
     let op = Operand { ptr: 1 << 20, ld: 8, trans: false };
     let base = Gemm {
         dtype: DType::BF16,
+        d_dtype: DType::BF16,
         m: 8,
         n: 8,
         k: 8,
@@ -217,7 +236,12 @@ fn bad_problems_are_typed_errors() {
         ("bias missing", Gemm { epilogue: Epilogue::Bias, ..base }),
         ("aux missing", Gemm { epilogue: Epilogue::GeluAux, ..base }),
         ("aux ld", Gemm { epilogue: Epilogue::GeluAux, aux: Some(Aux { ptr: 1 << 20, ld: 12 }), m: 4, ..base }),
-        ("dtype", Gemm { dtype: DType::F64, ..base }),
+        ("dtype", Gemm { dtype: DType::F64, d_dtype: DType::F64, ..base }),
+        ("f32 product in bf16", Gemm { dtype: DType::F32, ..base }),
+        (
+            "wide aux",
+            Gemm { d_dtype: DType::F32, epilogue: Epilogue::GeluAux, aux: Some(Aux { ptr: 1 << 20, ld: 8 }), ..base },
+        ),
     ] {
         let e = gemm(&dev, &g).unwrap_err();
         assert!(matches!(e, crate::Error::InvalidArgument(_) | crate::Error::UnsupportedDType { .. }), "{why}: {e}");

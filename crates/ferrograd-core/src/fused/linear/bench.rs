@@ -103,38 +103,51 @@ impl Inputs {
     /// The forward (with and without the saved pre-activation), the activation gradient (with
     /// and without db), and the gradient matmuls (dx; dW; dW with db from the BGRADB epilogue).
     pub fn pieces(&self, act: Activation) -> Result<Vec<Piece<'_>>> {
-        use super::{ActBackward, Grads, LinearOp, Need};
+        use super::{ActBackward, Grads, LinearOp, Need, WGrad};
         use crate::fused::apply_all;
         let (x, w, b) = (self.x.detach(), self.w.detach(), self.b.detach());
         let n = w.dims()[0];
-        let saved = apply_all(&LinearOp { act, save_pre: act == Activation::GeluTanh }, &[&x, &w, &b])?;
+        let saved = apply_all(
+            &LinearOp { act, save_pre: act == Activation::GeluTanh, master: false, save_w: false },
+            &[&x, &w, &b],
+        )?;
         let s = match act {
             Activation::GeluTanh => saved[1].narrow(1, 0, n)?,
             _ => saved[0].clone(),
         };
         let dz = match act {
             Activation::None => self.dy.clone(),
-            _ => apply_all(&ActBackward { act, with_db: false }, &[&self.dy, &s])?.remove(0),
+            _ => apply_all(&ActBackward { act, with_db: false, db_dtype: self.dy.dtype() }, &[&self.dy, &s])?.remove(0),
         };
         let run = |op: Box<dyn super::FusedOp>, inputs: Vec<Tensor>| -> Box<dyn FnMut() -> Result<()> + '_> {
             Box::new(move || apply_all(op.as_ref(), &inputs.iter().collect::<Vec<_>>()).map(|_| ()))
         };
-        let grads = |dx, dw, db| Box::new(Grads { need: Need { dx, dw, db } }) as Box<dyn super::FusedOp>;
+        let grads =
+            |dx, dw, db| Box::new(Grads { need: Need { dx, dw, db }, wg: WGrad::of(&w) }) as Box<dyn super::FusedOp>;
         let mut pieces = vec![Piece {
             name: "fwd",
-            run: run(Box::new(LinearOp { act, save_pre: false }), vec![x.clone(), w.clone(), b.clone()]),
+            run: run(
+                Box::new(LinearOp { act, save_pre: false, master: false, save_w: false }),
+                vec![x.clone(), w.clone(), b.clone()],
+            ),
         }];
         if act == Activation::GeluTanh {
             pieces.push(Piece {
                 name: "fwd keeping z",
-                run: run(Box::new(LinearOp { act, save_pre: true }), vec![x.clone(), w.clone(), b.clone()]),
+                run: run(
+                    Box::new(LinearOp { act, save_pre: true, master: false, save_w: false }),
+                    vec![x.clone(), w.clone(), b.clone()],
+                ),
             });
         }
         if act != Activation::None {
             for (name, with_db) in [("dz", false), ("dz+db", true)] {
                 pieces.push(Piece {
                     name,
-                    run: run(Box::new(ActBackward { act, with_db }), vec![self.dy.clone(), s.clone()]),
+                    run: run(
+                        Box::new(ActBackward { act, with_db, db_dtype: self.dy.dtype() }),
+                        vec![self.dy.clone(), s.clone()],
+                    ),
                 });
             }
         }

@@ -3,7 +3,7 @@
 //! rounded once, as cuBLASLt does) and, without the widening, the CUDA fallback where cuBLASLt
 //! has no kernel (cuBLAS matmul and our elementwise kernels).
 
-use super::{out_dims, sizes, Activation, Need};
+use super::{out_dims, sizes, Activation, Need, WGrad};
 use crate::backend::{BackendStorage, MatmulDims};
 use crate::fused::FusedOutputs;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
@@ -113,12 +113,13 @@ pub(super) fn forward<S: BackendStorage>(
 }
 
 /// `[dz]` or `[dz, db]`: `dz = dy * act'(s)` with `s` the pre-activation (GELU) or the output
-/// (ReLU), as `[rows, out]`; `db` the column sums of dz as stored (rounded to the dtype).
+/// (ReLU), as `[rows, out]`; `db` (when `db` names its dtype) the column sums of dz as stored
+/// (summed in f32 at least, rounded to that dtype).
 pub(super) fn act_backward<S: BackendStorage>(
     dy: (&S, &Layout),
     s: (&S, &Layout),
     act: Activation,
-    with_db: bool,
+    db: Option<DType>,
     widen: bool,
 ) -> Result<FusedOutputs<S>> {
     let dtype = dy.0.dtype();
@@ -137,31 +138,36 @@ pub(super) fn act_backward<S: BackendStorage>(
     let zl = Layout::contiguous(dl.shape().clone());
     let dz = if ct != dtype { dz.to_dtype(&zl, dtype)? } else { dz };
     let mut out = vec![];
-    if with_db {
-        let wide = if ct != dtype { Some(dz.to_dtype(&zl, ct)?) } else { None };
+    if let Some(db_dtype) = db {
+        // An f32 bias gradient (master weights) is summed in f32 on every backend.
+        let acc = compute_dtype(dtype, widen || db_dtype != dtype);
+        let wide = if acc != dtype { Some(dz.to_dtype(&zl, acc)?) } else { None };
         let db = wide.as_ref().unwrap_or(&dz).reduce(&zl, ReduceOp::Sum, &[0])?;
-        let db = if ct != dtype { db.to_dtype(&Layout::contiguous((1, zl.dims()[1])), dtype)? } else { db };
+        let db = if acc != db_dtype { db.to_dtype(&Layout::contiguous((1, zl.dims()[1])), db_dtype)? } else { db };
         out.push((db, Shape::from(zl.dims()[1])));
     }
     out.insert(0, (dz, dy.1.shape().clone()));
     Ok(out)
 }
 
-/// The gradients `need` asks for, in the order dx (x's shape), dw (`[out, in]`), db (`[out]`).
+/// The gradients `need` asks for, in the order dx (x's shape), dw (`[out, in]`, or `[in, out]`
+/// when `wg.transposed`), db (`[out]`); dw and db in `wg.dtype` (computed in f32 at least when
+/// that is f32).
 pub(super) fn grads<S: BackendStorage>(
     dz: (&S, &Layout),
     x: (&S, &Layout),
     w: (&S, &Layout),
     need: Need,
+    wg: WGrad,
     widen: bool,
 ) -> Result<FusedOutputs<S>> {
     let dtype = dz.0.dtype();
-    let ct = compute_dtype(dtype, widen);
+    let ct = compute_dtype(dtype, widen || wg.dtype != dtype);
     let (m, k, n) = sizes(x.1, w.1);
     let za = Arg::matrix(dz.0, dz.1, ct)?;
     let (zs, zl) = za.get();
-    let back = |s: S, shape: Shape| -> Result<(S, Shape)> {
-        let s = if ct != dtype { s.to_dtype(&Layout::contiguous(shape.clone()), dtype)? } else { s };
+    let back = |s: S, shape: Shape, to: DType| -> Result<(S, Shape)> {
+        let s = if ct != to { s.to_dtype(&Layout::contiguous(shape.clone()), to)? } else { s };
         Ok((s, shape))
     };
     let mut out = vec![];
@@ -169,17 +175,22 @@ pub(super) fn grads<S: BackendStorage>(
         let wa = Arg::matrix(w.0, w.1, ct)?;
         let (ws, wl) = wa.get();
         let dx = zs.matmul(zl, ws, wl, MatmulDims { batch: 1, m, n: k, k: n })?;
-        out.push(back(dx, x.1.shape().clone())?);
+        out.push(back(dx, x.1.shape().clone(), dtype)?);
     }
     if need.dw {
         let xa = Arg::matrix(x.0, x.1, ct)?;
         let (xs, xl) = xa.get();
-        let dw = zs.matmul(&zl.transpose(0, 1)?, xs, xl, MatmulDims { batch: 1, m: n, n: k, k: m })?;
-        out.push(back(dw, Shape::from((n, k)))?);
+        let (dw, shape) = if wg.transposed {
+            // dW^T = x^T dz, `[in, out]`: the layout of a weight stored transposed.
+            (xs.matmul(&xl.transpose(0, 1)?, zs, zl, MatmulDims { batch: 1, m: k, n, k: m })?, Shape::from((k, n)))
+        } else {
+            (zs.matmul(&zl.transpose(0, 1)?, xs, xl, MatmulDims { batch: 1, m: n, n: k, k: m })?, Shape::from((n, k)))
+        };
+        out.push(back(dw, shape, wg.dtype)?);
     }
     if need.db {
         let db = zs.reduce(zl, ReduceOp::Sum, &[0])?;
-        out.push(back(db, Shape::from(n))?);
+        out.push(back(db, Shape::from(n), wg.dtype)?);
     }
     Ok(out)
 }

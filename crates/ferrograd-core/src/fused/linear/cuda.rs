@@ -9,10 +9,13 @@
 //! - `dx^T (K x M) = W^T (K x N) · dz^T (N x M)`: both as stored.
 //! - `dW^T (K x N) = x^T (K x M) · dz (M x N)`: dz read transposed, and BGRADB sums op(B) = dz
 //!   over M into `db` (one entry per column of `dW^T`, i.e. per output feature).
+//! - a weight stored transposed gets `dW` written transposed (`[K, N]` row-major, column-major
+//!   `dW (N x K) = dz^T (N x M) · x (M x K)`), and BGRADA sums op(A) = dz^T over M into `db`.
+//! - master weights: `dW` and `db` are D and the bias of an f16/bf16 product written in f32.
 //!
 //! A transposed view (unit row stride) flips its operand's transpose flag instead of being copied.
 
-use super::{cpu, out_dims, sizes, Activation, Need, MODULE};
+use super::{cpu, out_dims, sizes, Activation, Need, WGrad, MODULE};
 use crate::backend::BackendStorage;
 use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
 use crate::cuda::launch::{cfg_1d, cfg_col_sums, launch};
@@ -112,6 +115,7 @@ pub(super) fn forward(
     };
     let g = Gemm {
         dtype,
+        d_dtype: dtype,
         m: n,
         n: m,
         k,
@@ -133,28 +137,35 @@ pub(super) fn forward(
 }
 
 /// `[dz]` or `[dz, db]`: `dz = dy * act'(s)` in one kernel (`s`: the pre-activation for GELU,
-/// the output for ReLU); with `with_db` the same kernel leaves per-row-block column sums that a
-/// second, small kernel adds into `db`.
+/// the output for ReLU); with `db` (its dtype: dy's, or f32 for master weights) the same kernel
+/// leaves per-row-block column sums (in f32, or f64) that a second, small kernel adds into `db`.
 pub(super) fn act_backward(
     dy: (&CudaStorage, &Layout),
     s: (&CudaStorage, &Layout),
     act: Activation,
-    with_db: bool,
+    db: Option<DType>,
 ) -> Result<FusedOutputs<CudaStorage>> {
     let name = match act {
         Activation::GeluTanh => "dgelu",
         Activation::Relu => "drelu",
-        Activation::None => return cpu::act_backward(dy, s, act, with_db, false),
+        Activation::None => return cpu::act_backward(dy, s, act, db, false),
     };
     let dtype = dy.0.dtype();
+    let acc = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+    // The partial sums are in `acc`; the sum kernel of dtype `acc` writes them out unrounded.
+    let db_dtype = match db {
+        Some(d) if d == dtype || d == acc => Some(d),
+        Some(d) => return Err(crate::Error::DTypeMismatch { op: "linear (bias gradient)", lhs: dtype, rhs: d }),
+        None => None,
+    };
     let cols = dy.1.dims()[dy.1.dims().len() - 1];
     let rows = dy.1.elem_count().checked_div(cols).unwrap_or(0);
     let dev = dy.0.dev();
     let dz = CudaStorage::uninit(dev, rows * cols, dtype)?;
     let mut out = vec![(dz, dy.1.shape().clone())];
     if rows * cols == 0 {
-        if with_db {
-            out.push((CudaStorage::full(dev, 0.0, cols, dtype)?, Shape::from(cols)));
+        if let Some(d) = db_dtype {
+            out.push((CudaStorage::full(dev, 0.0, cols, d)?, Shape::from(cols)));
         }
         return Ok(out);
     }
@@ -170,11 +181,11 @@ pub(super) fn act_backward(
     };
     let dz_ptr = out[0].0.buf.ptr();
     let per_pack = 16 / dtype.size_in_bytes();
-    if !with_db {
+    let Some(db_dtype) = db_dtype else {
         launch!(dev, MODULE, format!("linear_{name}_{dtype}"), cfg_1d(dev, (rows * cols).div_ceil(per_pack));
             dy_ptr, s_ptr, dz_ptr, rows as u64, cols as u64, lds as u64);
         return Ok(out);
-    }
+    };
     // Columns across threads (16-byte packs where everything lines up), rows split across
     // grid.y so the chip fills: each block leaves one row of partial sums.
     let vec = cols.is_multiple_of(per_pack)
@@ -182,11 +193,10 @@ pub(super) fn act_backward(
         && [dy_ptr, s_ptr, dz_ptr].iter().all(|p| p.is_multiple_of(16));
     let units = if vec { cols / per_pack } else { cols };
     let (cfg, rps, splits) = cfg_col_sums(dev, rows, units);
-    let acc = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
     let part = CudaStorage::uninit(dev, splits * cols, acc)?;
     launch!(dev, MODULE, format!("linear_{name}_db_{dtype}"), cfg;
         dy_ptr, s_ptr, dz_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64, vec as i32);
-    let db = CudaStorage::uninit(dev, cols, dtype)?;
+    let db = CudaStorage::uninit(dev, cols, db_dtype)?;
     // 32 columns x 32 lanes over the splits a block (col_sums.cuh): a thread per column adding
     // all of them in turn was latency-bound (~90 of the 173 µs of dz + db at 16384 x 3072 on an H200).
     let sums = LaunchConfig {
@@ -194,23 +204,26 @@ pub(super) fn act_backward(
         block_dim: (32, 32, 1),
         shared_mem_bytes: 0,
     };
-    launch!(dev, MODULE, format!("linear_colsum_{dtype}"), sums;
+    launch!(dev, MODULE, format!("linear_colsum_{}", if db_dtype == dtype { dtype } else { acc }), sums;
         part.buf.ptr(), db.buf.ptr(), splits as u64, cols as u64);
     out.push((db, Shape::from(cols)));
     Ok(out)
 }
 
-/// dx, dw (with db through BGRADB when both are wanted), db.
+/// dx, dw (with db through BGRADB / BGRADA when both are wanted), db; dw and db in `wg.dtype`, dw
+/// transposed when `wg.transposed`.
 pub(super) fn grads(
     dz: (&CudaStorage, &Layout),
     x: (&CudaStorage, &Layout),
     w: (&CudaStorage, &Layout),
     need: Need,
+    wg: WGrad,
 ) -> Result<FusedOutputs<CudaStorage>> {
     let dtype = dz.0.dtype();
     let (m, k, n) = sizes(x.1, w.1);
-    if !lt_dtype(dtype) || m == 0 || n == 0 || k == 0 {
-        return cpu::grads(dz, x, w, need, false);
+    let wide_ok = wg.dtype == dtype || (wg.dtype == DType::F32 && matches!(dtype, DType::F16 | DType::BF16));
+    if !lt_dtype(dtype) || !wide_ok || m == 0 || n == 0 || k == 0 {
+        return cpu::grads(dz, x, w, need, wg, false);
     }
     let dev = dz.0.dev();
     let zm = Mat::new(dz.0, dz.1)?;
@@ -220,6 +233,7 @@ pub(super) fn grads(
         let dx = CudaStorage::uninit(dev, m * k, dtype)?;
         let g = Gemm {
             dtype,
+            d_dtype: dtype,
             m: k,
             n: m,
             k: n,
@@ -231,39 +245,82 @@ pub(super) fn grads(
             aux: None,
         };
         if !blaslt::gemm(dev, &g)? {
-            return cpu::grads(dz, x, w, need, false);
+            return cpu::grads(dz, x, w, need, wg, false);
         }
         out.push((dx, x.1.shape().clone()));
     }
     if need.dw {
         let xm = Mat::new(x.0, x.1)?;
-        let dw = CudaStorage::uninit(dev, n * k, dtype)?;
-        let db = if need.db { Some(CudaStorage::uninit(dev, n, dtype)?) } else { None };
-        let g = Gemm {
-            dtype,
-            m: k,
-            n,
-            k: m,
-            a: xm.operand(true),
-            b: zm.operand(false),
-            d: Operand { ptr: dw.buf.ptr(), ld: k, trans: false },
-            epilogue: if db.is_some() { Epilogue::BGradB } else { Epilogue::Default },
-            bias: db.as_ref().map(|d| d.buf.ptr()),
-            aux: None,
+        let dw = CudaStorage::uninit(dev, n * k, wg.dtype)?;
+        let db = if need.db { Some(CudaStorage::uninit(dev, n, wg.dtype)?) } else { None };
+        let (g, shape) = if wg.transposed {
+            // dW (N x K) column-major, i.e. `[K, N]` row-major; db sums op(A) = dz^T over M.
+            let g = Gemm {
+                dtype,
+                d_dtype: wg.dtype,
+                m: n,
+                n: k,
+                k: m,
+                a: zm.operand(true),
+                b: xm.operand(false),
+                d: Operand { ptr: dw.buf.ptr(), ld: n, trans: false },
+                epilogue: if db.is_some() { Epilogue::BGradA } else { Epilogue::Default },
+                bias: db.as_ref().map(|d| d.buf.ptr()),
+                aux: None,
+            };
+            (g, Shape::from((k, n)))
+        } else {
+            let g = Gemm {
+                dtype,
+                d_dtype: wg.dtype,
+                m: k,
+                n,
+                k: m,
+                a: xm.operand(true),
+                b: zm.operand(false),
+                d: Operand { ptr: dw.buf.ptr(), ld: k, trans: false },
+                epilogue: if db.is_some() { Epilogue::BGradB } else { Epilogue::Default },
+                bias: db.as_ref().map(|d| d.buf.ptr()),
+                aux: None,
+            };
+            (g, Shape::from((n, k)))
         };
+        let mut db = db;
         if !blaslt::gemm(dev, &g)? {
-            return cpu::grads(dz, x, w, need, false);
+            // No kernel with the bias-gradient epilogue for this layout and dtype: the plain
+            // product, and db as a column sum below.
+            let plain = Gemm { epilogue: Epilogue::Default, bias: None, ..g };
+            if db.is_none() || !blaslt::gemm(dev, &plain)? {
+                return cpu::grads(dz, x, w, need, wg, false);
+            }
+            db = None;
         }
-        out.push((dw, Shape::from((n, k))));
-        if let Some(db) = db {
-            out.push((db, Shape::from(n)));
+        out.push((dw, shape));
+        match db {
+            Some(db) => out.push((db, Shape::from(n))),
+            None if need.db => out.push((col_sums(dz, m, n, wg.dtype)?, Shape::from(n))),
+            None => {}
         }
     } else if need.db {
         // Only the bias trains: a column sum, no matmul.
-        let zl = cpu::as_matrix(dz.1).unwrap_or_else(|| Layout::contiguous((m, n)));
-        let own = if cpu::as_matrix(dz.1).is_some() { None } else { Some(dz.0.copy_strided(dz.1)?) };
-        let db = own.as_ref().unwrap_or(dz.0).reduce(&zl, crate::op::ReduceOp::Sum, &[0])?;
-        out.push((db, Shape::from(n)));
+        out.push((col_sums(dz, m, n, wg.dtype)?, Shape::from(n)));
     }
     Ok(out)
+}
+
+/// The column sums of `dz` (`[m, n]`) in `to`: summed in f32 at least (an f32 bias gradient of a
+/// half-precision dz is not rounded to the half type on the way).
+fn col_sums(dz: (&CudaStorage, &Layout), m: usize, n: usize, to: DType) -> Result<CudaStorage> {
+    let dtype = dz.0.dtype();
+    let zl = cpu::as_matrix(dz.1);
+    let own = match (&zl, to != dtype) {
+        (_, true) => Some(dz.0.to_dtype(dz.1, to)?),
+        (None, false) => Some(dz.0.copy_strided(dz.1)?),
+        (Some(_), false) => None,
+    };
+    let zl = match own {
+        Some(_) => Layout::contiguous((m, n)),
+        None => zl.unwrap_or_else(|| Layout::contiguous((m, n))),
+    };
+    own.as_ref().unwrap_or(dz.0).reduce(&zl, crate::op::ReduceOp::Sum, &[0])
 }

@@ -6,31 +6,35 @@
 //!
 //! Forward: two cuBLASLt calls (GELU_AUX_BIAS keeping `z` and `h = gelu(z)`, then BIAS). Backward:
 //! `dW2` + `db2` (BGRADB), `dz` + `db1` (GEMM, then `linear_dgelu_db`), `dW1`, `dx`. CPU and
-//! fallback: the same composition as `linear` (`cpu.rs`).
+//! fallback: the same composition as `linear` (`cpu.rs`). Master weights (f32 parameters over an
+//! f16/bf16 `x`) as `linear` takes them (`master.rs`): both weights cast down in the forward and
+//! kept, the four parameter gradients in f32.
 
-use super::{check, cpu, cuda, Activation, Grads, Need};
+use super::master::view_as;
+use super::{check, cpu, cuda, with_params_lowered, Activation, Grads, Need, WGrad};
 use crate::backend::BackendStorage;
 use crate::backprop::track;
 use crate::cpu::CpuStorage;
 use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
 use crate::cuda::CudaStorage;
 use crate::fused::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
-use crate::{Error, Layout, Result, Shape, Tensor};
+use crate::{DType, Error, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
 /// `gelu(x W1^T + b1) W2^T + b2` (GELU in its tanh form) with PyTorch's layouts: `x` is
 /// `[..., in]`, `w1` is `[hidden, in]`, `b1` is `[hidden]`, `w2` is `[out, hidden]`, `b2` is
 /// `[out]`; the result is `[..., out]`. The same values and gradients as two [`super::linear`]
-/// calls, with one elementwise pass fewer in the backward.
+/// calls, with one elementwise pass fewer in the backward. All four parameters share one dtype:
+/// x's, or f32 over an f16/bf16 `x` (master weights).
 pub fn mlp(x: &Tensor, w1: &Tensor, b1: Option<&Tensor>, w2: &Tensor, b2: Option<&Tensor>) -> Result<Tensor> {
-    check(x, w1, b1)?;
+    let master = check(x, w1, b1)?;
     // The hidden activation has x's leading dims and w1's rows: check the second layer against it.
     let hidden: Vec<usize> = x.dims()[..x.rank() - 1].iter().copied().chain([w1.dims()[0]]).collect();
     if w2.rank() != 2 || w2.dims()[1] != w1.dims()[0] {
         return Err(Error::ShapeMismatch { op: "mlp (second layer)", lhs: hidden, rhs: w2.dims().to_vec() });
     }
-    if w2.dtype() != x.dtype() {
-        return Err(Error::DTypeMismatch { op: "mlp", lhs: x.dtype(), rhs: w2.dtype() });
+    if w2.dtype() != w1.dtype() {
+        return Err(Error::DTypeMismatch { op: "mlp", lhs: w1.dtype(), rhs: w2.dtype() });
     }
     let leading = &x.dims()[..x.rank() - 1];
     Shape::from(leading.iter().copied().chain([w2.dims()[0]]).collect::<Vec<_>>()).checked_elem_count("mlp")?;
@@ -42,23 +46,26 @@ pub fn mlp(x: &Tensor, w1: &Tensor, b1: Option<&Tensor>, w2: &Tensor, b2: Option
                 rhs: b2.dims().to_vec(),
             });
         }
-        if b2.dtype() != x.dtype() {
-            return Err(Error::DTypeMismatch { op: "mlp", lhs: x.dtype(), rhs: b2.dtype() });
+        if b2.dtype() != w1.dtype() {
+            return Err(Error::DTypeMismatch { op: "mlp", lhs: w1.dtype(), rhs: b2.dtype() });
         }
     }
     let mut inputs = vec![x, w1];
     inputs.extend(b1);
     inputs.push(w2);
     inputs.extend(b2);
-    let op = MlpOp { has_b1: b1.is_some(), has_b2: b2.is_some(), save: track(&inputs) };
+    let save = track(&inputs);
+    let op = MlpOp { has_b1: b1.is_some(), has_b2: b2.is_some(), save, master };
     apply(Arc::new(op), &inputs)
 }
 
-/// Inputs `[x, w1, (b1), w2, (b2)]`; outputs `[y]`, plus `h` and `z` (`[rows, ld]`) when `save`.
+/// Inputs `[x, w1, (b1), w2, (b2)]`; outputs `[y]`, plus `h` and `z` (`[rows, ld]`) when `save`,
+/// plus the two weights cast to x's dtype when also `master`.
 struct MlpOp {
     has_b1: bool,
     has_b2: bool,
     save: bool,
+    master: bool,
 }
 
 impl MlpOp {
@@ -84,14 +91,27 @@ impl MlpOp {
         inputs: &[(&S, &Layout)],
         layer: impl Fn((&S, &Layout), (&S, &Layout), Option<(&S, &Layout)>, Activation, bool) -> Result<FusedOutputs<S>>,
     ) -> Result<FusedOutputs<S>> {
-        let (x, w1, b1, w2, b2) = self.split(inputs)?;
-        let mut first = layer(x, w1, b1, Activation::GeluTanh, self.save)?.into_iter();
-        let (h, hshape) = first.next().ok_or_else(|| Error::Backward("mlp: no hidden activation".into()))?;
-        let hl = Layout::contiguous(hshape.clone());
-        let mut out = layer((&h, &hl), w2, b2, Activation::None, false)?;
-        if self.save {
-            out.push((h, hshape));
-            out.extend(first);
+        self.split(inputs)?;
+        let (mut out, low) = with_params_lowered(inputs, self.master, |a| {
+            let (x, w1, b1, w2, b2) = self.split(a)?;
+            let mut first = layer(x, w1, b1, Activation::GeluTanh, self.save)?.into_iter();
+            let (h, hshape) = first.next().ok_or_else(|| Error::Backward("mlp: no hidden activation".into()))?;
+            let hl = Layout::contiguous(hshape.clone());
+            let mut out = layer((&h, &hl), w2, b2, Activation::None, false)?;
+            if self.save {
+                out.push((h, hshape));
+                out.extend(first);
+            }
+            Ok(out)
+        })?;
+        if self.save && self.master {
+            // w1 and w2: the backward's dx and dh read them as the forward did.
+            let w2_at = 2 + self.has_b1 as usize;
+            for (i, lo) in low.into_iter().enumerate() {
+                if let (true, Some(lo)) = (i == 1 || i == w2_at, lo) {
+                    out.push((lo.s, lo.saved));
+                }
+            }
         }
         Ok(out)
     }
@@ -116,24 +136,36 @@ impl FusedOp for MlpOp {
         let missing = || Error::Backward("mlp: the hidden activation was not saved".into());
         let h = ctx.saved.first().ok_or_else(missing)?;
         let z = ctx.saved.get(1).ok_or_else(missing)?.narrow(1, 0, w1.dims()[0])?;
+        // The weights as the forward read them: the saved casts of master weights.
+        let (w1l, w2l) = match self.master {
+            true => {
+                let w = |i: usize| ctx.saved.get(i).ok_or_else(|| Error::Backward("mlp: no cast weight".into()));
+                (view_as(w(2)?, w1)?, view_as(w(3)?, w2)?)
+            }
+            false => (w1.clone(), w2.clone()),
+        };
         let tracks = |t: Option<&Tensor>| t.is_some_and(|t| t.tracks_grad());
+        let (wg1, wg2) = (WGrad::of(w1), WGrad::of(w2));
         // Second layer: dW2 and db2 in one matmul (BGRADB).
         let second = Need { dx: false, dw: w2.tracks_grad(), db: tracks(b2) };
         let mut outs2 =
-            if second.dw || second.db { apply_all(&Grads { need: second }, &[dy, h, w2])? } else { vec![] }.into_iter();
+            if second.dw || second.db { apply_all(&Grads { need: second, wg: wg2 }, &[dy, h, &w2l])? } else { vec![] }
+                .into_iter();
         let (dw2, db2) = (second.dw.then(|| outs2.next()).flatten(), second.db.then(|| outs2.next()).flatten());
+        let dw2 = dw2.map(|d| wg2.as_weight(d)).transpose()?;
         // First layer: dz and db1 from dy W2 (see `HiddenGrad`), then dW1 and dx.
         let first = Need { dx: x.tracks_grad(), dw: w1.tracks_grad(), db: tracks(b1) };
         let (mut dx, mut dw1, mut db1) = (None, None, None);
         if first.dx || first.dw || first.db {
-            let mut o = apply_all(&HiddenGrad { with_db: first.db }, &[dy, w2, &z])?.into_iter();
+            let hg = HiddenGrad { with_db: first.db, db_dtype: wg1.dtype };
+            let mut o = apply_all(&hg, &[dy, &w2l, &z])?.into_iter();
             let dz = o.next().ok_or_else(|| Error::Backward("mlp: no hidden gradient".into()))?;
             db1 = o.next();
             let mm = Need { db: false, ..first };
             if mm.dx || mm.dw {
-                let mut o = apply_all(&Grads { need: mm }, &[&dz, x, w1])?.into_iter();
+                let mut o = apply_all(&Grads { need: mm, wg: wg1 }, &[&dz, x, &w1l])?.into_iter();
                 dx = mm.dx.then(|| o.next()).flatten();
-                dw1 = mm.dw.then(|| o.next()).flatten();
+                dw1 = mm.dw.then(|| o.next()).flatten().map(|d| wg1.as_weight(d)).transpose()?;
             }
         }
         let mut grads = vec![dx, dw1];
@@ -149,9 +181,11 @@ impl FusedOp for MlpOp {
 }
 
 /// The first layer's pre-activation gradient `dz = (dy W2) * gelu'(z)` and, `with_db`, its column
-/// sums `db1`: inputs `[dy, w2, z]` (z viewable as `[rows, hidden]`), outputs `[dz]` or `[dz, db1]`.
+/// sums `db1` (in `db_dtype`: dy's, or f32 for master weights): inputs `[dy, w2, z]` (w2 in dy's
+/// dtype, z viewable as `[rows, hidden]`), outputs `[dz]` or `[dz, db1]`.
 struct HiddenGrad {
     with_db: bool,
+    db_dtype: DType,
 }
 
 /// The composition: `dh = dy W2` (z stands in for the hidden activation: only its shape is read),
@@ -163,7 +197,8 @@ fn hidden_grad_ref<S: BackendStorage>(
 ) -> Result<FusedOutputs<S>> {
     let (dy, w2, z) = (inputs[0], inputs[1], inputs[2]);
     let need = Need { dx: true, dw: false, db: false };
-    let (dh, shape) = cpu::grads(dy, z, w2, need, widen)?.remove(0);
+    let wg = WGrad { dtype: dy.0.dtype(), transposed: false };
+    let (dh, shape) = cpu::grads(dy, z, w2, need, wg, widen)?.remove(0);
     act_backward((&dh, &Layout::contiguous(shape)), z)
 }
 
@@ -179,14 +214,13 @@ impl FusedOp for HiddenGrad {
     }
 
     fn cpu_fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>> {
-        let with_db = self.with_db;
-        hidden_grad_ref(inputs, true, |dh, z| cpu::act_backward(dh, z, Activation::GeluTanh, with_db, true))
+        let db = self.with_db.then_some(self.db_dtype);
+        hidden_grad_ref(inputs, true, |dh, z| cpu::act_backward(dh, z, Activation::GeluTanh, db, true))
     }
 
     fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
-        let with_db = self.with_db;
-        let fallback =
-            || hidden_grad_ref(inputs, false, |dh, z| cuda::act_backward(dh, z, Activation::GeluTanh, with_db));
+        let (with_db, db) = (self.with_db, self.with_db.then_some(self.db_dtype));
+        let fallback = || hidden_grad_ref(inputs, false, |dh, z| cuda::act_backward(dh, z, Activation::GeluTanh, db));
         let (dy, w2, z) = (inputs[0], inputs[1], inputs[2]);
         let dtype = dy.0.dtype();
         // dz has z's rows and w2's columns.
@@ -200,7 +234,8 @@ impl FusedOp for HiddenGrad {
         // 16384 x 3072 x 768 on an H200: 450 us against 107 us for the plain GEMM), so by default
         // the plain GEMM is followed by our one-pass dz + db1 kernel (`linear_dgelu_db`, ~0.1 ms)
         // instead. `FERROGRAD_MLP_BACKWARD=epilogue` keeps the epilogue (for benchmarks).
-        if with_db && !epilogue_db() {
+        // (An f32 db1 of master weights is not the epilogue's: its bias has D's dtype.)
+        if with_db && (!epilogue_db() || self.db_dtype != dtype) {
             return fallback();
         }
         let dev = dy.0.dev();
@@ -210,6 +245,7 @@ impl FusedOp for HiddenGrad {
         // dz^T (hidden x M) = W2^T (hidden x N) · dy^T (N x M), then * gelu'(z^T); db1 = row sums.
         let g = Gemm {
             dtype,
+            d_dtype: dtype,
             m: hidden,
             n: m,
             k: n,

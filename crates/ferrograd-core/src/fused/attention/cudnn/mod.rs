@@ -103,9 +103,11 @@ fn state(dev: &CudaDevice) -> Result<Arc<DeviceState>> {
     if let Some(s) = map.get(&dev.ordinal) {
         return Ok(s.clone());
     }
+    let t = std::time::Instant::now();
     let lib = library()?;
     dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
     let handle = lib.create_handle()?;
+    crate::cuda::startup::add(crate::cuda::startup::Cost::Cudnn, t.elapsed());
     let s = Arc::new(DeviceState { lib, handle: Mutex::new(handle), plans: Mutex::new(HashMap::new()) });
     map.insert(dev.ordinal, s.clone());
     Ok(s)
@@ -167,7 +169,9 @@ fn plan_for(
     dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
     let handle = *lock(&st.handle);
     let mut b = Builder::new(st.lib);
-    let built = build(&mut b).and_then(|_| graph::plan(st.lib, handle, b));
+    let built = crate::cuda::startup::timed(crate::cuda::startup::Cost::Cudnn, || {
+        build(&mut b).and_then(|_| graph::plan(st.lib, handle, b))
+    });
     let entry = match built {
         Ok(p) => {
             log_once("cudnn-first-plan", || {
