@@ -189,12 +189,15 @@ fn dtypes_we_cannot_hold_are_named_and_can_be_skipped() -> R {
     Ok(())
 }
 
+/// A malformed file's header, its data bytes, and the check its error must pass.
+type BadCase = (&'static str, Vec<u8>, fn(&CheckpointError) -> bool);
+
 #[test]
 fn malformed_files_are_typed_errors() -> R {
     let dir = tempfile::tempdir()?;
     let p = dir.path().join("bad.safetensors");
     let f32s = |n: usize| vec![0x3fu8; 4 * n];
-    let cases: Vec<(&str, Vec<u8>, fn(&CheckpointError) -> bool)> = vec![
+    let cases: Vec<BadCase> = vec![
         // The second tensor's bytes run past the end.
         (
             r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#,
