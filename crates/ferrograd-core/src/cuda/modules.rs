@@ -123,16 +123,13 @@ pub const ALL: &[&Module] = &[
     crate::fused::attention::MODULES[12],
     crate::fused::attention::MODULES[13],
     crate::fused::attention::MODULES[14],
-    // src/fused/selective_scan: forward per dtype, backward per dtype and chunk length, the
-    // previous forward per dtype (FERROGRAD_SSCAN_KERNEL=v1).
+    // src/fused/selective_scan: forward per dtype, backward per dtype and chunk length.
     crate::fused::selective_scan::MODULES[0],
     crate::fused::selective_scan::MODULES[1],
     crate::fused::selective_scan::MODULES[2],
     crate::fused::selective_scan::MODULES[3],
     crate::fused::selective_scan::MODULES[4],
     crate::fused::selective_scan::MODULES[5],
-    crate::fused::selective_scan::MODULES[6],
-    crate::fused::selective_scan::MODULES[7],
     // src/fused/conv1d_causal.
     &crate::fused::conv1d_causal::MODULE,
 ];

@@ -71,29 +71,14 @@ fn config(len: usize, backward: bool) -> (usize, usize) {
     }
 }
 
-/// Which forward kernel runs: `fwd` (sscan_fwd.cuh), or `fwd1`, the shared-memory-tiled one before
-/// it, under `FERROGRAD_SSCAN_KERNEL=v1` (read once), so that the two can be timed on one build.
-fn forward_kernel() -> &'static str {
-    static KERNEL: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
-    KERNEL.get_or_init(|| {
-        if std::env::var("FERROGRAD_SSCAN_KERNEL").is_ok_and(|v| v.trim() == "v1") {
-            "fwd1"
-        } else {
-            "fwd"
-        }
-    })
-}
-
-/// The module (`mod.rs` `MODULES`) that holds the kernel `kind` (`fwd`, `fwd1` or `bwd`) of this
+/// The module (`mod.rs` `MODULES`) that holds the kernel `kind` (`fwd` or `bwd`) of this
 /// dtype and block size.
 pub(super) fn module(kind: &str, dtype: DType, threads: usize) -> Result<&'static Module> {
-    use super::{BWD_BF16_LONG, BWD_BF16_SHORT, BWD_F32_LONG, BWD_F32_SHORT, FWD1_BF16, FWD1_F32, FWD_BF16, FWD_F32};
+    use super::{BWD_BF16_LONG, BWD_BF16_SHORT, BWD_F32_LONG, BWD_F32_SHORT, FWD_BF16, FWD_F32};
     // The backward's short chunks are the 32-thread configurations (`config`).
     Ok(match (kind, suffix(dtype)?, threads <= 32) {
         ("fwd", "f32", _) => &FWD_F32,
         ("fwd", _, _) => &FWD_BF16,
-        ("fwd1", "f32", _) => &FWD1_F32,
-        ("fwd1", _, _) => &FWD1_BF16,
         (_, "f32", true) => &BWD_F32_SHORT,
         (_, "f32", false) => &BWD_F32_LONG,
         (_, _, true) => &BWD_BF16_SHORT,
@@ -199,9 +184,8 @@ pub(super) fn forward(pb: &Problem, x: &Inputs<Operand>) -> Result<FusedOutputs<
     if n_x > 0 {
         let p = ptrs(x, dtype)?;
         let (c, tag) = cfg(pb, false);
-        let kind = forward_kernel();
-        let m = module(kind, dtype, c.block_dim.0 as usize)?;
-        launch!(dev, *m, format!("fg_sscan_{kind}_{tag}_{sfx}"), c;
+        let m = module("fwd", dtype, c.block_dim.0 as usize)?;
+        launch!(dev, *m, format!("fg_sscan_fwd_{tag}_{sfx}"), c;
             p.u, p.delta, p.a, p.b, p.c, p.d, p.z, p.bias, out.buf.ptr(), states.buf.ptr(), params(pb));
     }
     Ok(vec![
@@ -304,7 +288,7 @@ mod tests {
         let mut routes = vec![];
         for dtype in [DType::F32, DType::BF16] {
             for len in [1, 200, 400, 1000, 5000] {
-                for (kind, backward) in [("fwd", false), ("fwd1", false), ("bwd", true)] {
+                for (kind, backward) in [("fwd", false), ("bwd", true)] {
                     let (nt, k) = config(len, backward);
                     let name = format!("fg_sscan_{kind}_{nt}x{k}_{}", suffix(dtype).unwrap());
                     routes.push((name, module(kind, dtype, nt).unwrap()));

@@ -28,10 +28,9 @@ use crate::cuda::CudaStorage;
 use crate::{shape_err, DType, Error, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
-/// The kernels, `fg_sscan_{fwd,bwd,fwd1}_{NT}x{K}_{f32,bf16}` (`selective_scan.cu` documents them),
-/// in eight NVRTC modules built from the one source (`-D FG_SSCAN_PART=<n>`): the forward per
-/// dtype, the backward per dtype and short / long chunks, the previous forward per dtype (`fwd1`,
-/// launched only under `FERROGRAD_SSCAN_KERNEL=v1`). One module of all 20 took 9 s of NVRTC, the longest
+/// The kernels, `fg_sscan_{fwd,bwd}_{NT}x{K}_{f32,bf16}` (`selective_scan.cu` documents them),
+/// in six NVRTC modules built from the one source (`-D FG_SSCAN_PART=<n>`): the forward per
+/// dtype, the backward per dtype and short / long chunks. One module of all of them took 9 s of NVRTC, the longest
 /// pole of a cold `ferrograd kernels --precompile`; the parts compile in parallel in about 1.5-2.5 s
 /// each, and a run compiles only the parts it launches. `cuda.rs` `module` picks the part.
 macro_rules! sscan_module {
@@ -57,12 +56,9 @@ sscan_module!(BWD_F32_SHORT, "selective_scan_bwd_f32_short", 2, 1450);
 sscan_module!(BWD_F32_LONG, "selective_scan_bwd_f32_long", 3, 2500);
 sscan_module!(BWD_BF16_SHORT, "selective_scan_bwd_bf16_short", 4, 1300);
 sscan_module!(BWD_BF16_LONG, "selective_scan_bwd_bf16_long", 5, 2600);
-sscan_module!(FWD1_F32, "selective_scan_fwd1_f32", 6, 1750);
-sscan_module!(FWD1_BF16, "selective_scan_fwd1_bf16", 7, 1850);
 
 /// Every part (for `cuda::modules::ALL`).
-pub const MODULES: [&Module; 8] =
-    [&FWD_F32, &FWD_BF16, &BWD_F32_SHORT, &BWD_F32_LONG, &BWD_BF16_SHORT, &BWD_BF16_LONG, &FWD1_F32, &FWD1_BF16];
+pub const MODULES: [&Module; 6] = [&FWD_F32, &FWD_BF16, &BWD_F32_SHORT, &BWD_F32_LONG, &BWD_BF16_SHORT, &BWD_BF16_LONG];
 
 /// The most states the CUDA kernels carry (`FG_SSCAN_MAX_STATE`: shared memory per block).
 pub const MAX_CUDA_STATE: usize = 256;

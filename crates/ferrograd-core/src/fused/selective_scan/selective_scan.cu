@@ -12,8 +12,6 @@
 //       const float* D, const T* z, const float* delta_bias, const float* states, const T* dout,
 //       T* du, T* ddelta, float* dA, float* dB, float* dC, float* dD, T* dz, float* ddelta_bias,
 //       FgScanParams p)
-//   fg_sscan_fwd1_{NT}x{K}_{sfx}: the previous forward (shared-memory tiles), same ABI, launched
-//   when FERROGRAD_SSCAN_KERNEL=v1 (cuda.rs), for comparison.
 //   grid (batch * dim), block NT, static shared memory only. Every tensor is contiguous: u, delta,
 //   z, out, dout, du, ddelta, dz [batch, dim, len]; A, dA [dim, state]; B, C, dB, dC [batch,
 //   groups, state, len]; D, dD, delta_bias, ddelta_bias [dim]; states [batch, dim, chunks, state],
@@ -32,7 +30,7 @@
 // backward runs the same forward scan (from the saved state of the previous chunk) to get x, and a
 // reverse scan of the pairs (a_l, a_l g_l), g_l = dy_l C_l, which carries s_l = a_l dL/dx_l from
 // the end of the sequence: dL/dx_l = g_l + s_{l+1}. The forward (sscan_fwd.cuh) moves each
-// thread's steps straight between global memory and registers; the backward and fwd1 move them
+// thread's steps straight between global memory and registers; the backward moves them
 // through a shared-memory tile padded one word per 32, so that thread t reading its K consecutive
 // steps hits distinct banks.
 
@@ -40,7 +38,7 @@
 
 #define FG_SSCAN_PAD(j) ((j) + ((j) >> 5))
 
-// Accurate softplus and logistic function of the backward and fwd1 (unused in the forward's parts:
+// Accurate softplus and logistic function of the backward (unused in the forward's parts:
 // `unused` keeps NVRTC quiet there).
 __attribute__((unused)) static __device__ __forceinline__ float fg_sscan_softplus(float x) {
   return x <= 20.f ? log1pf(expf(x)) : x;
@@ -76,86 +74,6 @@ static __device__ __forceinline__ void fg_sscan_stage_bc(const T* __restrict__ b
   for (int j = threadIdx.x; j < NT * K; j += NT) {
     sb[FG_SSCAN_PAD(j)] = j < nv ? fg_to_acc(b[j]) : 0.f;
     sc[FG_SSCAN_PAD(j)] = j < nv ? fg_to_acc(c[j]) : 0.f;
-  }
-}
-
-template <typename T, int NT, int K>
-static __device__ __forceinline__ void fg_sscan_fwd1_impl(const T* __restrict__ u, const T* __restrict__ delta,
-                                                    const float* __restrict__ A, const T* __restrict__ B,
-                                                    const T* __restrict__ C, const float* __restrict__ D,
-                                                    const T* __restrict__ z, const float* __restrict__ bias,
-                                                    T* __restrict__ out, float* __restrict__ states,
-                                                    const FgScanParams& p) {
-  constexpr int CH = NT * K, NW = NT / 32, SM = CH + CH / 32;
-  __shared__ float sb[SM], sc[SM];
-  __shared__ float wa[NW], wb[NW];
-  __shared__ float carry[FG_SSCAN_MAX_STATE];
-  const unsigned int row = blockIdx.x, d = row % p.dim, bb = row / p.dim, g = d / p.dim_per_group;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, base = tid * K;
-  const size_t xoff = (size_t)row * p.len;
-  const size_t bcoff = ((size_t)bb * p.groups + g) * p.state * p.len;
-  const float Dd = p.has_d ? D[d] : 0.f, bd = p.has_bias ? bias[d] : 0.f;
-  for (unsigned int n = tid; n < p.state; n += NT) carry[n] = 0.f;  // ordered by the loads' barriers
-  for (unsigned int c = 0; c < p.chunks; ++c) {
-    const unsigned int l0 = c * CH;
-    const int nv = (int)min((unsigned int)CH, p.len - l0);
-    float uv[K], dt[K], y[K], a[K], bx[K];
-    fg_sscan_load<NT, K>(u + xoff + l0, nv, sb, uv);
-    fg_sscan_load<NT, K>(delta + xoff + l0, nv, sb, dt);
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-      dt[i] += bd;
-      if (p.softplus) dt[i] = fg_sscan_softplus(dt[i]);
-      y[i] = Dd * uv[i];
-    }
-    for (unsigned int n = 0; n < p.state; ++n) {
-      const float an = A[(size_t)d * p.state + n] * FG_SSCAN_LOG2E;
-      const float cin = carry[n];
-      fg_sscan_stage_bc<NT, K>(B + bcoff + (size_t)n * p.len + l0, C + bcoff + (size_t)n * p.len + l0, nv, sb, sc);
-      __syncthreads();
-      float ta = 1.f, tb = 0.f;
-#pragma unroll
-      for (int i = 0; i < K; ++i) {
-        const bool valid = base + i < nv;
-        a[i] = valid ? exp2f(dt[i] * an) : 1.f;
-        bx[i] = valid ? dt[i] * uv[i] * sb[FG_SSCAN_PAD(base + i)] : 0.f;
-        tb = a[i] * tb + bx[i];
-        ta = a[i] * ta;
-      }
-      fg_sscan_warp_fwd(ta, tb, lane);
-      if (lane == 31) {
-        wa[warp] = ta;
-        wb[warp] = tb;
-      }
-      float ea = __shfl_up_sync(FG_SSCAN_FULL, ta, 1), eb = __shfl_up_sync(FG_SSCAN_FULL, tb, 1);
-      if (lane == 0) {
-        ea = 1.f;
-        eb = 0.f;
-      }
-      __syncthreads();
-      float x = cin;
-      for (int w = 0; w < warp; ++w) x = wa[w] * x + wb[w];
-      x = ea * x + eb;
-#pragma unroll
-      for (int i = 0; i < K; ++i) {
-        x = a[i] * x + bx[i];
-        y[i] += sc[FG_SSCAN_PAD(base + i)] * x;
-      }
-      if (tid == 0) {
-        float tot = cin;
-        for (int w = 0; w < NW; ++w) tot = wa[w] * tot + wb[w];
-        carry[n] = tot;  // every thread read carry[n] before the first barrier of this state
-        states[((size_t)row * p.chunks + c) * p.state + n] = tot;
-      }
-      __syncthreads();
-    }
-    if (p.has_z) {
-      float zv[K];
-      fg_sscan_load<NT, K>(z + xoff + l0, nv, sb, zv);
-#pragma unroll
-      for (int i = 0; i < K; ++i) y[i] *= zv[i] * fg_sscan_sigmoid(zv[i]);
-    }
-    fg_sscan_store<NT, K>(out + xoff + l0, nv, sb, y);
   }
 }
 
@@ -329,12 +247,11 @@ static __device__ __forceinline__ void fg_sscan_bwd(
   for (unsigned int n = tid; n < p.state; n += NT) atomicAdd(dA + (size_t)d * p.state + n, dAs[n]);
 }
 
-// VER: fwd (sscan_fwd.cuh) or fwd1 (the shared-memory-tiled forward before it, FERROGRAD_SSCAN_KERNEL=v1).
-#define FG_SSCAN_FWD(VER, SUF, T, NT, K)                                                                     \
-  extern "C" __global__ void __launch_bounds__(NT) fg_sscan_##VER##_##NT##x##K##_##SUF(                      \
+#define FG_SSCAN_FWD(SUF, T, NT, K)                                                                     \
+  extern "C" __global__ void __launch_bounds__(NT) fg_sscan_fwd_##NT##x##K##_##SUF(                      \
       const T* u, const T* delta, const float* A, const T* B, const T* C, const float* D, const T* z,         \
       const float* bias, T* out, float* states, FgScanParams p) {                                             \
-    fg_sscan_##VER##_impl<T, NT, K>(u, delta, A, B, C, D, z, bias, out, states, p);                               \
+    fg_sscan_fwd_impl<T, NT, K>(u, delta, A, B, C, D, z, bias, out, states, p);                                   \
   }
 #define FG_SSCAN_BWD(SUF, T, NT, K)                                                                          \
   extern "C" __global__ void __launch_bounds__(NT) fg_sscan_bwd_##NT##x##K##_##SUF(                          \
@@ -348,12 +265,12 @@ static __device__ __forceinline__ void fg_sscan_bwd(
 // The backward keeps eight K-step arrays in registers: with K = 16 it needs all 255 registers
 // (ptxas, sm_90), so its long chunks run twice the threads with K = 8 (same chunk lengths as the
 // forward's, which the saved states require).
-#define FG_SSCAN_FWDS(VER, SUF, T)                                                              \
-  FG_SSCAN_FWD(VER, SUF, T, 32, 4)                                                              \
-  FG_SSCAN_FWD(VER, SUF, T, 32, 8)                                                              \
-  FG_SSCAN_FWD(VER, SUF, T, 32, 16)                                                             \
-  FG_SSCAN_FWD(VER, SUF, T, 64, 16)                                                             \
-  FG_SSCAN_FWD(VER, SUF, T, 128, 16)
+#define FG_SSCAN_FWDS(SUF, T)                                                                   \
+  FG_SSCAN_FWD(SUF, T, 32, 4)                                                                   \
+  FG_SSCAN_FWD(SUF, T, 32, 8)                                                                   \
+  FG_SSCAN_FWD(SUF, T, 32, 16)                                                                  \
+  FG_SSCAN_FWD(SUF, T, 64, 16)                                                                  \
+  FG_SSCAN_FWD(SUF, T, 128, 16)
 #define FG_SSCAN_BWDS_SHORT(SUF, T)                                                             \
   FG_SSCAN_BWD(SUF, T, 32, 4)                                                                   \
   FG_SSCAN_BWD(SUF, T, 32, 8)
@@ -364,13 +281,13 @@ static __device__ __forceinline__ void fg_sscan_bwd(
 
 // Which entry points this NVRTC module holds (`-D FG_SSCAN_PART=<n>`, mod.rs `MODULES`): all 20
 // in one module took 9 s of NVRTC, the longest pole of a cold precompile; the parts compile in
-// parallel, and a run compiles only the parts it launches (parts 6 and 7, fwd1, only on request).
+// parallel, and a run compiles only the parts it launches.
 #if !defined(FG_SSCAN_PART)
 #error "FG_SSCAN_PART comes from Rust (src/fused/selective_scan/mod.rs MODULES)"
 #elif FG_SSCAN_PART == 0
-FG_SSCAN_FWDS(fwd, f32, float)
+FG_SSCAN_FWDS(f32, float)
 #elif FG_SSCAN_PART == 1
-FG_SSCAN_FWDS(fwd, bf16, __nv_bfloat16)
+FG_SSCAN_FWDS(bf16, __nv_bfloat16)
 #elif FG_SSCAN_PART == 2
 FG_SSCAN_BWDS_SHORT(f32, float)
 #elif FG_SSCAN_PART == 3
@@ -379,10 +296,6 @@ FG_SSCAN_BWDS_LONG(f32, float)
 FG_SSCAN_BWDS_SHORT(bf16, __nv_bfloat16)
 #elif FG_SSCAN_PART == 5
 FG_SSCAN_BWDS_LONG(bf16, __nv_bfloat16)
-#elif FG_SSCAN_PART == 6
-FG_SSCAN_FWDS(fwd1, f32, float)
-#elif FG_SSCAN_PART == 7
-FG_SSCAN_FWDS(fwd1, bf16, __nv_bfloat16)
 #else
-#error "FG_SSCAN_PART is 0..7 (mod.rs MODULES)"
+#error "FG_SSCAN_PART is 0..5 (mod.rs MODULES)"
 #endif

@@ -2,8 +2,8 @@
 // selective_scan.cu documents the ABI). One block of NT threads per (batch, channel) walks the
 // sequence in chunks of NT * K steps; thread t owns steps t*K .. t*K+K-1 of a chunk, in registers.
 //
-// What makes it fast (issue 19; the shared-memory-tiled forward it replaced is fg_sscan_fwd1,
-// fg_sscan_fwd1_impl in selective_scan.cu, still built, FERROGRAD_SSCAN_KERNEL=v1 in cuda.rs):
+// What makes it fast (issue 19; it replaced a forward that staged every row through a shared-memory
+// tile, as the backward still does, at 2.7x the time: BENCHMARKS.md, 2026-11-23 fifth session):
 // - every row (u, delta, z, out, and B / C of each state) moves straight between global memory
 //   and the owning thread's registers in 16-byte vectors (sscan_common.cuh), bf16 packed: no
 //   shared-memory tile and no barrier around a load;
@@ -11,9 +11,19 @@
 //   behind it;
 // - exponentials are ex2.approx of dt * A[n] * log2(e) (A pre-scaled once a state), and the
 //   product of a thread's K factors is one more of its summed dt (not K - 1 multiplies);
-// - one barrier a state (none with one warp): the warps' totals go through a shared array double
-//   buffered by the state's parity, and the chunk's last thread, whose final x is the state at
-//   the end of the chunk (steps past the end have a = 1, b = 0), carries it to the next chunk.
+// - one barrier a state (none with one warp): the warps' totals go through shared memory, and the
+//   chunk's last thread, whose final x is the state at the end of the chunk (steps past the end
+//   have a = 1, b = 0), carries it to the next chunk.
+//
+// Shared memory is written once a chunk per address: each state has its own slots for the warps'
+// totals, and the carried state is double buffered by the chunk's parity (read from c & 1, written
+// to (c + 1) & 1). Then a slot's reads and its next write are always a chunk apart, with the
+// chunk's barrier between them. The first version double buffered the totals by the state's
+// parity and kept one carry row: racecheck found hazards in its bf16 build at 2 warps (H200,
+// 2026-11-23). The SASS showed why: the compiled code read the warps' totals, wa[2][2], with one 16-byte
+// LDS.128, so a warp reading state n's totals also read state n + 1's slots, which the other warp
+// was writing. The extra words were discarded (the results were right), but it is a race on the
+// bytes; so the slots of a state are padded to 16 bytes and never shared with another state.
 
 #pragma once
 
@@ -27,18 +37,23 @@ static __device__ __forceinline__ void fg_sscan_fwd_impl(const T* __restrict__ u
                                                          T* __restrict__ out, float* __restrict__ states,
                                                          const FgScanParams& p) {
   constexpr int CH = NT * K, NW = NT / 32;
-  __shared__ float wa[2][NW], wb[2][NW];
-  __shared__ float carry[FG_SSCAN_MAX_STATE];
+  // A state's slots are padded to 16 bytes: the compiler reads them with 16-byte vector loads.
+  constexpr int NWP = (NW + 3) / 4 * 4, NS = NW > 1 ? FG_SSCAN_MAX_STATE : 1;
+  __shared__ __align__(16) float wa[NS][NWP], wb[NS][NWP];
+  __shared__ float carry[2][FG_SSCAN_MAX_STATE];
   const unsigned int row = blockIdx.x, d = row % p.dim, bb = row / p.dim, g = d / p.dim_per_group;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, base = tid * K;
   const size_t xoff = (size_t)row * p.len;
   const size_t bcoff = ((size_t)bb * p.groups + g) * p.state * p.len;
   const float* An = A + (size_t)d * p.state;
   const float Dd = p.has_d ? D[d] : 0.f, bd = p.has_bias ? bias[d] : 0.f;
-  for (unsigned int n = tid; n < p.state; n += NT) carry[n] = 0.f;
+  for (unsigned int n = tid; n < p.state; n += NT) carry[0][n] = 0.f;
   for (unsigned int c = 0; c < p.chunks; ++c) {
-    // Orders the carry: written by the last thread in the previous chunk (or zeroed), read by all.
+    // Orders the carry: written by the last thread in the previous chunk (or zeroed), read by all;
+    // and every slot's reads in the previous chunk before its writes in this one.
     __syncthreads();
+    const float* cin_row = carry[c & 1];
+    float* cout_row = carry[(c + 1) & 1];
     const unsigned int l0 = c * CH;
     const int rem = (int)min((unsigned int)CH, p.len - l0) - base;  // this thread's steps in the sequence
     const size_t at = xoff + l0 + base;
@@ -72,7 +87,7 @@ static __device__ __forceinline__ void fg_sscan_fwd_impl(const T* __restrict__ u
         fg_sscan_ld<T, K>(brow + (size_t)(n + 1) * p.len, rem, bn);
         fg_sscan_ld<T, K>(crow + (size_t)(n + 1) * p.len, rem, cn);
       }
-      const float an = An[n] * FG_SSCAN_LOG2E, cin = carry[n];
+      const float an = An[n] * FG_SSCAN_LOG2E, cin = cin_row[n];
       // The product of the thread's K factors a is one exponential of the summed dt.
       float a[K], bx[K], ta = fg_sscan_ex2(dsum * an), tb = 0.f;
 #pragma unroll
@@ -90,15 +105,12 @@ static __device__ __forceinline__ void fg_sscan_fwd_impl(const T* __restrict__ u
       }
       float x = cin;
       if constexpr (NW > 1) {
-        const int buf = n & 1;  // a warp's write for state n + 2 comes after every read of n: barrier n + 1
         if (lane == 31) {
-          wa[buf][warp] = ta;
-          wb[buf][warp] = tb;
+          wa[n][warp] = ta;
+          wb[n][warp] = tb;
         }
-        __syncthreads();  // also: every thread read carry[n] before the last thread rewrites it
-        for (int w = 0; w < warp; ++w) x = wa[buf][w] * x + wb[buf][w];
-      } else {
-        __syncwarp();  // every lane read carry[n] before lane 31 rewrites it
+        __syncthreads();
+        for (int w = 0; w < warp; ++w) x = wa[n][w] * x + wb[n][w];
       }
       x = ea * x + eb;
 #pragma unroll
@@ -107,7 +119,7 @@ static __device__ __forceinline__ void fg_sscan_fwd_impl(const T* __restrict__ u
         y[i] += fg_sscan_at<K>(cv, i) * x;
       }
       if (tid == NT - 1) {
-        carry[n] = x;
+        cout_row[n] = x;
         states[((size_t)row * p.chunks + c) * p.state + n] = x;
       }
     }
