@@ -289,3 +289,36 @@ fn backend_names_parse() {
         assert!(matches!(e, Error::CudnnUnavailable { .. }), "{e}");
     }
 }
+
+/// A plan written to the disk cache (`cudnn/plan_cache.rs`) is restored once the in-memory plans
+/// are dropped, as a new process would start, and runs the same kernel: the output and all three
+/// gradients equal the built plan's bit for bit. Skipped where the cache is switched off.
+#[test]
+fn cuda_cudnn_plans_restore_from_the_disk_cache() -> Result<()> {
+    let Some(dev) = gpu_with_cudnn() else { return Ok(()) };
+    if std::env::var_os("FERROGRAD_CACHE_DIR").is_some_and(|v| v.is_empty()) {
+        println!("skipping: the kernel cache is switched off (FERROGRAD_CACHE_DIR is empty)");
+        return Ok(());
+    }
+    let mut rng = Rng::new(5);
+    // A shape of this test's own, so that its plans are its own.
+    let (b, h, t, d) = (1, 2, 93, 64);
+    let x: Vec<Tensor> = (0..3).map(|_| randn(&mut rng, &[b, h, t, d], DType::BF16).to_device(dev).unwrap()).collect();
+    let w = randn(&mut rng, &[b, h, t, d], DType::BF16).to_device(dev)?;
+    let built = run(Backend::Cudnn, Backend::Cudnn, &x, &w, true)?;
+    cudnn::forget_plans();
+    let before = cudnn::plans_restored();
+    let restored = run(Backend::Cudnn, Backend::Cudnn, &x, &w, true)?;
+    let n = cudnn::plans_restored() - before;
+    assert_eq!(n, 2, "the forward and backward plans should come from the disk cache, {n} did");
+    let bits = |t: &Tensor| {
+        t.to_dtype(DType::F32)
+            .and_then(|t| t.to_vec::<f32>())
+            .map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+    };
+    assert_eq!(bits(&built.0)?, bits(&restored.0)?, "output");
+    for (i, (a, r)) in built.1.iter().zip(&restored.1).enumerate() {
+        assert_eq!(bits(a)?, bits(r)?, "gradient {i}");
+    }
+    Ok(())
+}

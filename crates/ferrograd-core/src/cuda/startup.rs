@@ -23,14 +23,25 @@ pub enum Cost {
     Nvrtc,
     /// cuBLASLt: its handle and, per new problem, the descriptors and the heuristic.
     CublasLt,
-    /// cuDNN: loading the library, its handle and, per new attention problem, building a plan.
-    Cudnn,
+    /// cuDNN: loading the library and creating its handle.
+    CudnnLoad,
+    /// cuDNN: per new attention problem, a plan built (heuristics, finalize: its runtime-compiled
+    /// engine compiles a kernel) or restored from the plan cache.
+    CudnnPlans,
     /// `cuMemAlloc` calls of the caching allocator (each waits for the device).
     DeviceMalloc,
 }
 
-const ALL: [Cost; 7] =
-    [Cost::Context, Cost::Cublas, Cost::KernelModules, Cost::Nvrtc, Cost::CublasLt, Cost::Cudnn, Cost::DeviceMalloc];
+const ALL: [Cost; 8] = [
+    Cost::Context,
+    Cost::Cublas,
+    Cost::KernelModules,
+    Cost::Nvrtc,
+    Cost::CublasLt,
+    Cost::CudnnLoad,
+    Cost::CudnnPlans,
+    Cost::DeviceMalloc,
+];
 
 impl Cost {
     /// How the breakdown names it.
@@ -41,14 +52,15 @@ impl Cost {
             Cost::KernelModules => "kernel modules (cache read + load)",
             Cost::Nvrtc => "  of which NVRTC compiles",
             Cost::CublasLt => "cuBLASLt handle + plans",
-            Cost::Cudnn => "cuDNN load + plans",
+            Cost::CudnnLoad => "cuDNN load + handle",
+            Cost::CudnnPlans => "cuDNN plans",
             Cost::DeviceMalloc => "cuMemAlloc (allocator growth)",
         }
     }
 }
 
-static NANOS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
-static CALLS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+static NANOS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+static CALLS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
 
 /// Count `d` (one call) against `cost`.
 pub(crate) fn add(cost: Cost, d: Duration) {
@@ -80,10 +92,10 @@ mod tests {
 
     #[test]
     fn costs_add_up_by_kind() {
-        let before = costs().into_iter().find(|c| c.0 == Cost::Cudnn).map_or((0, Duration::ZERO), |c| (c.1, c.2));
-        add(Cost::Cudnn, Duration::from_millis(3));
-        assert_eq!(timed(Cost::Cudnn, || 7), 7);
-        let after = costs().into_iter().find(|c| c.0 == Cost::Cudnn).map(|c| (c.1, c.2));
+        let before = costs().into_iter().find(|c| c.0 == Cost::CudnnPlans).map_or((0, Duration::ZERO), |c| (c.1, c.2));
+        add(Cost::CudnnPlans, Duration::from_millis(3));
+        assert_eq!(timed(Cost::CudnnPlans, || 7), 7);
+        let after = costs().into_iter().find(|c| c.0 == Cost::CudnnPlans).map(|c| (c.1, c.2));
         let (n, d) = after.expect("counted");
         assert_eq!(n, before.0 + 2);
         assert!(d >= before.1 + Duration::from_millis(3));

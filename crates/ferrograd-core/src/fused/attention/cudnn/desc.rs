@@ -85,6 +85,11 @@ impl Desc {
         self.set_raw(name, T::CUDNN_TYPE_HANDLE, 1, &h as *const super::lib::Handle as *const c_void)
     }
 
+    /// A char-array attribute (a plan's JSON: `count` bytes, no terminator needed).
+    pub(super) fn chars(&self, name: A, v: &[u8]) -> Result<()> {
+        self.set_raw(name, T::CUDNN_TYPE_CHAR, v.len(), v.as_ptr() as *const c_void)
+    }
+
     pub(super) fn void_ptrs(&self, name: A, v: &[*mut c_void]) -> Result<()> {
         self.set_raw(name, T::CUDNN_TYPE_VOID_PTR, v.len(), v.as_ptr() as *const c_void)
     }

@@ -487,9 +487,18 @@ pub(super) struct Plan {
     pub workspace: usize,
     /// The uids of the tensors the variant pack binds, in the graph's order.
     pub uids: Vec<i64>,
-    /// The engine config's index in the heuristic's list (0 = its first choice).
+    /// The engine config's index in the heuristic's list (0 = its first choice; 0 too for a plan
+    /// restored from disk, which was that run's choice).
     pub choice: usize,
+    /// Restored from the plan cache (`plan_cache.rs`) rather than built.
+    pub from_disk: bool,
     _kept: Vec<Arc<Desc>>,
+}
+
+/// A plan restored from disk for the graph `builder` declared (its uids bind the variant pack).
+pub(super) fn restored(builder: Builder, plan: Desc, workspace: usize) -> Plan {
+    let uids = builder.io_uids.clone();
+    Plan { plan, workspace, uids, choice: 0, from_disk: true, _kept: builder.into_kept() }
 }
 
 /// Heuristic mode A's engine configs for the graph, tried in order; the first one that finalizes
@@ -535,18 +544,8 @@ pub(super) fn plan(lib: &'static CudnnLib, handle: Handle, mut builder: Builder)
             p.handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
             p.desc(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg)?;
             let p = p.finalize()?;
-            let mut ws = 0i64;
-            // SAFETY: one INT64 into `ws`.
-            unsafe {
-                lib.get_attribute(
-                    p.raw,
-                    A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                    T::CUDNN_TYPE_INT64,
-                    1,
-                    &mut ws as *mut i64 as *mut std::ffi::c_void,
-                )
-            }?;
-            Ok(Plan { plan: p, workspace: ws.max(0) as usize, uids: vec![], choice: i, _kept: vec![] })
+            let workspace = super::plan_cache::workspace(lib, &p)?;
+            Ok(Plan { plan: p, workspace, uids: vec![], choice: i, from_disk: false, _kept: vec![] })
         })();
         match attempt {
             Ok(mut p) => {

@@ -29,6 +29,7 @@
 mod desc;
 mod graph;
 mod lib;
+mod plan_cache;
 
 use super::cuda::{grad_out, lse_ptr, operand, Stride4};
 use super::select::log_once;
@@ -62,6 +63,24 @@ pub fn last_plan_error() -> Option<String> {
 }
 
 static LAST_ERROR: Mutex<Option<String>> = Mutex::new(None);
+
+/// Plans restored from the disk cache (`plan_cache.rs`) so far in this process.
+pub fn plans_restored() -> u64 {
+    RESTORED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static RESTORED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Drop every device's in-memory plans, as a new process starts without them: the next call of
+/// each problem builds its plan again or restores it from the disk cache. For tests and benches
+/// (the plans still referenced by queued work stay alive until it is done).
+pub fn forget_plans() {
+    if let Some(devices) = DEVICES.get() {
+        for st in lock(devices).values() {
+            lock(&st.plans).clear();
+        }
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -107,7 +126,7 @@ fn state(dev: &CudaDevice) -> Result<Arc<DeviceState>> {
     let lib = library()?;
     dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
     let handle = lib.create_handle()?;
-    crate::cuda::startup::add(crate::cuda::startup::Cost::Cudnn, t.elapsed());
+    crate::cuda::startup::add(crate::cuda::startup::Cost::CudnnLoad, t.elapsed());
     let s = Arc::new(DeviceState { lib, handle: Mutex::new(handle), plans: Mutex::new(HashMap::new()) });
     map.insert(dev.ordinal, s.clone());
     Ok(s)
@@ -169,17 +188,35 @@ fn plan_for(
     dev.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))?;
     let handle = *lock(&st.handle);
     let mut b = Builder::new(st.lib);
-    let built = crate::cuda::startup::timed(crate::cuda::startup::Cost::Cudnn, || {
-        build(&mut b).and_then(|_| graph::plan(st.lib, handle, b))
+    let what = format!(
+        "{key:?} cudnn {} on {} sm_{}{}",
+        st.lib.version_string(),
+        dev.info.name,
+        dev.info.compute_capability.0,
+        dev.info.compute_capability.1
+    );
+    let built = crate::cuda::startup::timed(crate::cuda::startup::Cost::CudnnPlans, || -> Result<Plan> {
+        build(&mut b)?;
+        if let Some((p, ws)) = plan_cache::load(st.lib, handle, &what) {
+            RESTORED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(graph::restored(b, p, ws));
+        }
+        let p = graph::plan(st.lib, handle, b)?;
+        plan_cache::store(st.lib, &p.plan, &what);
+        Ok(p)
     });
     let entry = match built {
         Ok(p) => {
             log_once("cudnn-first-plan", || {
                 format!(
-                    "first cuDNN plan ({}, {:?}): engine config {} of heuristic A's list, {} bytes of workspace",
+                    "first cuDNN plan ({}, {:?}): {}, {} bytes of workspace",
                     if key.backward { "backward" } else { "forward" },
                     key.shape,
-                    p.choice,
+                    if p.from_disk {
+                        "restored from the plan cache".to_string()
+                    } else {
+                        format!("engine config {} of heuristic A's list", p.choice)
+                    },
                     p.workspace
                 )
             });
