@@ -14,17 +14,19 @@
 //! - persistent kernels: not measured here (Monster Walk's persistent bench, BENCHMARKS.md).
 //! - NVLink: peer copy between two GPUs against staging through the host; needs two GPUs.
 //! - managed memory: `to_unified` (host writes managed pages, prefetch) against a pinned copy.
-//! - GDS: `cuda::file_read::read_tensor` (cuFile, else pinned double-buffered) against
-//!   `std::fs::read` + `to_device`, from a file just written (page cache warm, as a checkpoint
-//!   loaded twice).
+//! - GDS: `checkpoint::load_safetensors` (cuFile, else pinned double-buffered) against
+//!   `std::fs::read` + `to_device`, of a safetensors file just written (page cache warm, as a
+//!   checkpoint loaded twice); the detail adds `safetensors.torch.load_file(.., device="cuda")`'s
+//!   GB/s from the twin and our ratio to it (issue 17's target).
 //! - d2h pinned: `copy_to_pinned_async` against `to_device(Cpu)`.
 
 use super::{cuda_device, finish_json, finish_plot, Environment, Report, Row};
 use crate::timing::{measure_self_timed, Plan};
 use crate::CliResult;
-use ferrograd_core::cuda::file_read::{read_tensor, ReadPath};
+use ferrograd_core::cuda::file_read::ReadPath;
 use ferrograd_core::{DType, Device, Rng, Tensor};
-use std::io::Write;
+use ferrograd_nn::checkpoint::{load_safetensors_with, ReadOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -81,12 +83,17 @@ fn time(
 
 /// PyTorch's speedup for `technique` from the twin's JSON rows (`value` of the row so named).
 fn torch_speedup(torch: &Option<serde_json::Value>, technique: &str) -> Option<f64> {
+    torch_field(torch, technique, "value")
+}
+
+/// A number of the twin's row `technique` (its speedup `value`, or an extra field).
+fn torch_field(torch: &Option<serde_json::Value>, technique: &str, field: &str) -> Option<f64> {
     torch
         .as_ref()?
         .get("rows")?
         .as_array()?
         .iter()
-        .find_map(|r| (r.get("name")?.as_str()? == technique).then(|| r.get("value")?.as_f64()).flatten())
+        .find_map(|r| (r.get("name")?.as_str()? == technique).then(|| r.get(field)?.as_f64()).flatten())
 }
 
 pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
@@ -235,33 +242,41 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         format!("h2d {} MiB: pinned copy {:.1} GB/s, to_unified {:.1} GB/s", cfg.mib, gb(n, pinned), gb(n, uni)),
     ));
 
-    // File reads.
-    let path = std::env::temp_dir().join(format!("ferrograd-guide-{}.bin", std::process::id()));
-    let bytes: Vec<u8> = x.to_vec::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect();
-    ferrograd_core::io::write_atomic(&path, &bytes)?;
-    drop(bytes);
+    // File reads: a safetensors checkpoint of one tensor, written by save_safetensors, read the
+    // way a naive loader does (the whole file into pageable memory, then to the device) against
+    // load_safetensors (cuFile, else pinned double-buffered reads straight into device memory).
+    // The PyTorch comparison the issue sets is safetensors.torch.load_file(..., device="cuda")
+    // of the same size, from the twin's row (`load_file_gbps`).
+    let path = std::env::temp_dir().join(format!("ferrograd-guide-{}.safetensors", std::process::id()));
+    ferrograd_nn::checkpoint::save_safetensors(&path, &[("x", &x)], Default::default())?;
     let staged = time(PLAN, &sync, &mut || {
-        let b = std::fs::read(&path)?;
-        let t = Tensor::from_vec(b, n * 4, Device::Cpu)?;
-        {
-            drop(t.to_device(device)?);
-            Ok(())
-        }
+        // The header's length, the header skipped, the tensor's bytes read into pageable memory.
+        let mut f = std::fs::File::open(&path)?;
+        let mut len = [0u8; 8];
+        f.read_exact(&mut len)?;
+        f.seek(SeekFrom::Current(i64::try_from(u64::from_le_bytes(len)).map_err(|e| e.to_string())?))?;
+        let mut b = vec![0u8; n * 4];
+        f.read_exact(&mut b)?;
+        drop(Tensor::from_vec(b, n * 4, Device::Cpu)?.to_device(device)?);
+        Ok(())
     })?;
     let mut how = ReadPath::Pinned;
+    let opts = ReadOptions { log: false, ..Default::default() };
     let direct = time(PLAN, &sync, &mut || {
-        let (t, h) = read_tensor(&path, 0, n, DType::F32, ord, true)?;
-        how = h;
-        {
-            drop(t);
-            Ok(())
-        }
+        let loaded = load_safetensors_with(&path, device, opts)?;
+        how = loaded.read;
+        Ok(())
     })?;
-    measured.push((
-        staged,
-        direct,
-        format!("{} MiB file: read+to_device {:.1} GB/s, {how} {:.1} GB/s", cfg.mib, gb(n, staged), gb(n, direct)),
-    ));
+    let mut detail = format!(
+        "{} MiB safetensors: read+to_device {:.1} GB/s, load_safetensors ({how}) {:.1} GB/s",
+        cfg.mib,
+        gb(n, staged),
+        gb(n, direct)
+    );
+    if let Some(theirs) = torch_field(&torch, "gds reads", "load_file_gbps") {
+        detail += &format!("; torch load_file {theirs:.1} GB/s (ours {:.2}x)", gb(n, direct) / theirs);
+    }
+    measured.push((staged, direct, detail));
     let _ = std::fs::remove_file(&path);
     if let (Err(why), Some(last)) = (ferrograd_core::cuda::file_read::cufile_status(), measured.last_mut()) {
         last.2 += &format!(" (cuFile not used: {why})");
