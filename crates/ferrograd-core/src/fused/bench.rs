@@ -41,7 +41,7 @@ pub(crate) fn fused_backward(out: &Tensor, grad: &Tensor, what: &str) -> Result<
         return Err(Error::Backward(format!("{what} bench: the output was not recorded as a fused op")));
     };
     let _g = crate::no_grad();
-    let ctx = FusedCtx { inputs: &rec.inputs, output: out, saved: &rec.saved };
+    let ctx = FusedCtx { inputs: &rec.inputs, output: out, saved: &rec.saved, pending: &[] };
     rec.op
         .backward(&ctx, grad)?
         .into_iter()
