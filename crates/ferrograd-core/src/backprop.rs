@@ -225,11 +225,13 @@ pub(crate) fn backward_from(
             continue;
         };
         if let Some(g) = g {
-            for (input, gi) in input_grads(&node, op, &g)? {
+            let pending = take_pending(op, &mut grads);
+            for (input, gi) in input_grads(&node, op, &g, &pending)? {
                 if input.tracks_grad() {
                     GradStore::accumulate(&mut grads, input.id(), gi)?;
                 }
             }
+            restore_pending(op, pending, &mut grads);
         }
         for input in op_inputs(op).into_iter().filter(|i| i.tracks_grad()) {
             let left = uses.get_mut(&input.id()).map(|n| {
@@ -244,6 +246,30 @@ pub(crate) fn backward_from(
         }
     }
     Ok(())
+}
+
+/// The pending gradients a fused op folds into its own (`FusedOp::folds_pending`), one per input,
+/// taken out of `grads`: the backward returns them summed with its own, which then go in their
+/// place, and an input the walk adds to twice saves that add pass (layer norm's input in a pre-LN
+/// transformer: the residual stream, also added to the next block's branch). An input that occurs
+/// twice among the op's inputs is not folded (both of its gradients would claim the pending one).
+/// Empty for other ops.
+fn take_pending(op: &Op, grads: &mut HashMap<TensorId, Tensor>) -> Vec<Option<Tensor>> {
+    let Op::Fused(rec) = op else { return vec![] };
+    let once = |x: &Tensor| rec.inputs.iter().filter(|y| y.id() == x.id()).count() == 1;
+    let folds = |i: usize, x: &Tensor| rec.op.folds_pending(i) && x.tracks_grad() && once(x);
+    rec.inputs.iter().enumerate().map(|(i, x)| if folds(i, x) { grads.remove(&x.id()) } else { None }).collect()
+}
+
+/// Put back each pending gradient whose input the backward gave no gradient (so none that holds
+/// it): a taken gradient is never lost. An input whose gradient was returned has an entry again.
+fn restore_pending(op: &Op, pending: Vec<Option<Tensor>>, grads: &mut HashMap<TensorId, Tensor>) {
+    let Op::Fused(rec) = op else { return };
+    for (x, p) in rec.inputs.iter().zip(pending) {
+        if let Some(p) = p {
+            grads.entry(x.id()).or_insert(p);
+        }
+    }
 }
 
 /// `g` summed down to `shape` (the adjoint of broadcasting).
@@ -263,8 +289,9 @@ fn mask_of(c: Tensor, dtype: DType) -> Result<Tensor> {
     c.to_dtype(dtype)
 }
 
-/// The gradient of each input of `node` given the gradient `g` of its output.
-fn input_grads(node: &Tensor, op: &Op, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
+/// The gradient of each input of `node` given the gradient `g` of its output (for a fused op, with
+/// the `pending` gradients folded in where it folds them).
+fn input_grads(node: &Tensor, op: &Op, g: &Tensor, pending: &[Option<Tensor>]) -> Result<Vec<(Tensor, Tensor)>> {
     Ok(match op {
         Op::Unary(x, u) => {
             let d = match *u {
@@ -407,6 +434,6 @@ fn input_grads(node: &Tensor, op: &Op, g: &Tensor) -> Result<Vec<(Tensor, Tensor
         }
         Op::IndexSelect(x, ids, dim) => vec![(x.clone(), x.zeros_like()?.index_add(ids, g, *dim)?)],
         Op::Gather(x, ids, dim) => vec![(x.clone(), x.zeros_like()?.scatter_add(*dim, ids, g)?)],
-        Op::Fused(rec) => crate::fused::input_grads(rec, node, g)?,
+        Op::Fused(rec) => crate::fused::input_grads(rec, node, g, pending)?,
     })
 }

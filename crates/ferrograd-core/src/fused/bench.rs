@@ -37,11 +37,22 @@ pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
 /// gradient of its output, without the graph walk: what a bench times as "the backward". Every
 /// input must get a gradient; `what` names the bench in errors.
 pub(crate) fn fused_backward(out: &Tensor, grad: &Tensor, what: &str) -> Result<Vec<Tensor>> {
+    fused_backward_folding(out, grad, &[], what)
+}
+
+/// [`fused_backward`] with the inputs' pending gradients handed to the backward as the walk hands
+/// them (`FusedOp::folds_pending`: one entry per input, `None` where nothing is pending).
+pub(crate) fn fused_backward_folding(
+    out: &Tensor,
+    grad: &Tensor,
+    pending: &[Option<Tensor>],
+    what: &str,
+) -> Result<Vec<Tensor>> {
     let Some(Op::Fused(rec)) = out.op() else {
         return Err(Error::Backward(format!("{what} bench: the output was not recorded as a fused op")));
     };
     let _g = crate::no_grad();
-    let ctx = FusedCtx { inputs: &rec.inputs, output: out, saved: &rec.saved };
+    let ctx = FusedCtx { inputs: &rec.inputs, output: out, saved: &rec.saved, pending };
     rec.op
         .backward(&ctx, grad)?
         .into_iter()

@@ -1,7 +1,8 @@
 // add_layer_norm.cu: h = x + residual, y = layer_norm(h), one kernel.
 // CPU twin: src/fused/add_layer_norm/cpu.rs `add_layer_norm` (h in f64 rounded to T, then layer norm's
 // reference on h: mean, biased variance by a second pass, rstd = 1 / sqrt(var + eps),
-// y = (h - mean) * rstd * w + b). The backward is layer_norm_bwd_* on h (see mod.rs).
+// y = (h - mean) * rstd * w + b). The backward is layer_norm_bwd_* on h, h's other
+// gradient (from the next residual add) folded in as its dres (see mod.rs).
 //
 // add_layer_norm_fwd_{dt}(const T* x, const T* res, const T* w, const T* b, T* h, T* y, ACC* mean,
 //                        ACC* rstd, u64 rows, u64 cols, double eps, int has_w, int has_b)

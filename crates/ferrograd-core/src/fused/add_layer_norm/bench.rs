@@ -2,7 +2,7 @@
 //! `F.layer_norm` in bench/torch_fused.py): rows with a weight and a bias; the forward reads x and r
 //! and writes h and y (w and b, one row each, are not counted).
 
-use crate::fused::bench::{fused_backward, row_f64, Workload};
+use crate::fused::bench::{fused_backward_folding, row_f64, Workload};
 use crate::{Error, Result, Tensor};
 
 /// The add_layer_norm workload that `ferrograd bench elementwise` times (see [`crate::fused::bench`]).
@@ -27,17 +27,19 @@ impl AddLayerNormBench {
 
     /// Forward and backward given the gradients arriving at `h` (`dh`, from the next residual) and
     /// at `y` (`dy`): what the tape runs for this op, without the graph walk (as
-    /// `torch.autograd.grad((h, y), (x, r, w, b), (dh, dy))`): the forward with tracked inputs, layer
-    /// norm's backward kernel on `y`'s record (dh_ln, dweight, dbias), then `dx = dr = dh_ln + dh`.
-    /// Returns `(y, [dx, dweight, dbias])`.
+    /// `torch.autograd.grad((h, y), (x, r, w, b), (dh, dy))`): the forward with tracked inputs, then
+    /// layer norm's backward kernel on `y`'s record with `dh` as h's pending gradient, which it
+    /// folds into dh's store (`dx = dr = dh_ln + dh`, dweight, dbias). Returns
+    /// `(y, [dx, dweight, dbias])`.
     pub fn forward_backward(&self, dh: &Tensor, dy: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
         let vars = [&self.x, &self.r, &self.w, &self.b].map(|t| t.requires_grad());
         let (_h, y) = self.forward(&vars[0], &vars[1], &vars[2], &vars[3])?;
-        let mut grads = fused_backward(&y, dy, "add_layer_norm")?.into_iter();
-        let (Some(dh_ln), Some(dw), Some(db)) = (grads.next(), grads.next(), grads.next()) else {
+        // y's record has the inputs (h, weight, bias).
+        let pending = [Some(dh.clone()), None, None];
+        let mut grads = fused_backward_folding(&y, dy, &pending, "add_layer_norm")?.into_iter();
+        let (Some(dx), Some(dw), Some(db)) = (grads.next(), grads.next(), grads.next()) else {
             return Err(Error::Backward("add_layer_norm bench: fewer than 3 gradients".into()));
         };
-        let dx = dh_ln.add(dh)?;
         Ok((y, vec![dx, dw, db]))
     }
 

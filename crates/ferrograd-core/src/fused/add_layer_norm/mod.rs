@@ -5,8 +5,11 @@
 //! The backward is recorded, not fused: `h` is recorded as the add of `x` and `residual` and `y` as
 //! layer norm of `h` (`layer_norm::record`, with the statistics this kernel saved), so the gradient
 //! is layer norm's one backward kernel (dh, dweight, dbias) plus the gradient arriving at `h` from
-//! the next residual, summed by the tape and handed to `x` and `residual` unchanged (dx = dr).
-//! Folding that sum into the layer norm backward kernel is the next step for speed.
+//! the next residual, handed to `x` and `residual` unchanged (dx = dr). That sum is folded into
+//! the layer norm backward kernel (`FusedOp::folds_pending`): the next residual add is made after
+//! `y`, so the walk has differentiated it when layer norm's backward runs, and hands its gradient
+//! of `h` to that kernel, which adds it as it stores dh instead of a separate add kernel reading
+//! both (a full pass over the residual stream per norm).
 //!
 //! [`Tensor::add_layer_norm_mixed`] is the autocast form: an f32 residual stream plus a bf16 branch,
 //! `y` in bf16 for the next GEMM, one kernel where three ran (the branch's cast up, the add and

@@ -58,15 +58,16 @@ pub(crate) fn layer_norm(
     Ok((from_f64(out, x)?, from_f64(sd, mean)?, from_f64(sd, rstd)?))
 }
 
+/// `(dx, dweight, dbias)`; `dres`, where given (x's shape and dtype), is added to dx before it is
+/// rounded to x's dtype, as the kernels add it in their store.
 #[allow(clippy::needless_range_loop)] // three arrays share the index
 pub(super) fn layer_norm_backward(
-    s: &CpuStorage,
-    l: &Layout,
+    (s, l): (&CpuStorage, &Layout),
     weight: Option<(&CpuStorage, &Layout)>,
     mean: &CpuStorage,
     rstd: &CpuStorage,
-    dy: &CpuStorage,
-    dyl: &Layout,
+    (dy, dyl): (&CpuStorage, &Layout),
+    dres: Option<(&CpuStorage, &Layout)>,
 ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
     s.dtype().check_float("layer_norm_backward")?;
     let (rows, c) = last_dim_rows(l);
@@ -85,6 +86,10 @@ pub(super) fn layer_norm_backward(
     if mean.len() != rows || rstd.len() != rows {
         return Err(shape_err!("layer_norm_backward", "saved statistics have {} rows, expected {rows}", mean.len()));
     }
+    let res = dres.map(|(r, rl)| r.to_f64_vec(rl)).transpose()?;
+    if res.as_ref().is_some_and(|v| v.len() != rows * c) {
+        return Err(shape_err!("layer_norm_backward", "the residual gradient is not {rows} rows of {c}"));
+    }
     let mut dx = alloc::zeroed::<f64>(rows * c)?;
     if c > 0 {
         // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),  dxhat = dy * w
@@ -99,9 +104,11 @@ pub(super) fn layer_norm_backward(
                 s2 += dxhat(j) * xh;
             }
             let (m1, m2) = (s1 / c as f64, s2 / c as f64);
+            let rr = res.as_ref().map(|v| &v[r * c..(r + 1) * c]);
             for j in 0..c {
                 let xh = (xr[j] - mu) * rs;
-                out[j] = rs * (dxhat(j) - m1 - xh * m2);
+                let d = rs * (dxhat(j) - m1 - xh * m2);
+                out[j] = rr.map_or(d, |v| d + v[j]);
             }
         });
     }

@@ -1,7 +1,8 @@
 //! The CUDA launches of `layer_norm.cu` and `layer_norm_bwd.cu`: the forward (the row-in-registers kernel where
 //! `cfg_row_regs` applies, else the any-row kernel with a shared-memory row cache) and the
-//! backward (one kernel: dx, and dweight / dbias accumulated in the accumulation dtype; a warp per
-//! row for f32 rows of up to 1024 columns, else a block per row).
+//! backward (one kernel: dx, with a pending gradient of x added where given, and dweight / dbias
+//! accumulated in the accumulation dtype; a warp per row for f32 rows of up to 1024 columns, else a
+//! block per row).
 
 use super::{mixed_suffix, MODULE, MODULE_BWD};
 use crate::cuda::launch::{cfg_row_regs, cfg_rows, launch};
@@ -61,14 +62,15 @@ pub(super) fn layer_norm(
 const BWD_ROW_THREADS: u32 = 128;
 const BWD_ROW_COLS: usize = 32 * 4 * 8;
 
+/// `(dx, dweight, dbias)`; `dres`, where given (x's shape and dtype), is added into dx as the
+/// kernel stores it (the kernels' nullable `dres`).
 pub(super) fn layer_norm_backward(
-    s: &CudaStorage,
-    l: &Layout,
+    (s, l): (&CudaStorage, &Layout),
     weight: Option<(&CudaStorage, &Layout)>,
     mean: &CudaStorage,
     rstd: &CudaStorage,
-    dy: &CudaStorage,
-    dyl: &Layout,
+    (dy, dyl): (&CudaStorage, &Layout),
+    dres: Option<(&CudaStorage, &Layout)>,
 ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
     s.dtype().check_float("layer_norm_backward")?;
     let suffix = mixed_suffix("layer_norm_backward", s.dtype(), dy.dtype())?;
@@ -91,11 +93,25 @@ pub(super) fn layer_norm_backward(
         Some((s, wl)) => s.contiguous_ptr(wl)?,
         None => (0, None),
     };
+    let (res, _kr) = match dres {
+        Some((r, rl)) => {
+            if rl.dims() != l.dims() {
+                return Err(Error::ShapeMismatch {
+                    op: "layer_norm_backward",
+                    lhs: l.dims().to_vec(),
+                    rhs: rl.dims().to_vec(),
+                });
+            }
+            same_dtype("layer_norm_backward", s, r)?;
+            r.contiguous_ptr(rl)?
+        }
+        None => (0, None),
+    };
     let dx = CudaStorage::uninit(s.dev(), n, s.dtype())?;
     let dw = CudaStorage::full(s.dev(), 0.0, cols, acc)?;
     let db = CudaStorage::full(s.dev(), 0.0, cols, acc)?;
     if rows > 0 {
-        let aligned = [x, g, dx.buf.ptr(), w].iter().all(|p| p % 16 == 0); // w: 0 when absent
+        let aligned = [x, g, res, dx.buf.ptr(), w].iter().all(|p| p % 16 == 0); // w, res: 0 when absent
         let warp_rows = s.dtype() == DType::F32 && aligned && cols % 4 == 0 && cols > 0 && cols <= BWD_ROW_COLS;
         if warp_rows {
             // A warp per row, as many blocks as are resident at once (the warps stride over rows).
@@ -109,12 +125,12 @@ pub(super) fn layer_norm_backward(
                 shared_mem_bytes: smem,
             };
             launch!(s.dev(), MODULE_BWD, name, cfg;
-                x, w, mean.buf.ptr(), rstd.buf.ptr(), g, dx.buf.ptr(), dw.buf.ptr(), db.buf.ptr(),
+                x, w, mean.buf.ptr(), rstd.buf.ptr(), g, res, dx.buf.ptr(), dw.buf.ptr(), db.buf.ptr(),
                 rows as u64, cols as u64, weight.is_some() as i32);
         } else {
             let smem = row_cache_bytes(cols, acc.size_in_bytes());
             launch!(s.dev(), MODULE_BWD, format!("layer_norm_bwd_{suffix}"), cfg_rows(s.dev(), rows, cols, smem);
-                x, w, mean.buf.ptr(), rstd.buf.ptr(), g, dx.buf.ptr(), dw.buf.ptr(), db.buf.ptr(),
+                x, w, mean.buf.ptr(), rstd.buf.ptr(), g, res, dx.buf.ptr(), dw.buf.ptr(), db.buf.ptr(),
                 rows as u64, cols as u64, weight.is_some() as i32);
         }
     }

@@ -1,6 +1,9 @@
 //! Layer norm over the last dim, with an optional weight and bias of that size: one fused kernel
 //! forward (`layer_norm.cu`, statistics kept for the backward) and one backward kernel that gives
-//! the input's, the weight's and the bias's gradients together.
+//! the input's, the weight's and the bias's gradients together. The backward folds the input's
+//! pending gradient (`FusedOp::folds_pending`) into the input's as it stores it: in a pre-LN
+//! transformer the norm's input is the residual stream, whose gradient from the next block's
+//! residual add would otherwise be summed by a separate pass over it.
 
 pub mod bench;
 pub(crate) mod cpu;
@@ -85,16 +88,29 @@ impl FusedOp for LayerNorm {
         Ok(self.outputs(l, cuda::layer_norm(x, l, w, b, self.eps, self.out)?))
     }
 
-    /// dx, dweight and dbias from one kernel ([`LayerNormBackward`]).
+    /// dx, dweight and dbias from one kernel ([`LayerNormBackward`]), dx with x's pending gradient
+    /// added: by the kernel where that gradient is dx's twin (x's shape, dtype and device), else
+    /// after it, as the walk would have.
     fn backward(&self, ctx: &FusedCtx<'_>, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
         let x = &ctx.inputs[0];
+        let (fold, after) = match ctx.pending.first().and_then(Option::as_ref) {
+            Some(p) if p.dims() == x.dims() && p.dtype() == x.dtype() && p.device() == x.device() => (Some(p), None),
+            p => (None, p),
+        };
         let mut ins = vec![x];
         if self.has_w {
             ins.push(&ctx.inputs[1]);
         }
         ins.extend([&ctx.saved[0], &ctx.saved[1], g]);
-        let mut grads = apply_all(&LayerNormBackward { has_w: self.has_w }, &ins)?.into_iter();
+        ins.extend(fold);
+        let op = LayerNormBackward { has_w: self.has_w, has_res: fold.is_some() };
+        let mut grads = apply_all(&op, &ins)?.into_iter();
         let (dx, dw, db) = (grads.next(), grads.next(), grads.next());
+        let dx = match (dx, after) {
+            // The walk's own order: the pending gradient plus the new one.
+            (Some(dx), Some(p)) => Some(p.add(&dx)?),
+            (dx, _) => dx,
+        };
         let mut out = vec![dx];
         if self.has_w {
             out.push(dw);
@@ -104,13 +120,52 @@ impl FusedOp for LayerNorm {
         }
         Ok(out)
     }
+
+    /// x's pending gradient goes into dx's store (see `backward`).
+    fn folds_pending(&self, input: usize) -> bool {
+        input == 0
+    }
 }
 
-/// Inputs `x, [weight], mean, rstd, dy`; outputs `dx` (x's shape and dtype, whatever dy's: see
-/// [`mixed_suffix`]), `dweight` and `dbias` (`[C]` in the weight's dtype, or x's without a weight;
-/// both computed either way).
+/// Inputs `x, [weight], mean, rstd, dy, [dres]`; outputs `dx` (x's shape and dtype, whatever dy's:
+/// see [`mixed_suffix`]; plus `dres`, a gradient of x from elsewhere, where given), `dweight` and
+/// `dbias` (`[C]` in the weight's dtype, or x's without a weight; both computed either way).
 struct LayerNormBackward {
     has_w: bool,
+    has_res: bool,
+}
+
+/// `LayerNormBackward`'s inputs by role: x, weight, mean, rstd, dy, dres.
+struct BwdArgs<'a, S> {
+    x: Arg<'a, S>,
+    w: Option<Arg<'a, S>>,
+    mean: &'a S,
+    rstd: &'a S,
+    dy: Arg<'a, S>,
+    dres: Option<Arg<'a, S>>,
+}
+
+impl LayerNormBackward {
+    /// The inputs by role, `dres` checked against x (its shape and dtype: it is added into dx).
+    fn split<'a, S: BackendStorage>(&self, inputs: &[Arg<'a, S>]) -> Result<BwdArgs<'a, S>> {
+        let k = self.has_w as usize;
+        check_arity("layer_norm_backward", inputs.len(), 4 + k + self.has_res as usize)?;
+        let (x, dres) = (inputs[0], self.has_res.then(|| inputs[4 + k]));
+        if let Some((r, rl)) = dres {
+            if rl.dims() != x.1.dims() {
+                return Err(Error::ShapeMismatch {
+                    op: "layer_norm_backward",
+                    lhs: x.1.dims().to_vec(),
+                    rhs: rl.dims().to_vec(),
+                });
+            }
+            if r.dtype() != x.0.dtype() {
+                return Err(Error::DTypeMismatch { op: "layer_norm_backward", lhs: x.0.dtype(), rhs: r.dtype() });
+            }
+        }
+        let w = self.has_w.then(|| inputs[1]);
+        Ok(BwdArgs { x, w, mean: inputs[1 + k].0, rstd: inputs[2 + k].0, dy: inputs[3 + k], dres })
+    }
 }
 
 impl FusedOp for LayerNormBackward {
@@ -119,22 +174,16 @@ impl FusedOp for LayerNormBackward {
     }
 
     fn cpu_fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>> {
-        check_arity("layer_norm_backward", inputs.len(), 4 + self.has_w as usize)?;
-        let k = self.has_w as usize;
-        let ((x, l), w) = (inputs[0], self.has_w.then(|| inputs[1]));
-        let ((m, _), (r, _), (g, gl)) = (inputs[1 + k], inputs[2 + k], inputs[3 + k]);
-        mixed_suffix("layer_norm_backward", x.dtype(), g.dtype())?;
-        let out = cpu::layer_norm_backward(x, l, w, m, r, g, gl)?;
-        Ok(grad_outputs(l, out))
+        let a = self.split(inputs)?;
+        mixed_suffix("layer_norm_backward", a.x.0.dtype(), a.dy.0.dtype())?;
+        let out = cpu::layer_norm_backward(a.x, a.w, a.mean, a.rstd, a.dy, a.dres)?;
+        Ok(grad_outputs(a.x.1, out))
     }
 
     fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
-        check_arity("layer_norm_backward", inputs.len(), 4 + self.has_w as usize)?;
-        let k = self.has_w as usize;
-        let ((x, l), w) = (inputs[0], self.has_w.then(|| inputs[1]));
-        let ((m, _), (r, _), (g, gl)) = (inputs[1 + k], inputs[2 + k], inputs[3 + k]);
-        let out = cuda::layer_norm_backward(x, l, w, m, r, g, gl)?;
-        Ok(grad_outputs(l, out))
+        let a = self.split(inputs)?;
+        let out = cuda::layer_norm_backward(a.x, a.w, a.mean, a.rstd, a.dy, a.dres)?;
+        Ok(grad_outputs(a.x.1, out))
     }
 }
 
@@ -203,4 +252,40 @@ pub(crate) fn record(
     let op = Arc::new(LayerNorm { eps, has_w: weight.is_some(), has_b: bias.is_some(), out: y.dtype() });
     let rec = super::FusedRecord { op, inputs, saved: vec![mean, rstd] };
     y.view(y.layout().clone(), Some(crate::op::Op::Fused(rec)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::Op;
+    use crate::{Device, Rng};
+
+    /// The backward with x's pending gradient `p` gives dx + p (exactly, in f64) and the same
+    /// dweight: `p` folded into the kernel's store when it is dx's twin (contiguous or strided),
+    /// added after it otherwise (here a broadcastable `[C]`, which only a direct caller can pass).
+    #[test]
+    fn backward_adds_the_pending_gradient() -> Result<()> {
+        let mut rng = Rng::new(4);
+        let mut n = |d: &[usize]| Tensor::randn_with(&mut rng, 0.0, 1.0, d.to_vec(), DType::F64, Device::Cpu);
+        let (x, w, g) = (n(&[3, 8])?, n(&[8])?, n(&[3, 8])?);
+        let y = x.requires_grad().layer_norm(Some(&w), None, 1e-5)?;
+        let Some(Op::Fused(rec)) = y.op() else {
+            return Err(Error::Backward("layer norm was not recorded".into()));
+        };
+        // x's pending gradient reaches the backward (the weight's does not).
+        assert!(rec.op.folds_pending(0) && !rec.op.folds_pending(1));
+        let grads = |pending: &[Option<Tensor>]| -> Result<Vec<Vec<f64>>> {
+            let ctx = FusedCtx { inputs: &rec.inputs, output: &y, saved: &rec.saved, pending };
+            let gs = rec.op.backward(&ctx, &g)?;
+            gs.iter().map(|t| t.as_ref().map_or(Ok(vec![]), |t| t.to_f64_vec())).collect()
+        };
+        let plain = grads(&[])?;
+        let ln_dx = Tensor::from_vec(plain[0].clone(), (3, 8), Device::Cpu)?;
+        for p in [n(&[3, 8])?, n(&[8, 3])?.t()?, n(&[8])?] {
+            let got = grads(&[Some(p.clone()), None])?;
+            assert_eq!(got[0], p.add(&ln_dx)?.to_f64_vec()?, "dx, pending {:?}", p.dims());
+            assert_eq!(got[1], plain[1], "dweight, pending {:?}", p.dims());
+        }
+        Ok(())
+    }
 }
