@@ -2,7 +2,8 @@
 //! the same layer built from primitive ops, input errors, and CPU<->CUDA parity of the forward and
 //! every gradient in f32, f16, bf16 (and f64, the cuBLAS fallback) on odd and 3-D shapes, strided
 //! operands, with and without bias, for each activation; the cuBLASLt plan cache. The same for the
-//! fused MLP block (`mlp`), against two linears. Device outputs
+//! fused MLP block (`mlp`, and `mlp_recompute`, whose backward recomputes the hidden activation),
+//! against two linears. Device outputs
 //! are poisoned (NaN bytes) before every kernel. Without a usable GPU the CUDA tests print one line
 //! and pass.
 
@@ -11,7 +12,7 @@ mod common;
 use common::{gpu, gradcheck, randn};
 use ferrograd_core::cuda::blaslt::counters_on_this_thread;
 use ferrograd_core::cuda::CudaDevice;
-use ferrograd_core::fused::linear::{linear, mlp, Activation};
+use ferrograd_core::fused::linear::{linear, mlp, mlp_recompute, Activation};
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
 
 const CPU: Device = Device::Cpu;
@@ -382,6 +383,9 @@ fn cuda_plans_are_cached() -> Result<()> {
     Ok(())
 }
 
+/// `mlp` or `mlp_recompute`.
+type MlpFn = fn(&Tensor, &Tensor, Option<&Tensor>, &Tensor, Option<&Tensor>) -> Result<Tensor>;
+
 /// Both layers of the MLP block as two linears (the reference for `mlp`).
 fn two_linears(x: &Tensor, w1: &Tensor, b1: Option<&Tensor>, w2: &Tensor, b2: Option<&Tensor>) -> Result<Tensor> {
     linear(&linear(x, w1, b1, Activation::GeluTanh)?, w2, b2, Activation::None)
@@ -409,6 +413,20 @@ fn mlp_gradcheck_and_two_linears() -> Result<()> {
         let got = mlp(&x, &w1, Some(&b1), &w2, Some(&b2))?.to_f64_vec()?;
         let want = two_linears(&x, &w1, Some(&b1), &w2, Some(&b2))?.to_f64_vec()?;
         assert!(max_rel(&got, &want) < 1e-12, "{what}: value");
+        gradcheck(
+            &format!("{what} recompute"),
+            |t| mlp_recompute(&t[0], &t[1], Some(&t[2]), &t[3], Some(&t[4])),
+            &[x.clone(), w1.clone(), b1.clone(), w2.clone(), b2.clone()],
+        );
+        // The same gradients as keeping the hidden activation.
+        let grads = |f: MlpFn| -> Result<Vec<Vec<f64>>> {
+            let v: Vec<Tensor> = [&x, &w1, &b1, &w2, &b2].iter().map(|t| t.requires_grad()).collect();
+            let g = f(&v[0], &v[1], Some(&v[2]), &v[3], Some(&v[4]))?.sum_all()?.backward()?;
+            v.iter().map(|t| g.get(t).expect("gradient").to_f64_vec()).collect()
+        };
+        for (a, b) in grads(mlp)?.iter().zip(&grads(mlp_recompute)?) {
+            assert!(max_rel(a, b) < 1e-12, "{what}: recompute gradient");
+        }
     }
     let (x, w1, w2) = (
         randn(&mut rng, &[2, 4], DType::F32),
@@ -428,7 +446,10 @@ fn cuda_mlp_matches_cpu() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let mut rng = Rng::new(17);
     let names = ["y", "dx", "dw1", "db1", "dw2", "db2"];
-    for d in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+    for (d, recompute) in
+        [DType::F32, DType::F16, DType::BF16, DType::F64].into_iter().flat_map(|d| [(d, false), (d, true)])
+    {
+        let f: MlpFn = if recompute { mlp_recompute } else { mlp };
         // (x dims, hidden, out): aligned, odd, 3-D.
         for (xs, h, n) in [(vec![24usize, 32], 64usize, 16usize), (vec![7, 13], 11, 5), (vec![2, 9, 16], 40, 24)] {
             let k = *xs.last().unwrap();
@@ -440,22 +461,22 @@ fn cuda_mlp_matches_cpu() -> Result<()> {
                 randn(&mut rng, &[n], d),
             );
             let dy = randn(&mut rng, &xs[..xs.len() - 1].iter().copied().chain([n]).collect::<Vec<_>>(), d);
-            let run = |dev: Device| -> Result<Vec<Tensor>> {
+            let run = |dev: Device, f: MlpFn| -> Result<Vec<Tensor>> {
                 let vars: Vec<Tensor> = [&x, &w1, &b1, &w2, &b2]
                     .iter()
                     .map(|t| t.to_device(dev).map(|t| t.requires_grad()))
                     .collect::<Result<_>>()?;
-                let y = mlp(&vars[0], &vars[1], Some(&vars[2]), &vars[3], Some(&vars[4]))?;
+                let y = f(&vars[0], &vars[1], Some(&vars[2]), &vars[3], Some(&vars[4]))?;
                 let g = y.backward_with(&dy.to_device(dev)?)?;
                 let mut out = vec![y.detach()];
                 out.extend(vars.iter().map(|v| g.get(v).expect("gradient").clone()));
                 Ok(out)
             };
-            let want = run(CPU)?;
+            let want = run(CPU, mlp)?;
             let before = counters_on_this_thread();
-            let got = run(dev)?;
+            let got = run(dev, f)?;
             let launched = counters_on_this_thread().launches - before.launches;
-            let what = format!("mlp {d} x{xs:?} {k}->{h}->{n}");
+            let what = format!("mlp{} {d} x{xs:?} {k}->{h}->{n}", if recompute { " recompute" } else { "" });
             for (i, (c, g)) in want.iter().zip(&got).enumerate() {
                 assert_eq!(c.dims(), g.dims(), "{what} {}", names[i]);
                 let err = max_rel(&g.to_f64_vec()?, &c.to_f64_vec()?);

@@ -119,6 +119,11 @@ pub struct TrainArgs {
     /// fine-tune from --init.
     #[arg(long)]
     pub qat: bool,
+    /// Recompute each MLP's hidden activation (GELU of its pre-activation) in the backward
+    /// instead of keeping it from the forward: less memory (about 100 MB a block for GPT-2 124M
+    /// at 16 x 1024 in bf16) for one elementwise pass a block.
+    #[arg(long)]
+    pub recompute_gelu: bool,
     #[arg(long, value_enum, default_value = "auto")]
     pub progress: ProgressArg,
     /// Under `ferrograd launch`: gradients travel between GPUs as f32 or bf16.
@@ -239,6 +244,7 @@ fn config(a: &TrainArgs, device: Device) -> CliResult<(TrainConfig, Vec<String>)
     c.save_init = a.save_init.clone();
     c.graph = !a.no_graph;
     c.qat = a.qat;
+    c.recompute_gelu = a.recompute_gelu;
     Ok((c, notes))
 }
 

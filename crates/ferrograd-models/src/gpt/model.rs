@@ -99,6 +99,9 @@ pub struct Gpt {
     pub ln_f_b: Tensor,
     /// How the blocks' projections run: float (default), QAT or int8 (`quant.rs`).
     pub linears: Linears,
+    /// The MLPs' backward recomputes their hidden activation instead of keeping it from the
+    /// forward (`ops::mlp`): less memory for one elementwise pass a block (`--recompute-gelu`).
+    pub recompute_gelu: bool,
     /// The causal mask of the last training length, kept so that a step does not rebuild it; only
     /// the fallback of `ops::attention` (a head dim the CUDA kernels lack) reads it.
     mask: Mutex<Option<Tensor>>,
@@ -169,6 +172,7 @@ impl Gpt {
             ln_f_w: leaf(ones(c)?),
             ln_f_b: leaf(zeros(c)?),
             linears: Linears::Float,
+            recompute_gelu: false,
             mask: Mutex::new(None),
         })
     }
@@ -290,7 +294,7 @@ impl Gpt {
         let y = y.reshape((b, t, c))?;
         let proj = self.linears.linear(layer, Proj::AttnOut, &y, &blk.attn_proj_w, &blk.attn_proj_b)?;
         let (x, m) = gemm_norm(&x, Some(&proj), &blk.ln_2_w, &blk.ln_2_b, eps)?;
-        let out = self.linears.mlp(layer, &m, blk)?;
+        let out = self.linears.mlp(layer, &m, blk, self.recompute_gelu)?;
         Ok((x, out))
     }
 

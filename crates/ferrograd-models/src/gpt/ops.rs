@@ -63,9 +63,12 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
 /// `gelu_tanh(x W1 + b1) W2 + b2`: GPT-2's MLP block as the fused `mlp` op (two cuBLASLt calls
 /// forward, the GELU and both biases in their epilogues; the backward's `dz` comes out of the
 /// DGELU_BGRAD epilogue of the `dh` GEMM: no elementwise kernel either way). Weights `[in, out]`.
-pub fn mlp(x: &Tensor, w1: &Tensor, b1: &Tensor, w2: &Tensor, b2: &Tensor) -> Result<Tensor> {
+/// `recompute`: the backward recomputes the hidden activation instead of keeping it
+/// (`fused::mlp_recompute`, `gpt train --recompute-gelu`).
+pub fn mlp(x: &Tensor, w1: &Tensor, b1: &Tensor, w2: &Tensor, b2: &Tensor, recompute: bool) -> Result<Tensor> {
     let (x, ws) = gemm_operands(x, &[w1, b1, w2, b2])?;
-    fused::mlp(&x, &ws[0].t()?, Some(&ws[1]), &ws[2].t()?, Some(&ws[3]))
+    let f = if recompute { fused::mlp_recompute } else { fused::mlp };
+    f(&x, &ws[0].t()?, Some(&ws[1]), &ws[2].t()?, Some(&ws[3]))
 }
 
 /// `(h, layer_norm(h))` with `h = x + branch`: the residual stream `x` keeps its dtype (f32 under

@@ -145,8 +145,9 @@ impl Linears {
         }
     }
 
-    /// Block `layer`'s MLP, `gelu_tanh(x W1 + b1) W2 + b2`.
-    pub fn mlp(&self, layer: usize, x: &Tensor, blk: &Block) -> Result<Tensor> {
+    /// Block `layer`'s MLP, `gelu_tanh(x W1 + b1) W2 + b2`; `recompute`: the float path's backward
+    /// recomputes the hidden activation (`ops::mlp`).
+    pub fn mlp(&self, layer: usize, x: &Tensor, blk: &Block, recompute: bool) -> Result<Tensor> {
         if let Some((mode, q)) = self.int8(layer)? {
             let h = int8_linear(x, &q.c_fc, &blk.c_fc_b, mode)?.gelu_tanh()?;
             return int8_linear(&h, &q.mlp_proj, &blk.mlp_proj_b, mode);
@@ -156,7 +157,7 @@ impl Linears {
                 let h = ops::linear(&fq_per_token(x)?, &fq_per_column(&blk.c_fc_w)?, Some(&blk.c_fc_b))?.gelu_tanh()?;
                 ops::linear(&fq_per_token(&h)?, &fq_per_column(&blk.mlp_proj_w)?, Some(&blk.mlp_proj_b))
             }
-            _ => ops::mlp(x, &blk.c_fc_w, &blk.c_fc_b, &blk.mlp_proj_w, &blk.mlp_proj_b),
+            _ => ops::mlp(x, &blk.c_fc_w, &blk.c_fc_b, &blk.mlp_proj_w, &blk.mlp_proj_b, recompute),
         }
     }
 }

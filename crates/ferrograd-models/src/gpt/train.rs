@@ -211,6 +211,7 @@ impl Run {
         }
         let mut model = Gpt::new(cfg.model, cfg.seed, cfg.device)?;
         startup.mark("model init (weights drawn on the device)");
+        model.recompute_gelu = cfg.recompute_gelu;
         if cfg.qat {
             model.linears = super::quant::Linears::Qat;
             notes.push(

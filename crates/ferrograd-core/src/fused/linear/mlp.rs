@@ -5,7 +5,9 @@
 //! DGELU_BGRAD epilogue on Hopper (measured; see `HiddenGrad`).
 //!
 //! Forward: two cuBLASLt calls (GELU_AUX_BIAS keeping `z` and `h = gelu(z)`, then BIAS). Backward:
-//! `dW2` + `db2` (BGRADB), `dz` + `db1` (GEMM, then `linear_dgelu_db`), `dW1`, `dx`. CPU and
+//! `dW2` + `db2` (BGRADB), `dz` + `db1` (GEMM, then `linear_dgelu_db`), `dW1`, `dx`. The backward
+//! reads `z` and `h`; [`mlp_recompute`] keeps only `z` and recomputes `h = gelu(z)` there (one
+//! elementwise pass for `rows x hidden` elements fewer held between the passes). CPU and
 //! fallback: the same composition as `linear` (`cpu.rs`). Master weights (f32 parameters over an
 //! f16/bf16 `x`) as `linear` takes them (`master.rs`): both weights cast down in the forward and
 //! kept, the four parameter gradients in f32.
@@ -27,6 +29,27 @@ use std::sync::Arc;
 /// calls, with one elementwise pass fewer in the backward. All four parameters share one dtype:
 /// x's, or f32 over an f16/bf16 `x` (master weights).
 pub fn mlp(x: &Tensor, w1: &Tensor, b1: Option<&Tensor>, w2: &Tensor, b2: Option<&Tensor>) -> Result<Tensor> {
+    mlp_with(x, w1, b1, w2, b2, true)
+}
+
+/// [`mlp`] that keeps only the pre-activation `z` for the backward, which recomputes the hidden
+/// activation `h = gelu_tanh(z)` from it: `rows x hidden` elements less memory held from the
+/// forward to the backward (GPT-2 124M at 16 x 1024 in bf16: 100 MB a block, 1.2 GB for 12; what
+/// PyTorch's compiled GPT-2 does), for one elementwise pass over `z` in the backward. `h` is then
+/// gelu of `z` as stored (rounded to x's dtype) rather than of the GEMM's f32 accumulator, so the
+/// gradients differ from [`mlp`]'s in the last bits (and more in f16 / bf16, whose z is rounded).
+pub fn mlp_recompute(x: &Tensor, w1: &Tensor, b1: Option<&Tensor>, w2: &Tensor, b2: Option<&Tensor>) -> Result<Tensor> {
+    mlp_with(x, w1, b1, w2, b2, false)
+}
+
+fn mlp_with(
+    x: &Tensor,
+    w1: &Tensor,
+    b1: Option<&Tensor>,
+    w2: &Tensor,
+    b2: Option<&Tensor>,
+    keep_h: bool,
+) -> Result<Tensor> {
     let master = check(x, w1, b1)?;
     // The hidden activation has x's leading dims and w1's rows: check the second layer against it.
     let hidden: Vec<usize> = x.dims()[..x.rank() - 1].iter().copied().chain([w1.dims()[0]]).collect();
@@ -55,16 +78,17 @@ pub fn mlp(x: &Tensor, w1: &Tensor, b1: Option<&Tensor>, w2: &Tensor, b2: Option
     inputs.push(w2);
     inputs.extend(b2);
     let save = track(&inputs);
-    let op = MlpOp { has_b1: b1.is_some(), has_b2: b2.is_some(), save, master };
+    let op = MlpOp { has_b1: b1.is_some(), has_b2: b2.is_some(), save, keep_h, master };
     apply(Arc::new(op), &inputs)
 }
 
-/// Inputs `[x, w1, (b1), w2, (b2)]`; outputs `[y]`, plus `h` and `z` (`[rows, ld]`) when `save`,
-/// plus the two weights cast to x's dtype when also `master`.
+/// Inputs `[x, w1, (b1), w2, (b2)]`; outputs `[y]`, plus (when `save`) `h` (unless not `keep_h`)
+/// and `z` (`[rows, ld]`), plus the two weights cast to x's dtype when also `master`.
 struct MlpOp {
     has_b1: bool,
     has_b2: bool,
     save: bool,
+    keep_h: bool,
     master: bool,
 }
 
@@ -99,7 +123,9 @@ impl MlpOp {
             let hl = Layout::contiguous(hshape.clone());
             let mut out = layer((&h, &hl), w2, b2, Activation::None, false)?;
             if self.save {
-                out.push((h, hshape));
+                if self.keep_h {
+                    out.push((h, hshape));
+                }
                 out.extend(first);
             }
             Ok(out)
@@ -134,13 +160,19 @@ impl FusedOp for MlpOp {
         let refs: Vec<&Tensor> = ctx.inputs.iter().collect();
         let (x, w1, b1, w2, b2) = self.split(&refs)?;
         let missing = || Error::Backward("mlp: the hidden activation was not saved".into());
-        let h = ctx.saved.first().ok_or_else(missing)?;
-        let z = ctx.saved.get(1).ok_or_else(missing)?.narrow(1, 0, w1.dims()[0])?;
+        // saved: [h,] z, [w1, w2 cast]
+        let k = self.keep_h as usize;
+        let z = ctx.saved.get(k).ok_or_else(missing)?.narrow(1, 0, w1.dims()[0])?;
+        let h = match self.keep_h {
+            true => ctx.saved.first().ok_or_else(missing)?.clone(),
+            false => z.gelu_tanh()?,
+        };
+        let h = &h;
         // The weights as the forward read them: the saved casts of master weights.
         let (w1l, w2l) = match self.master {
             true => {
                 let w = |i: usize| ctx.saved.get(i).ok_or_else(|| Error::Backward("mlp: no cast weight".into()));
-                (view_as(w(2)?, w1)?, view_as(w(3)?, w2)?)
+                (view_as(w(k + 1)?, w1)?, view_as(w(k + 2)?, w2)?)
             }
             false => (w1.clone(), w2.clone()),
         };

@@ -41,7 +41,7 @@ use crate::{DType, Error, Layout, Result, Shape, Tensor};
 use master::{lower, stored_transposed, view_as, Lowered};
 use std::sync::Arc;
 
-pub use mlp::mlp;
+pub use mlp::{mlp, mlp_recompute};
 
 /// The backward's activation-gradient kernels (`linear.cu`): `linear_{dgelu,drelu}[_db]_{dt}` and
 /// `linear_colsum_{dt}`. The matmuls themselves are cuBLASLt's (`cuda/blaslt`).
