@@ -326,7 +326,10 @@ fn fold_parity(dev: Device, dtype: DType, mixed: bool, rows: usize, c: usize, ta
     for (i, (a, e)) in got.iter().zip(&want).enumerate() {
         let base = match (mixed, a.dtype()) {
             (true, DType::BF16) => 8e-3,
-            (true, _) => 5e-5,
+            // x's f32 gradient sums contributions that passed through bf16 branch gradients, which
+            // the two devices round differently here and there (one bf16 ulp is 3.9e-3 of a value):
+            // 1.97e-4 measured on an H200 (33 x 768), against 5e-5 first set blind.
+            (true, _) => 5e-4,
             // Two norms and a tanh between them: twice the single op's tolerance.
             (false, _) => 2.0 * tol(dtype).1,
         };
