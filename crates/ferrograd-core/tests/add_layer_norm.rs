@@ -326,10 +326,11 @@ fn fold_parity(dev: Device, dtype: DType, mixed: bool, rows: usize, c: usize, ta
     for (i, (a, e)) in got.iter().zip(&want).enumerate() {
         let base = match (mixed, a.dtype()) {
             (true, DType::BF16) => 8e-3,
-            // x's f32 gradient sums contributions that passed through bf16 branch gradients, which
-            // the two devices round differently here and there (one bf16 ulp is 3.9e-3 of a value):
-            // 1.97e-4 measured on an H200 (33 x 768), against 5e-5 first set blind.
-            (true, _) => 5e-4,
+            // x's f32 gradient is the norm's backward of a bf16 dy (through the bf16 branch and its
+            // tanh), which the two devices round differently here and there (one bf16 ulp is 3.9e-3
+            // of a value), so it gets bf16's tolerance: measured on an H200, 1.97e-4 (33 x 768)
+            // and 1.30e-3 (512 x 768). A fold that lost the pending gradient would be off by O(1).
+            (true, _) => 8e-3,
             // Two norms and a tanh between them: twice the single op's tolerance.
             (false, _) => 2.0 * tol(dtype).1,
         };
