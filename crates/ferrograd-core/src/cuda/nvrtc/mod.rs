@@ -53,6 +53,7 @@ pub use compiler::{compile_cubin, kernel_names, nvrtc_info, NvrtcInfo, NvrtcVers
 pub use disk::{CachedCubin, DiskCache, Lookup, CACHE_DIR_ENV, HEADER_LEN};
 pub use error::KernelError;
 pub use include::{cuda_include_candidates, find_cuda_include, CUDA_INCLUDE_ENV};
+pub(crate) use key::hex;
 pub use key::CacheKey;
 pub use report::{PrecompileEntry, PrecompileReport};
 pub use source::{env_options, CompileOptions, Define, Header, KernelSource, Module, NVRTC_OPTIONS_ENV};

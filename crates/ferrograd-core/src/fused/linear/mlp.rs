@@ -163,11 +163,6 @@ impl FusedOp for MlpOp {
         // saved: [h,] z, [w1, w2 cast]
         let k = self.keep_h as usize;
         let z = ctx.saved.get(k).ok_or_else(missing)?.narrow(1, 0, w1.dims()[0])?;
-        let h = match self.keep_h {
-            true => ctx.saved.first().ok_or_else(missing)?.clone(),
-            false => z.gelu_tanh()?,
-        };
-        let h = &h;
         // The weights as the forward read them: the saved casts of master weights.
         let (w1l, w2l) = match self.master {
             true => {
@@ -180,9 +175,17 @@ impl FusedOp for MlpOp {
         let (wg1, wg2) = (WGrad::of(w1), WGrad::of(w2));
         // Second layer: dW2 and db2 in one matmul (BGRADB).
         let second = Need { dx: false, dw: w2.tracks_grad(), db: tracks(b2) };
-        let mut outs2 =
-            if second.dw || second.db { apply_all(&Grads { need: second, wg: wg2 }, &[dy, h, &w2l])? } else { vec![] }
-                .into_iter();
+        let mut outs2 = if second.dw || second.db {
+            // h, kept or recomputed only here, where it is read.
+            let h = match self.keep_h {
+                true => ctx.saved.first().ok_or_else(missing)?.clone(),
+                false => z.gelu_tanh()?,
+            };
+            apply_all(&Grads { need: second, wg: wg2 }, &[dy, &h, &w2l])?
+        } else {
+            vec![]
+        }
+        .into_iter();
         let (dw2, db2) = (second.dw.then(|| outs2.next()).flatten(), second.db.then(|| outs2.next()).flatten());
         let dw2 = dw2.map(|d| wg2.as_weight(d)).transpose()?;
         // First layer: dz and db1 from dy W2 (see `HiddenGrad`), then dW1 and dx.

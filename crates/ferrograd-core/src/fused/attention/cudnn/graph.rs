@@ -544,7 +544,7 @@ pub(super) fn plan(lib: &'static CudnnLib, handle: Handle, mut builder: Builder)
             p.handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
             p.desc(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg)?;
             let p = p.finalize()?;
-            let workspace = super::plan_cache::workspace(lib, &p)?;
+            let workspace = workspace(lib, &p)?;
             Ok(Plan { plan: p, workspace, uids: vec![], choice: i, from_disk: false, _kept: vec![] })
         })();
         match attempt {
@@ -568,4 +568,20 @@ pub(super) fn plan(lib: &'static CudnnLib, handle: Handle, mut builder: Builder)
             format!("no engine config finalized: {}", why.join(" | "))
         },
     })
+}
+
+/// The finalized plan's workspace bytes.
+pub(super) fn workspace(lib: &'static CudnnLib, plan: &Desc) -> Result<usize> {
+    let mut ws = 0i64;
+    // SAFETY: one INT64 into `ws`.
+    unsafe {
+        lib.get_attribute(
+            plan.raw,
+            A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+            T::CUDNN_TYPE_INT64,
+            1,
+            &mut ws as *mut i64 as *mut std::ffi::c_void,
+        )
+    }?;
+    Ok(ws.max(0) as usize)
 }

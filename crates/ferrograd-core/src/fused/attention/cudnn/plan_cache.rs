@@ -18,7 +18,7 @@
 
 use super::desc::Desc;
 use super::lib::{CudnnLib, Handle};
-use crate::cuda::nvrtc::DiskCache;
+use crate::cuda::nvrtc::{hex, DiskCache};
 use cudarc::cudnn::sys::cudnnBackendDescriptorType_t as D;
 use cudarc::cudnn::sys::{cudnnBackendAttributeName_t as A, cudnnBackendAttributeType_t as T};
 use sha2::{Digest, Sha256};
@@ -27,8 +27,7 @@ use std::path::PathBuf;
 /// Where the plan described by `what` lives; `None` when caching is off (`FERROGRAD_CACHE_DIR=`).
 fn path(what: &str) -> Option<PathBuf> {
     let dir = DiskCache::from_env()?.dir().join("cudnn");
-    let hex: String = Sha256::digest(what.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
-    Some(dir.join(format!("{hex}.plan")))
+    Some(dir.join(format!("{}.plan", hex(&Sha256::digest(what.as_bytes())))))
 }
 
 /// The plan for `what` restored from disk and finalized on `handle`, with its workspace bytes;
@@ -45,7 +44,7 @@ pub(super) fn load(lib: &'static CudnnLib, handle: Handle, what: &str) -> Option
         p.handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
         p.chars(A::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, json.as_bytes())?;
         let p = p.finalize()?;
-        let ws = workspace(lib, &p)?;
+        let ws = super::graph::workspace(lib, &p)?;
         Ok((p, ws))
     })();
     match restored {
@@ -111,20 +110,4 @@ fn json_of(lib: &'static CudnnLib, plan: &Desc) -> crate::Result<Vec<u8>> {
         return Err(crate::Error::Cudnn { call: "execution plan JSON".into(), status: -1, msg: "empty".into() });
     }
     Ok(buf)
-}
-
-/// The finalized plan's workspace bytes.
-pub(super) fn workspace(lib: &'static CudnnLib, plan: &Desc) -> crate::Result<usize> {
-    let mut ws = 0i64;
-    // SAFETY: one INT64 into `ws`.
-    unsafe {
-        lib.get_attribute(
-            plan.raw,
-            A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-            T::CUDNN_TYPE_INT64,
-            1,
-            &mut ws as *mut i64 as *mut std::ffi::c_void,
-        )
-    }?;
-    Ok(ws.max(0) as usize)
 }
