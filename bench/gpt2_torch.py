@@ -298,6 +298,16 @@ def main():
     t0 = time.perf_counter()
     window, window_steps, window_start, steady, paused = None, 0, time.perf_counter(), None, 0.0
     first = final = final_val = None
+    # MEMORY_PHASES=1: allocated bytes after each phase of steps 1-3 (where the peak is, beside
+    # ferrograd's FERROGRAD_MEMORY_PHASES).
+    phases = os.environ.get("MEMORY_PHASES") == "1" and device.type == "cuda"
+
+    def phase(name):
+        if phases and step <= 3:
+            g = 1 << 30
+            print(f"memory step {step} after {name}: allocated {torch.cuda.memory_allocated(device) / g:.3f} GiB,"
+                  f" peak {torch.cuda.max_memory_allocated(device) / g:.3f} GiB", file=sys.stderr, flush=True)
+
     for step in range(1, a.steps + 1):
         lr = lr_at(step - 1, a, warmup)
         for g in opt.param_groups:
@@ -310,13 +320,16 @@ def main():
             with grad_sync:
                 with amp:
                     loss = fwd(x, y)
+                phase("forward")
                 (loss / k).backward()
+                phase("backward")
             loss_sum += loss.detach().float()
         if a.clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         else:
             norm = torch.stack([p.grad.float().norm() for p in model.parameters() if p.grad is not None]).norm()
         opt.step()
+        phase("optimizer")
         opt.zero_grad(set_to_none=True)
         mean = loss_sum / k
         window = mean if window is None else window + mean

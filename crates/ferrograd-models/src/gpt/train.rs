@@ -68,10 +68,12 @@ impl StepBody<'_> {
                 let (loss, logits, dlogits) =
                     self.model.loss_and_logits_grad(&self.inputs.x[i], &self.inputs.y[i], 1.0 / k as f64)?;
                 drop(fwd);
+                memory_phase(&logits, "forward");
                 match sync.as_deref_mut() {
                     Some(s) => s.backward_seeded(&logits, &dlogits, accum.grads_mut(), i + 1 == k)?,
                     None => accum.backward_seeded(&logits, &dlogits)?,
                 }
+                memory_phase(&logits, "backward");
                 total = Some(match total {
                     Some(s) => s.add(&loss)?,
                     None => loss,
@@ -109,9 +111,38 @@ impl StepBody<'_> {
         if let Some(s) = sync {
             s.end_step(accum.grads())?;
         }
+        if let Some(t) = &total {
+            memory_phase(t, "optimizer");
+        }
         accum.zero_grad();
         let loss = total.ok_or_else(|| Error::InvalidArgument("no micro-batches".into()))?;
         Ok((if k > 1 { loss.mul_scalar(1.0 / k as f64)? } else { loss }, norm))
+    }
+}
+
+/// `FERROGRAD_MEMORY_PHASES=1`: the allocator's allocated bytes (current and peak) after the
+/// forward, the backward (each micro-batch's) and the optimizer, the first nine of those, to
+/// stderr: where in a step the peak is (`bench/gpt2_torch.py` prints the same with
+/// `MEMORY_PHASES=1`).
+fn memory_phase(on: &Tensor, phase: &str) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static PRINTED: AtomicUsize = AtomicUsize::new(0);
+    if !*ENABLED.get_or_init(|| std::env::var("FERROGRAD_MEMORY_PHASES").is_ok_and(|v| v == "1")) {
+        return;
+    }
+    let n = PRINTED.fetch_add(1, Ordering::Relaxed);
+    if n >= 9 {
+        return;
+    }
+    if let Some((current, peak)) = super::fit::memory(on.device()) {
+        let g = (1u64 << 30) as f64;
+        eprintln!(
+            "memory #{} after {phase}: allocated {:.3} GiB, peak {:.3} GiB",
+            n + 1,
+            current as f64 / g,
+            peak as f64 / g
+        );
     }
 }
 
