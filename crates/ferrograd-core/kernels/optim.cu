@@ -9,13 +9,15 @@
 #error "FG_OPT_MAX comes from Rust (src/cuda/ops/optim.rs MAX)"
 #endif
 
-// Mirrored by `OptTable` in src/cuda/ops/optim.rs: 5 * FG_OPT_MAX * 8 + 8 bytes (1608 for 40).
+// Mirrored by `OptTable` in src/cuda/ops/optim.rs: 6 * FG_OPT_MAX * 8 + 16 bytes (1936 for 40).
 struct OptTable {
   unsigned long long p[FG_OPT_MAX];   // parameters (updated in place)
   unsigned long long g[FG_OPT_MAX];   // gradients
   unsigned long long s1[FG_OPT_MAX];  // Adam: first moment; SGD: momentum buffer
   unsigned long long s2[FG_OPT_MAX];  // Adam: second moment; SGD: unused
   unsigned long long n[FG_OPT_MAX];   // elements
+  unsigned long long lo[FG_OPT_MAX];  // Adam: the parameter's kept bf16/f16 copy, or 0 (src/cuda/shadow.rs)
+  unsigned long long lo_f16;          // bit k: lo[k] is f16 (else bf16)
   unsigned int count;
   unsigned int pad;
 };
@@ -25,8 +27,12 @@ struct OptTable {
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
 // omb1 = 1 - b1 and omb2 = 1 - b2 come from the host, formed in f64 as PyTorch forms them.
+// `gs`: the gradients' factor (clip_grad_norm's, read from the device), `g * gs` being the
+// product the separate scale kernel forms, so clipping here or there gives the same bits (1 when
+// not clipping: exact). A parameter with a kept copy (`lo[k]`) gets it rewritten as the cast
+// kernel would round the new value.
 __device__ __forceinline__ void adam_apply(const OptTable& t, float lr, float b1, float b2, float omb1, float omb2,
-                                           float eps, float wd, float bc1, float bc2, int decoupled) {
+                                           float eps, float wd, float bc1, float bc2, int decoupled, float gs) {
   const fg_u64 tid = fg_tid(), stride = fg_nthreads();
   const float step = lr / bc1, sbc2 = sqrtf(bc2);
   for (unsigned int k = 0; k < t.count; ++k) {
@@ -35,8 +41,10 @@ __device__ __forceinline__ void adam_apply(const OptTable& t, float lr, float b1
     float* m = (float*)t.s1[k];
     float* v = (float*)t.s2[k];
     const fg_u64 n = t.n[k];
+    const fg_u64 lo = t.lo[k];
+    const bool half = (t.lo_f16 >> k) & 1ull;
     for (fg_u64 i = tid; i < n; i += stride) {
-      float pi = p[i], gi = g[i];
+      float pi = p[i], gi = __fmul_rn(g[i], gs);  // _rn: never contracted into an FMA
       if (decoupled) {
         pi = pi * (1.0f - lr * wd);
       } else {
@@ -46,7 +54,15 @@ __device__ __forceinline__ void adam_apply(const OptTable& t, float lr, float b1
       const float vi = b2 * v[i] + omb2 * (gi * gi);
       m[i] = mi;
       v[i] = vi;
-      p[i] = pi - step * (mi / (sqrtf(vi) / sbc2 + eps));
+      const float pn = pi - step * (mi / (sqrtf(vi) / sbc2 + eps));
+      p[i] = pn;
+      if (lo != 0) {
+        if (half) {
+          ((__half*)lo)[i] = __float2half_rn(pn);
+        } else {
+          ((__nv_bfloat16*)lo)[i] = __float2bfloat16_rn(pn);
+        }
+      }
     }
   }
 }
@@ -54,7 +70,7 @@ __device__ __forceinline__ void adam_apply(const OptTable& t, float lr, float b1
 // The bias corrections bc1 = 1 - b1^step, bc2 = 1 - b2^step come from the host...
 FG_KERNEL adam_f32(OptTable t, float lr, float b1, float b2, float omb1, float omb2, float eps, float wd, float bc1,
                    float bc2, int decoupled) {
-  adam_apply(t, lr, b1, b2, omb1, omb2, eps, wd, bc1, bc2, decoupled);
+  adam_apply(t, lr, b1, b2, omb1, omb2, eps, wd, bc1, bc2, decoupled, 1.0f);
 }
 
 // ... or from device memory (`bc` = [bc1, bc2], written by adam_bias_correction), so that a CUDA
@@ -62,15 +78,15 @@ FG_KERNEL adam_f32(OptTable t, float lr, float b1, float b2, float omb1, float o
 // twin: `adam_step_counted` in src/optim.rs.
 FG_KERNEL adam_f32_dev(OptTable t, float lr, float b1, float b2, float omb1, float omb2, float eps, float wd,
                        const float* bc, int decoupled) {
-  adam_apply(t, lr, b1, b2, omb1, omb2, eps, wd, bc[0], bc[1], decoupled);
+  adam_apply(t, lr, b1, b2, omb1, omb2, eps, wd, bc[0], bc[1], decoupled, 1.0f);
 }
 
 // ... and the learning rate from device memory too (`lr` = one float, written before each step by
-// the host), so that a graph replaying a scheduled step applies each step's own rate. CPU twin:
-// `adam_step_scheduled` in src/optim.rs.
+// the host), so that a graph replaying a scheduled step applies each step's own rate; `gscale`
+// (nullable) is the clip factor on the device. CPU twin: `adam_step_scheduled` in src/optim.rs.
 FG_KERNEL adam_f32_devlr(OptTable t, const float* lr, float b1, float b2, float omb1, float omb2, float eps, float wd,
-                         const float* bc, int decoupled) {
-  adam_apply(t, lr[0], b1, b2, omb1, omb2, eps, wd, bc[0], bc[1], decoupled);
+                         const float* bc, int decoupled, const float* gscale) {
+  adam_apply(t, lr[0], b1, b2, omb1, omb2, eps, wd, bc[0], bc[1], decoupled, gscale ? gscale[0] : 1.0f);
 }
 
 // Rust's f64::powi (compiler-builtins' __powidf2: square and multiply), so that the device's bias

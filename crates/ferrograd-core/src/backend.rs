@@ -35,6 +35,11 @@ pub trait BackendStorage: Sized {
     fn copy_strided_into(&self, l: &Layout, dst: &mut Self, dst_offset: usize) -> Result<()>;
     /// The viewed elements converted to `dtype`.
     fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Self>;
+    /// A kept copy of `to_dtype(l, dtype)`'s result, when the backend holds one (a master weight's
+    /// low-precision copy that the optimizer keeps current: `cuda/shadow.rs`); `None`: cast.
+    fn kept_cast(&self, _l: &Layout, _dtype: DType) -> Option<Self> {
+        None
+    }
 
     /// An elementwise map of the viewed elements.
     fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self>;

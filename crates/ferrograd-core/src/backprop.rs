@@ -156,13 +156,19 @@ pub(crate) fn backward_with_hook(root: &Tensor, store: &mut GradStore, on_leaf: 
     if root.elem_count() != 1 {
         return Err(Error::Backward(format!("needs a scalar loss, got shape {:?}", root.dims())));
     }
-    backward_from(root, root.ones_like()?, store, on_leaf)
+    backward_from(root.clone(), root.ones_like()?, store, on_leaf)
 }
 
 /// Backpropagate `seed` (the gradient of some loss with respect to `root`, root's shape) into
 /// `store`: PyTorch's `root.backward(seed)`. `on_leaf` sees each leaf's gradient once it is final.
+///
+/// The walk owns `root` and lets go of each node once it is differentiated, so where nothing else
+/// holds the graph (the caller handed over its last handle on `root`, and kept no other tensor
+/// of the graph) each op's saved tensors are freed as the walk passes it, as PyTorch frees them
+/// without `retain_graph`: a training step's activations go while its gradients arrive, instead
+/// of all of them living until the backward ends (GPT-2 124M at 16 x 1024: 7.5 GB).
 pub(crate) fn backward_from(
-    root: &Tensor,
+    root: Tensor,
     seed: Tensor,
     store: &mut GradStore,
     mut on_leaf: Option<LeafHook>,
@@ -183,7 +189,9 @@ pub(crate) fn backward_from(
         return Err(Error::Backward("the loss does not depend on any variable that requires grad".into()));
     }
     let _guard = crate::backprop::no_grad();
-    let mut order = topo_order(root);
+    let mut order = topo_order(&root);
+    let root_id = root.id();
+    drop(root);
     // Creation order is a topological order too (an op's output is made after its inputs), and
     // walking it backwards differentiates each node as soon as the ops created after it are done:
     // a weight's transpose right after the matmul that used it, not after every earlier layer as
@@ -201,7 +209,7 @@ pub(crate) fn backward_from(
         }
     }
     let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
-    grads.insert(root.id(), seed.detach());
+    grads.insert(root_id, seed.detach());
     let mut finish_leaf = |leaf: &Tensor, g: Tensor, store: &mut GradStore| -> Result<()> {
         // A gradient takes its leaf's layout, as PyTorch's AccumulateGrad keeps a gradient in its
         // parameter's strides: a contiguous leaf handed a view (a transposed or broadcast

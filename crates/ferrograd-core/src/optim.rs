@@ -194,7 +194,7 @@ pub fn adam_step_counted(
     if let crate::Device::Cuda(o) = device {
         let dev = crate::cuda::CudaDevice::get(o)?;
         let grads = contiguous_grads(grads)?;
-        return crate::cuda::ops::optim::adam_counted(&dev, params, &grads, m, v, c, step, None);
+        return crate::cuda::ops::optim::adam_counted(&dev, params, &grads, m, v, c, step, None, None);
     }
     let n = step.to_vec::<f64>()?[0] + 1.0;
     step.set(&Tensor::full(n, step.shape().clone(), DType::F64, device)?)?;
@@ -205,6 +205,12 @@ pub fn adam_step_counted(
 /// the parameters' device; `c.lr` is ignored): a CUDA graph that captured the call applies the rate
 /// the host wrote into `lr` before each replay (a scheduled learning rate). The update equals
 /// `adam_step`'s with `c.lr = lr` (as f32), bit for bit.
+///
+/// `grad_scale` (one contiguous f32 element on the device, e.g. [`clip_factor_fused`]'s factor):
+/// the gradients are read times it, the same product a separate scaling would write, so clipping
+/// costs no pass over the gradients. On CUDA, parameters with a kept low-precision copy
+/// (`cuda::ShadowSet`) get the copy rewritten in the same kernel.
+#[allow(clippy::too_many_arguments)]
 pub fn adam_step_scheduled(
     params: &[Tensor],
     grads: &[Tensor],
@@ -213,17 +219,20 @@ pub fn adam_step_scheduled(
     c: &AdamConfig,
     step: &Tensor,
     lr: &Tensor,
+    grad_scale: Option<&Tensor>,
 ) -> Result<()> {
-    if lr.dtype() != DType::F32 || lr.elem_count() != 1 || !lr.is_contiguous() {
-        return Err(Error::InvalidArgument(format!(
-            "adam_step_scheduled: the learning rate must be one contiguous f32 element, got {:?} {}",
-            lr.dims(),
-            lr.dtype()
-        )));
-    }
     let device = params.first().map_or(step.device(), |p| p.device());
-    if lr.device() != device {
-        return Err(Error::DeviceMismatch { op: "adam_step_scheduled", lhs: device, rhs: lr.device() });
+    for (what, t) in std::iter::once(("learning rate", lr)).chain(grad_scale.map(|g| ("gradient scale", g))) {
+        if t.dtype() != DType::F32 || t.elem_count() != 1 || !t.is_contiguous() {
+            return Err(Error::InvalidArgument(format!(
+                "adam_step_scheduled: the {what} must be one contiguous f32 element, got {:?} {}",
+                t.dims(),
+                t.dtype()
+            )));
+        }
+        if t.device() != device {
+            return Err(Error::DeviceMismatch { op: "adam_step_scheduled", lhs: device, rhs: t.device() });
+        }
     }
     if let crate::Device::Cuda(o) = device {
         check("adam_step_scheduled", params, &[grads, m, v])?;
@@ -234,9 +243,18 @@ pub fn adam_step_scheduled(
         }
         let dev = crate::cuda::CudaDevice::get(o)?;
         let grads = contiguous_grads(grads)?;
-        return crate::cuda::ops::optim::adam_counted(&dev, params, &grads, m, v, c, step, Some(lr));
+        return crate::cuda::ops::optim::adam_counted(&dev, params, &grads, m, v, c, step, Some(lr), grad_scale);
     }
     let rate = lr.to_vec::<f32>()?[0] as f64;
+    let scaled;
+    let grads = match grad_scale {
+        Some(f) => {
+            let f = f.reshape(())?;
+            scaled = grads.iter().map(|g| g.mul(&f.broadcast_as(g.shape().clone())?)).collect::<Result<Vec<_>>>()?;
+            &scaled[..]
+        }
+        None => grads,
+    };
     adam_step_counted(params, grads, m, v, &AdamConfig { lr: rate, ..*c }, step)
 }
 
@@ -290,6 +308,20 @@ pub fn global_norm_fused(tensors: &[Tensor]) -> Result<Option<Tensor>> {
     let nf = crate::cuda::ops::optim::norm_and_clip_factor(&dev, tensors, 0.0)?;
     let nf = Tensor::from_storage(Storage::Cuda(nf), 2, None);
     Ok(Some(nf.narrow(0, 0, 1)?.squeeze(0)?))
+}
+
+/// The joint norm of `tensors` (0-d f32) and PyTorch's clip factor `min(1, max_norm / (norm +
+/// 1e-6))` (`[1]` f32), on the device, where every tensor is a contiguous f32 CUDA buffer of one
+/// device (`None` otherwise): [`clip_global_norm_fused`] for an optimizer that applies the factor
+/// as it reads the gradients ([`adam_step_scheduled`]'s `grad_scale`).
+pub fn clip_factor_fused(tensors: &[Tensor], max_norm: f64) -> Result<Option<(Tensor, Tensor)>> {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        return Err(Error::InvalidArgument(format!("clip_grad_norm: max_norm {max_norm} < 0")));
+    }
+    let Some(dev) = fused_domain(tensors)? else { return Ok(None) };
+    let nf = crate::cuda::ops::optim::norm_and_clip_factor(&dev, tensors, max_norm as f32)?;
+    let nf = Tensor::from_storage(Storage::Cuda(nf), 2, None);
+    Ok(Some((nf.narrow(0, 0, 1)?.squeeze(0)?, nf.narrow(0, 1, 1)?)))
 }
 
 /// PyTorch's `clip_grad_norm_` on the device in three fused launches (plus one per 40 tensors):

@@ -374,7 +374,7 @@ impl Tensor {
     /// `t.backward(grad)`.
     pub fn backward_with(&self, grad: &Tensor) -> Result<backprop::GradStore> {
         let mut store = backprop::GradStore::default();
-        backprop::backward_from(self, grad.clone(), &mut store, None)?;
+        backprop::backward_from(self.clone(), grad.clone(), &mut store, None)?;
         Ok(store)
     }
 
@@ -386,7 +386,20 @@ impl Tensor {
     /// Like `backward_with` (this tensor's gradient given), adding into an existing store: how a
     /// training step backpropagates the logits' gradient that the fused classifier formed.
     pub fn backward_into_with(&self, grad: &Tensor, store: &mut backprop::GradStore) -> Result<()> {
-        backprop::backward_from(self, grad.clone(), store, None)
+        backprop::backward_from(self.clone(), grad.clone(), store, None)
+    }
+
+    /// `backward_into_with` (with `on_leaf` as `backward_into_with_seed_hook` takes it) that takes
+    /// this tensor: when it was the caller's last handle on the graph, every op's saved tensors
+    /// are freed as the walk differentiates it (PyTorch's default, no `retain_graph`), so the
+    /// activations do not all outlive the backward. A training step's way to backpropagate.
+    pub fn backward_consume(
+        self,
+        grad: &Tensor,
+        store: &mut backprop::GradStore,
+        on_leaf: Option<backprop::LeafHook<'_>>,
+    ) -> Result<()> {
+        backprop::backward_from(self, grad.clone(), store, on_leaf)
     }
 
     /// Like `backward_into`, calling `on_leaf(leaf, grad)` as soon as each leaf variable's
@@ -409,7 +422,7 @@ impl Tensor {
         store: &mut backprop::GradStore,
         on_leaf: &mut dyn FnMut(&Tensor, &Tensor) -> Result<()>,
     ) -> Result<()> {
-        backprop::backward_from(self, grad.clone(), store, Some(on_leaf))
+        backprop::backward_from(self.clone(), grad.clone(), store, Some(on_leaf))
     }
 
     /// Overwrite this tensor's elements with `src`'s (same shape and dtype), keeping identity and

@@ -108,3 +108,30 @@ fn seeded_hook_reports_the_gradients_backward_into_with_stores() -> Result<()> {
     assert!(root.backward_into_with_seed_hook(&bad, &mut GradStore::default(), &mut |_, _| Ok(())).is_err());
     Ok(())
 }
+
+/// `backward_consume` (the walk takes the root) gives the same gradients, reported in the same
+/// order, as the borrowing walk.
+#[test]
+fn consuming_walk_gives_the_same_gradients() -> Result<()> {
+    let (w, loss) = chain(&mut Rng::new(41))?;
+    let seed = loss.ones_like()?;
+    let (mut kept, mut taken) = (GradStore::default(), GradStore::default());
+    let (mut order_kept, mut order_taken) = (vec![], vec![]);
+    loss.backward_into_with_seed_hook(&seed, &mut kept, &mut |leaf, _| {
+        order_kept.push(leaf.id());
+        Ok(())
+    })?;
+    loss.backward_consume(
+        &seed,
+        &mut taken,
+        Some(&mut |leaf, _| {
+            order_taken.push(leaf.id());
+            Ok(())
+        }),
+    )?;
+    assert_eq!(order_kept, order_taken);
+    for p in &w {
+        assert_eq!(kept.get(p).expect("kept").to_f64_vec()?, taken.get(p).expect("taken").to_f64_vec()?);
+    }
+    Ok(())
+}

@@ -5,7 +5,7 @@ mod common;
 
 use common::gpu_unpoisoned as gpu;
 use ferrograd_core::cuda::{memory_status, set_matmul_precision, CudaDevice, MatmulPrecision};
-use ferrograd_core::{DType, Device, Result, Rng, Tensor};
+use ferrograd_core::{DType, Device, GradStore, Result, Rng, Tensor};
 
 #[test]
 fn staged_round_trip_of_large_tensors() -> Result<()> {
@@ -113,5 +113,48 @@ fn tf32_is_opt_in() -> Result<()> {
     println!("f32 rel err {exact:e}, tf32 {tf32:e}");
     assert!(exact < 1e-6, "{exact}");
     assert!(tf32 < 1e-2, "{tf32}");
+    Ok(())
+}
+
+/// A walk that owns its root (`backward_consume`) frees each op's saved tensors as it passes it
+/// (PyTorch without `retain_graph`); one that borrows it (`backward_into_with`) holds the whole
+/// graph until the caller lets go. Measured at the last leaf's report: a chain of 8 products
+/// keeps about 8 activations in the second case and about none in the first.
+#[test]
+fn consuming_walk_frees_activations_as_it_goes() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let cd = CudaDevice::get(0)?;
+    let n = 1usize << 20; // 4 MiB a tensor
+    let mut rng = Rng::new(42);
+    let ws: Vec<Tensor> = (0..8)
+        .map(|_| {
+            Ok(Tensor::randn_with(&mut rng, 1.0, 0.01, n, DType::F32, Device::Cpu)?.to_device(dev)?.requires_grad())
+        })
+        .collect::<Result<_>>()?;
+    let x = Tensor::randn_with(&mut rng, 0.0, 1.0, n, DType::F32, Device::Cpu)?.to_device(dev)?;
+    let build = || -> Result<Tensor> { ws.iter().try_fold(x.clone(), |y, w| y.mul(w)) };
+    let seed = Tensor::ones(n, DType::F32, dev)?;
+    // Allocated bytes when the walk reports its last leaf (w[0], the first factor).
+    let at_last_leaf = |consume: bool| -> Result<(usize, Vec<f64>)> {
+        let root = build()?;
+        let mut store = GradStore::default();
+        let mut last = 0usize;
+        let mut hook = |_: &Tensor, _: &Tensor| -> Result<()> {
+            last = cd.memory_stats().allocated_bytes.current;
+            Ok(())
+        };
+        if consume {
+            root.backward_consume(&seed, &mut store, Some(&mut hook))?;
+        } else {
+            root.backward_into_with_seed_hook(&seed, &mut store, &mut hook)?;
+            drop(root);
+        }
+        Ok((last, store.get(&ws[0]).expect("dw0").to_f64_vec()?))
+    };
+    let (kept, g_kept) = at_last_leaf(false)?;
+    let (taken, g_taken) = at_last_leaf(true)?;
+    assert_eq!(g_kept, g_taken, "the same gradient either way");
+    let act = n * 4;
+    assert!(taken + 5 * act <= kept, "allocated at the last leaf: {taken} B consuming vs {kept} B borrowing");
     Ok(())
 }

@@ -493,3 +493,41 @@ fn cuda_mlp_matches_cpu() -> Result<()> {
     }
     Ok(())
 }
+
+/// `mlp_recompute`'s backward takes h = gelu(z) from the kernel that forms dz (one more store)
+/// when the first layer needs a gradient, and from the unary op otherwise: the same bits, so
+/// dW2 and db2 agree exactly between a block whose first layer trains and one whose does not.
+#[test]
+fn cuda_mlp_recompute_hidden_is_the_unary_gelu() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let mut rng = Rng::new(18);
+    for d in [DType::BF16, DType::F16, DType::F32] {
+        for (xs, h, n) in [(vec![24usize, 32], 64usize, 16usize), (vec![7, 13], 11, 5)] {
+            let k = *xs.last().unwrap();
+            let t = |rng: &mut Rng, dims: &[usize]| randn(rng, dims, d).to_device(dev);
+            let (x, w1, b1, w2, b2) = (
+                t(&mut rng, &xs)?,
+                t(&mut rng, &[h, k])?,
+                t(&mut rng, &[h])?,
+                t(&mut rng, &[n, h])?,
+                t(&mut rng, &[n])?,
+            );
+            let dy = t(&mut rng, &[xs[0], n])?;
+            let second = |first_trains: bool| -> Result<Vec<Vec<u64>>> {
+                let track = |t: &Tensor, on: bool| if on { t.requires_grad() } else { t.clone() };
+                let (xv, w1v, b1v) = (track(&x, first_trains), track(&w1, first_trains), track(&b1, first_trains));
+                let (w2v, b2v) = (w2.requires_grad(), b2.requires_grad());
+                let g = mlp_recompute(&xv, &w1v, Some(&b1v), &w2v, Some(&b2v))?.backward_with(&dy)?;
+                [&w2v, &b2v]
+                    .iter()
+                    .map(|v| {
+                        let g = g.get(v).expect("gradient").to_f64_vec()?;
+                        Ok(g.into_iter().map(f64::to_bits).collect())
+                    })
+                    .collect()
+            };
+            assert_eq!(second(true)?, second(false)?, "mlp_recompute {d} x{xs:?} {k}->{h}->{n}: dW2, db2");
+        }
+    }
+    Ok(())
+}

@@ -364,7 +364,7 @@ fn seeded_backward_averages_like_the_loss_backward_and_launches_during_the_walk(
                 let before = counting.calls.load(Ordering::SeqCst);
                 for m in 0..3 {
                     let (pred, seed, _) = batch(m);
-                    seeded.backward_seeded(&pred, &seed, &mut g_seeded, m == 2).unwrap();
+                    seeded.backward_seeded(pred.clone(), &seed, &mut g_seeded, m == 2).unwrap();
                     if m < 2 {
                         assert_eq!(
                             counting.calls.load(Ordering::SeqCst),
@@ -401,11 +401,11 @@ fn seeded_backward_averages_like_the_loss_backward_and_launches_during_the_walk(
                 let after: Vec<Vec<f64>> = params.iter().map(|(_, p)| p.to_f64_vec().unwrap()).collect();
                 assert_eq!(before, after);
                 let (pred, seed, _) = batch(0);
-                seeded.backward_seeded(&pred, &seed, &mut GradStore::default(), true).unwrap();
+                seeded.backward_seeded(pred.clone(), &seed, &mut GradStore::default(), true).unwrap();
                 // A seed of the wrong shape is an error, not a panic.
                 let bad = Tensor::zeros(3, DType::F32, CPU).unwrap();
                 seeded.step(&GradStore::default()).unwrap();
-                assert!(seeded.backward_seeded(&pred, &bad, &mut GradStore::default(), true).is_err());
+                assert!(seeded.backward_seeded(pred.clone(), &bad, &mut GradStore::default(), true).is_err());
             });
         }
     });

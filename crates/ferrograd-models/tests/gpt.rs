@@ -733,3 +733,41 @@ fn gpt_cuda_graph_replay_equals_eager_steps() -> Result<()> {
     }
     Ok(())
 }
+
+/// A bf16 run keeps bf16 copies of the projections' weights, written by AdamW (`cuda::ShadowSet`),
+/// and hands AdamW the clip factor instead of scaling the gradients: the same bits as casting at
+/// every forward. Graph replay and eager; the exact configuration of the test above (one token a
+/// micro-batch, head dim 8) so that every kernel is deterministic.
+#[test]
+fn gpt_cuda_weight_copies_train_bit_identically() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let dir = text_shards(300);
+    for graph in [true, false] {
+        let cfg = TrainConfig {
+            device: dev,
+            precision: Precision::Bf16,
+            total_batch: Some(2),
+            warmup: Some(3),
+            grad_clip: 0.05,
+            graph,
+            ..cpu_run(dir.path(), small_vocab_gpt2_tokens(), 5, 1, 1)
+        };
+        let steps = |copies: bool, out: &str| -> Result<(Values, Vec<f64>)> {
+            let mut run = Run::new(TrainConfig { out: dir.path().join(out), ..cfg.clone() })?;
+            run.set_weight_copies(copies)?;
+            assert_eq!(run.weight_copies() > 0, copies, "copies {copies}: {}", run.weight_copies());
+            let mut losses = vec![];
+            for _ in 0..5 {
+                losses.push(run.train_step()?.0.item_f64()?);
+            }
+            Ok((params_and_moments(&run), losses))
+        };
+        let (pa, la) = steps(true, "copies")?;
+        let (pb, lb) = steps(false, "casts")?;
+        assert_eq!(la, lb, "graph {graph}: losses");
+        for ((n, x), (_, y)) in pa.iter().zip(&pb) {
+            assert!(x == y, "graph {graph}: {n} differs");
+        }
+    }
+    Ok(())
+}

@@ -16,7 +16,7 @@ use std::sync::Arc;
 struct Averager(DataParallel);
 
 impl GradSync for Averager {
-    fn backward_seeded(&mut self, root: &Tensor, seed: &Tensor, grads: &mut GradStore, last: bool) -> Result<()> {
+    fn backward_seeded(&mut self, root: Tensor, seed: &Tensor, grads: &mut GradStore, last: bool) -> Result<()> {
         self.0.backward_seeded(root, seed, grads, last)
     }
 

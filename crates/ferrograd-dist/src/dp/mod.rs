@@ -429,11 +429,9 @@ impl DataParallel {
     /// `Optimizer::backward` for a walk seeded with a given gradient: `seed` is the gradient of
     /// the (already scaled) loss with respect to `root`, as a fused classifier forms it for the
     /// logits. On the last micro-step each bucket is averaged as soon as its gradients are final.
-    pub fn backward_seeded(&mut self, root: &Tensor, seed: &Tensor, grads: &mut GradStore, last: bool) -> Result<()> {
-        Ok(self.dp_walk(grads, last, |store, hook| match hook {
-            Some(h) => root.backward_into_with_seed_hook(seed, store, h),
-            None => root.backward_into_with(seed, store),
-        })?)
+    /// Takes `root` (see `Tensor::backward_consume`: the walk frees the graph as it goes).
+    pub fn backward_seeded(&mut self, root: Tensor, seed: &Tensor, grads: &mut GradStore, last: bool) -> Result<()> {
+        Ok(self.dp_walk(grads, last, |store, hook| root.backward_consume(seed, store, hook))?)
     }
 
     fn dp_step(&mut self, grads: &GradStore) -> DistResult<()> {

@@ -47,7 +47,8 @@ pub type TensorHook = Arc<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
 /// Nothing here reads a value back to the host, so a step of these calls can be captured where
 /// `graph_capturable` says the communicator allows it.
 pub trait GradSync {
-    fn backward_seeded(&mut self, root: &Tensor, seed: &Tensor, grads: &mut GradStore, last: bool) -> Result<()>;
+    /// Takes `root`, the step's last handle on the graph, so the walk frees it as it goes.
+    fn backward_seeded(&mut self, root: Tensor, seed: &Tensor, grads: &mut GradStore, last: bool) -> Result<()>;
     fn reduce_grads(&mut self, grads: &mut GradStore) -> Result<()>;
     /// Ends the step (ZeRO-1: all-gathers the parameters each rank updated).
     fn end_step(&mut self, grads: &GradStore) -> Result<()>;

@@ -49,6 +49,20 @@ impl Block {
         ]
     }
 
+    /// The four projections' weights and biases (what the fused linears read as master weights).
+    pub fn projection_tensors(&self) -> [&Tensor; 8] {
+        [
+            &self.c_attn_w,
+            &self.c_attn_b,
+            &self.attn_proj_w,
+            &self.attn_proj_b,
+            &self.c_fc_w,
+            &self.c_fc_b,
+            &self.mlp_proj_w,
+            &self.mlp_proj_b,
+        ]
+    }
+
     /// `(name under h.{i}, tensor)` in Hugging Face's state-dict order.
     fn named(&self) -> [(&'static str, &Tensor); 12] {
         [
@@ -338,7 +352,7 @@ impl Gpt {
     /// `dlogits` is the gradient of `grad_scale * loss` with respect to `logits` (over the padded
     /// vocabulary on a GPU, 0 in the padded columns), written over the logits themselves on CUDA
     /// (they are dead once the loss is known). Backpropagate with
-    /// `GradAccumulator::backward_seeded(&logits, &dlogits)`. The loss is cut from the graph.
+    /// `GradAccumulator::backward_seeded(logits, &dlogits)`. The loss is cut from the graph.
     pub fn loss_and_logits_grad(
         &self,
         ids: &Tensor,
@@ -354,6 +368,11 @@ impl Gpt {
         let opts = ClassifierOpts { classes: Some(vocab), ignore_index: None, grad_scale, in_place: true };
         let (loss, dlogits) = logits.classifier_loss_grad(&targets.reshape(b * t)?, opts)?;
         Ok((loss, logits, dlogits))
+    }
+
+    /// Every block's projection weights and biases, block by block.
+    pub fn projection_params(&self) -> Vec<Tensor> {
+        self.blocks.iter().flat_map(|b| b.projection_tensors().map(Tensor::clone)).collect()
     }
 
     /// For generation under a `dtype` autocast (bf16 or f16): the float block projections' weights

@@ -91,13 +91,24 @@ impl GptAdamW {
     /// One AdamW step of both groups reading the step counts and the learning rate from the
     /// device (see [`GptAdamW::prepare_device_step`]): what a CUDA graph captures. The host counts
     /// advance with [`GptAdamW::count_step`], once per step that ran.
-    pub fn step_device(&self, grads: &GradStore) -> Result<()> {
+    /// `grad_scale`: the clip factor on the device (`clip_grad_factor`), applied as the kernel reads
+    /// the gradients.
+    pub fn step_device(&self, grads: &GradStore, grad_scale: Option<&Tensor>) -> Result<()> {
         let d = self
             .device
             .as_ref()
             .ok_or_else(|| Error::InvalidArgument("step_device before prepare_device_step".into()))?;
-        self.decay.step_scheduled(grads, &d.steps[0], &d.lr)?;
-        self.no_decay.step_scheduled(grads, &d.steps[1], &d.lr)
+        self.decay.step_scheduled(grads, &d.steps[0], &d.lr, grad_scale)?;
+        self.no_decay.step_scheduled(grads, &d.steps[1], &d.lr, grad_scale)
+    }
+
+    /// The host-counted step ([`Optimizer::step`]) for a step body that hands its update a clip
+    /// factor: off CUDA it has none (`clip_grad_factor` scaled the gradients itself).
+    pub fn step_host(&mut self, grads: &GradStore, grad_scale: Option<&Tensor>) -> Result<()> {
+        if grad_scale.is_some() {
+            return Err(Error::InvalidArgument("the host-counted AdamW step takes no gradient factor".into()));
+        }
+        self.step(grads)
     }
 
     /// Advance the host step counts after a device step ran (a group with no parameters, which a

@@ -170,7 +170,7 @@ impl MambaLm {
 
     /// The training forward with the fused classifier, as `Gpt::loss_and_logits_grad`: `(mean
     /// loss, logits, dlogits)`, `dlogits` the gradient of `grad_scale * loss` (written over the
-    /// logits on CUDA); backpropagate with `GradAccumulator::backward_seeded(&logits, &dlogits)`.
+    /// logits on CUDA); backpropagate with `GradAccumulator::backward_seeded(logits, &dlogits)`.
     pub fn loss_and_logits_grad(
         &self,
         ids: &Tensor,

@@ -13,7 +13,7 @@ use crate::gpt::train::{device_name, precision_guard, Event, Precision, RunInfo,
 use ferrograd_core::cuda::{Capture, CudaDevice, Graph};
 use ferrograd_core::{Device, Error, GradStore, Result, Tensor};
 use ferrograd_nn::checkpoint::{self, TrainState};
-use ferrograd_nn::optim::{clip_grad_norm, grad_norm, GradAccumulator, LrSchedule, Optimizer};
+use ferrograd_nn::optim::{clip_grad_factor, grad_norm, GradAccumulator, LrSchedule, Optimizer};
 use ferrograd_nn::Module;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -124,19 +124,23 @@ fn step_body(
     clip: f64,
     precision: Precision,
     accum: &mut GradAccumulator,
-    update: impl FnOnce(&GradStore) -> Result<()>,
+    update: impl FnOnce(&GradStore, Option<&Tensor>) -> Result<()>,
 ) -> Result<(Tensor, Tensor)> {
     accum.zero_grad();
     let loss = {
         let _ac = precision_guard(precision)?;
         let (loss, logits, dlogits) = model.loss_and_logits_grad(&inputs.x[0], &inputs.y[0], 1.0)?;
-        accum.backward_seeded(&logits, &dlogits)?;
+        accum.backward_seeded(logits, &dlogits)?;
         loss
     };
     let params = model.parameters();
-    let norm =
-        if clip > 0.0 { clip_grad_norm(accum.grads_mut(), &params, clip)? } else { grad_norm(accum.grads(), &params)? };
-    update(accum.grads())?;
+    // On CUDA the clip factor is applied by the optimizer as it reads the gradients.
+    let (norm, factor) = if clip > 0.0 {
+        clip_grad_factor(accum.grads_mut(), &params, clip)?
+    } else {
+        (grad_norm(accum.grads(), &params)?, None)
+    };
+    update(accum.grads(), factor.as_ref())?;
     accum.zero_grad();
     Ok((loss, norm))
 }
@@ -214,7 +218,7 @@ impl MambaRun {
         let (clip, precision) = (cfg.grad_clip, cfg.precision);
         let out = match step_graph {
             Some(sg) => {
-                let mut run = || step_body(model, inputs, clip, precision, accum, |g| opt.step_device(g));
+                let mut run = || step_body(model, inputs, clip, precision, accum, |g, f| opt.step_device(g, f));
                 if sg.warmups < GRAPH_WARMUP {
                     sg.warmups += 1;
                     sg.capture.warmup(run)?
@@ -227,8 +231,8 @@ impl MambaRun {
                     out.clone()
                 }
             }
-            None if on_device => step_body(model, inputs, clip, precision, accum, |g| opt.step_device(g))?,
-            None => step_body(model, inputs, clip, precision, accum, |g| opt.step(g))?,
+            None if on_device => step_body(model, inputs, clip, precision, accum, |g, f| opt.step_device(g, f))?,
+            None => step_body(model, inputs, clip, precision, accum, |g, f| opt.step_host(g, f))?,
         };
         if on_device {
             self.opt.count_step();

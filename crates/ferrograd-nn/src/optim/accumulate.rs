@@ -35,9 +35,11 @@ impl GradAccumulator {
     }
 
     /// Add the gradients that `grad`, the gradient of the loss with respect to `root` (a fused
-    /// classifier's logits gradient, the loss's scale already in it), induces.
-    pub fn backward_seeded(&mut self, root: &Tensor, grad: &Tensor) -> Result<()> {
-        root.backward_into_with(grad, &mut self.store)?;
+    /// classifier's logits gradient, the loss's scale already in it), induces. Takes `root`:
+    /// handed the last handle on the graph, the walk frees each op's saved tensors as it passes
+    /// (`Tensor::backward_consume`).
+    pub fn backward_seeded(&mut self, root: Tensor, grad: &Tensor) -> Result<()> {
+        root.backward_consume(grad, &mut self.store, None)?;
         self.micro_steps += 1;
         Ok(())
     }

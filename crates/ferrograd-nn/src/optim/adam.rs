@@ -46,15 +46,22 @@ impl Adam {
     /// (one f64, incremented by the call) and `lr` (one f32, written by the caller), so that a
     /// CUDA graph replaying the call applies each step's own bias correction and rate. The host
     /// count is not touched: the caller advances it with [`Adam::count_step`] once per step that
-    /// ran (a captured call runs only when replayed).
-    pub fn step_scheduled(&self, grads: &GradStore, step: &Tensor, lr: &Tensor) -> Result<()> {
+    /// ran (a captured call runs only when replayed). `grad_scale`: a device factor the gradients
+    /// are read times (`clip_grad_factor`'s), instead of a pass that scales them.
+    pub fn step_scheduled(
+        &self,
+        grads: &GradStore,
+        step: &Tensor,
+        lr: &Tensor,
+        grad_scale: Option<&Tensor>,
+    ) -> Result<()> {
         let (idx, gs) = gather_grads(&self.params, grads)?;
         if idx.is_empty() {
             return Ok(());
         }
         let pick = |v: &[Tensor]| idx.iter().map(|&i| v[i].clone()).collect::<Vec<_>>();
         let ps: Vec<Tensor> = idx.iter().map(|&i| self.params[i].1.clone()).collect();
-        adam_step_scheduled(&ps, &gs, &pick(&self.m), &pick(&self.v), &self.config, step, lr)
+        adam_step_scheduled(&ps, &gs, &pick(&self.m), &pick(&self.v), &self.config, step, lr, grad_scale)
     }
 
     /// Advance the host step count by one (see [`Adam::step_scheduled`]).

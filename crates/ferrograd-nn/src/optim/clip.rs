@@ -53,3 +53,17 @@ pub fn clip_grad_norm(grads: &mut GradStore, params: &[Tensor], max_norm: f64) -
     }
     Ok(norm)
 }
+
+/// [`clip_grad_norm`] for an optimizer that takes a gradient factor (`Adam::step_scheduled`'s
+/// `grad_scale`): where the fused kernels apply (CUDA f32 gradients) the gradients are left as
+/// they are and the factor `min(1, max_norm / (norm + 1e-6))` is returned as a `[1]` f32 device
+/// tensor, saving a pass that writes every gradient; elsewhere the gradients are scaled as
+/// [`clip_grad_norm`] does and the factor is `None`. Returns the norm before clipping too.
+pub fn clip_grad_factor(grads: &mut GradStore, params: &[Tensor], max_norm: f64) -> Result<(Tensor, Option<Tensor>)> {
+    let _g = no_grad();
+    let gs: Vec<Tensor> = params.iter().filter_map(|p| grads.get(p)).cloned().collect();
+    if let Some((norm, factor)) = ferrograd_core::optim::clip_factor_fused(&gs, max_norm)? {
+        return Ok((norm, Some(factor)));
+    }
+    Ok((clip_grad_norm(grads, params, max_norm)?, None))
+}

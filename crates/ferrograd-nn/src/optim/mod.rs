@@ -11,7 +11,7 @@ mod sgd;
 
 pub use accumulate::GradAccumulator;
 pub use adam::{adamw, Adam};
-pub use clip::{clip_grad_norm, grad_norm};
+pub use clip::{clip_grad_factor, clip_grad_norm, grad_norm};
 pub use ferrograd_core::optim::{AdamConfig, SgdConfig};
 pub use schedule::LrSchedule;
 pub use sgd::Sgd;

@@ -48,6 +48,10 @@ impl BackendStorage for CudaStorage {
         cast::to_dtype(self, l, dtype)
     }
 
+    fn kept_cast(&self, l: &Layout, dtype: DType) -> Option<Self> {
+        crate::cuda::shadow::kept_cast(self, l, dtype)
+    }
+
     fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
         unary::unary(self, l, op)
     }

@@ -22,6 +22,10 @@ struct OptTable {
     s1: [u64; MAX],
     s2: [u64; MAX],
     n: [u64; MAX],
+    /// Adam: each parameter's kept low-precision copy (`cuda/shadow.rs`), or 0.
+    lo: [u64; MAX],
+    /// Bit k: `lo[k]` is f16 (else bf16).
+    lo_f16: u64,
     count: u32,
     pad: u32,
 }
@@ -36,11 +40,31 @@ fn ptr(t: &Tensor) -> Result<u64> {
     }
 }
 
+/// The kept low-precision copy of parameter `t`, if a `ShadowSet` holds one: the optimizer writes it
+/// with the parameter (only Adam's kernels read `lo`; every other table leaves it unread).
+fn shadow_of(t: &Tensor) -> Result<Option<(u64, bool)>> {
+    let crate::Device::Cuda(o) = t.device() else { return Ok(None) };
+    if t.dtype() != DType::F32 || !t.is_contiguous() {
+        return Ok(None);
+    }
+    Ok(crate::cuda::shadow::copy_ptr(o, ptr(t)?, t.elem_count()))
+}
+
 /// Fill tables of up to 40 tensors and hand each to `run` with its largest tensor size.
 fn batches(ts: [&[Tensor]; 4], mut run: impl FnMut(OptTable, usize) -> Result<()>) -> Result<()> {
     let n = ts[0].len();
     for start in (0..n).step_by(MAX) {
-        let mut t = OptTable { p: [0; MAX], g: [0; MAX], s1: [0; MAX], s2: [0; MAX], n: [0; MAX], count: 0, pad: 0 };
+        let mut t = OptTable {
+            p: [0; MAX],
+            g: [0; MAX],
+            s1: [0; MAX],
+            s2: [0; MAX],
+            n: [0; MAX],
+            lo: [0; MAX],
+            lo_f16: 0,
+            count: 0,
+            pad: 0,
+        };
         let mut widest = 0;
         for (k, i) in (start..n.min(start + MAX)).enumerate() {
             t.p[k] = ptr(&ts[0][i])?;
@@ -48,6 +72,10 @@ fn batches(ts: [&[Tensor]; 4], mut run: impl FnMut(OptTable, usize) -> Result<()
             t.s1[k] = if ts[2].is_empty() { 0 } else { ptr(&ts[2][i])? };
             t.s2[k] = if ts[3].is_empty() { 0 } else { ptr(&ts[3][i])? };
             t.n[k] = ts[0][i].elem_count() as u64;
+            if let Some((lo, f16)) = shadow_of(&ts[0][i])? {
+                t.lo[k] = lo;
+                t.lo_f16 |= (f16 as u64) << k;
+            }
             widest = widest.max(ts[0][i].elem_count());
             t.count += 1;
         }
@@ -88,15 +116,22 @@ pub(crate) fn adam_counted(
     c: &AdamConfig,
     step: &Tensor,
     lr: Option<&Tensor>,
+    grad_scale: Option<&Tensor>,
 ) -> Result<()> {
     let bc = CudaStorage::uninit(dev, 2, DType::F32)?;
     launch!(dev, modules::OPTIM, "adam_bias_correction", cfg_1d(dev, 1); ptr(step)?, bc.buf.ptr(), c.beta1, c.beta2);
     let lr_ptr = lr.map(ptr).transpose()?;
+    // The graph-replayable kernel takes the clip factor; the others have no caller that clips.
+    let scale_ptr = grad_scale.map(ptr).transpose()?.unwrap_or(0);
+    if lr_ptr.is_none() && scale_ptr != 0 {
+        return Err(Error::InvalidArgument("adam: a gradient scale needs the learning rate on the device".into()));
+    }
     batches([params, grads, m, v], |t, widest| {
         let (b1, b2, omb1, omb2) = (c.beta1 as f32, c.beta2 as f32, (1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32);
         match lr_ptr {
             Some(lp) => launch!(dev, modules::OPTIM, "adam_f32_devlr", cfg_1d(dev, widest);
-                t, lp, b1, b2, omb1, omb2, c.eps as f32, c.weight_decay as f32, bc.buf.ptr(), c.decoupled as i32),
+                t, lp, b1, b2, omb1, omb2, c.eps as f32, c.weight_decay as f32, bc.buf.ptr(), c.decoupled as i32,
+                scale_ptr),
             None => launch!(dev, modules::OPTIM, "adam_f32_dev", cfg_1d(dev, widest);
                 t, c.lr as f32, b1, b2, omb1, omb2, c.eps as f32, c.weight_decay as f32, bc.buf.ptr(),
                 c.decoupled as i32),
@@ -115,6 +150,12 @@ pub(crate) fn sgd(
 ) -> Result<()> {
     let bufs = if c.momentum != 0.0 { bufs } else { &[] };
     batches([params, grads, bufs, &[]], |t, widest| {
+        if t.lo[..t.count as usize].iter().any(|&lo| lo != 0) {
+            // Its kernel would leave the copy stale (only Adam's write it).
+            return Err(Error::InvalidArgument(
+                "sgd: a parameter has a kept low-precision copy (a ShadowSet), which only Adam updates".into(),
+            ));
+        }
         launch!(dev, modules::OPTIM, "sgd_f32", cfg_1d(dev, widest);
             t, c.lr as f32, c.momentum as f32, c.dampening as f32, c.weight_decay as f32, c.nesterov as i32,
             first as i32);

@@ -139,12 +139,19 @@ pub(super) fn forward(
 /// `[dz]` or `[dz, db]`: `dz = dy * act'(s)` in one kernel (`s`: the pre-activation for GELU,
 /// the output for ReLU); with `db` (its dtype: dy's, or f32 for master weights) the same kernel
 /// leaves per-row-block column sums (in f32, or f64) that a second, small kernel adds into `db`.
+///
+/// `emit_h` (GELU only): a last output `h = gelu_tanh(z)` (dy's shape, z's rounding to dy's
+/// dtype), written by the same kernel: the hidden activation `mlp_recompute` did not keep.
 pub(super) fn act_backward(
     dy: (&CudaStorage, &Layout),
     s: (&CudaStorage, &Layout),
     act: Activation,
     db: Option<DType>,
+    emit_h: bool,
 ) -> Result<FusedOutputs<CudaStorage>> {
+    if emit_h && act != Activation::GeluTanh {
+        return Err(crate::Error::InvalidArgument(format!("linear: no hidden activation to emit for {act:?}")));
+    }
     let name = match act {
         Activation::GeluTanh => "dgelu",
         Activation::Relu => "drelu",
@@ -163,11 +170,17 @@ pub(super) fn act_backward(
     let dev = dy.0.dev();
     let dz = CudaStorage::uninit(dev, rows * cols, dtype)?;
     let mut out = vec![(dz, dy.1.shape().clone())];
+    let h = if emit_h { Some(CudaStorage::uninit(dev, rows * cols, dtype)?) } else { None };
+    let h_ptr = h.as_ref().map_or(0u64, |h| h.buf.ptr());
+    let with_h = |mut out: FusedOutputs<CudaStorage>| {
+        out.extend(h.map(|h| (h, dy.1.shape().clone())));
+        out
+    };
     if rows * cols == 0 {
         if let Some(d) = db_dtype {
             out.push((CudaStorage::full(dev, 0.0, cols, d)?, Shape::from(cols)));
         }
-        return Ok(out);
+        return Ok(with_h(out));
     }
     // dy must be contiguous rows; s may have padded rows (the aux buffer) but unit column stride.
     let dy_own = if dy.1.is_contiguous() { None } else { Some(dy.0.copy_strided(dy.1)?) };
@@ -182,9 +195,14 @@ pub(super) fn act_backward(
     let dz_ptr = out[0].0.buf.ptr();
     let per_pack = 16 / dtype.size_in_bytes();
     let Some(db_dtype) = db_dtype else {
-        launch!(dev, MODULE, format!("linear_{name}_{dtype}"), cfg_1d(dev, (rows * cols).div_ceil(per_pack));
-            dy_ptr, s_ptr, dz_ptr, rows as u64, cols as u64, lds as u64);
-        return Ok(out);
+        let cfg = cfg_1d(dev, (rows * cols).div_ceil(per_pack));
+        match act {
+            Activation::GeluTanh => launch!(dev, MODULE, format!("linear_dgelu_{dtype}"), cfg;
+                dy_ptr, s_ptr, dz_ptr, h_ptr, rows as u64, cols as u64, lds as u64),
+            _ => launch!(dev, MODULE, format!("linear_{name}_{dtype}"), cfg;
+                dy_ptr, s_ptr, dz_ptr, rows as u64, cols as u64, lds as u64),
+        }
+        return Ok(with_h(out));
     };
     // Columns across threads (16-byte packs where everything lines up), rows split across
     // grid.y so the chip fills: each block leaves one row of partial sums.
@@ -194,8 +212,13 @@ pub(super) fn act_backward(
     let units = if vec { cols / per_pack } else { cols };
     let (cfg, rps, splits) = cfg_col_sums(dev, rows, units);
     let part = CudaStorage::uninit(dev, splits * cols, acc)?;
-    launch!(dev, MODULE, format!("linear_{name}_db_{dtype}"), cfg;
-        dy_ptr, s_ptr, dz_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64, vec as i32);
+    match act {
+        Activation::GeluTanh => launch!(dev, MODULE, format!("linear_dgelu_db_{dtype}"), cfg;
+            dy_ptr, s_ptr, dz_ptr, h_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64,
+            vec as i32),
+        _ => launch!(dev, MODULE, format!("linear_{name}_db_{dtype}"), cfg;
+            dy_ptr, s_ptr, dz_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64, vec as i32),
+    }
     let db = CudaStorage::uninit(dev, cols, db_dtype)?;
     // 32 columns x 32 lanes over the splits a block (col_sums.cuh): a thread per column adding
     // all of them in turn was latency-bound (~90 of the 173 µs of dz + db at 16384 x 3072 on an H200).
@@ -207,7 +230,7 @@ pub(super) fn act_backward(
     launch!(dev, MODULE, format!("linear_colsum_{}", if db_dtype == dtype { dtype } else { acc }), sums;
         part.buf.ptr(), db.buf.ptr(), splits as u64, cols as u64);
     out.push((db, Shape::from(cols)));
-    Ok(out)
+    Ok(with_h(out))
 }
 
 /// dx, dw (with db through BGRADB / BGRADA when both are wanted), db; dw and db in `wg.dtype`, dw

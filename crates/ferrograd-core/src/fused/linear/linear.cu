@@ -8,6 +8,9 @@
 // dimension is padded to a multiple of 8). linear_d{gelu,relu}_*: when lds == cols and the three
 // pointers are 16-byte aligned, every thread moves 16-byte packs; otherwise one element at a time.
 // linear_d{gelu,relu}_db_* also sum the columns of dz (the bias gradient, below).
+// linear_dgelu*: `h` (nullable, contiguous like dz) also receives gelu_tanh(z) rounded to T, the
+// hidden activation that `mlp_recompute`'s backward needs and did not keep: the same bits as the
+// unary op (`Tensor::gelu_tanh`) would give, for one more store instead of a pass.
 
 #include "acc_math.cuh"
 #include "col_sums.cuh"
@@ -25,17 +28,25 @@ struct LinPair {
   P a, b;
 };
 
+template <typename T>
+static __device__ __forceinline__ T lin_gelu(T s) {
+  typedef typename FgAcc<T>::type A;
+  return fg_from_acc<T>(fg_gelu_tanh<A>(fg_to_acc(s)));
+}
+
 template <typename T, bool GELU>
-static __device__ __forceinline__ void lin_dact_rows(const T* dy, const T* s, T* dz, fg_u64 rows, fg_u64 cols,
+static __device__ __forceinline__ void lin_dact_rows(const T* dy, const T* s, T* dz, T* h, fg_u64 rows, fg_u64 cols,
                                                       fg_u64 lds) {
   const fg_u64 n = rows * cols;
   constexpr int V = 16 / sizeof(T);
-  if (lds == cols && fg_aligned(dy, 16) && fg_aligned(s, 16) && fg_aligned(dz, 16)) {
+  if (lds == cols && fg_aligned(dy, 16) && fg_aligned(s, 16) && fg_aligned(dz, 16) &&
+      (h == nullptr || fg_aligned(h, 16))) {
     typedef FgPack<T, V> P;
     const fg_u64 packs = n / V;
     const P* dyp = reinterpret_cast<const P*>(dy);
     const P* sp = reinterpret_cast<const P*>(s);
     P* dzp = reinterpret_cast<P*>(dz);
+    P* hp = reinterpret_cast<P*>(h);
     fg_unrolled(
         packs, [&](fg_u64 i) { return LinPair<P>{dyp[i], sp[i]}; },
         [&](fg_u64 i, const LinPair<P>& v) {
@@ -43,14 +54,23 @@ static __device__ __forceinline__ void lin_dact_rows(const T* dy, const T* s, T*
 #pragma unroll
           for (int j = 0; j < V; ++j) out.v[j] = lin_dact<T, GELU>(v.a.v[j], v.b.v[j]);
           dzp[i] = out;
+          if (GELU && h != nullptr) {
+#pragma unroll
+            for (int j = 0; j < V; ++j) out.v[j] = lin_gelu<T>(v.b.v[j]);
+            hp[i] = out;
+          }
         });
-    for (fg_u64 i = packs * V + fg_tid(); i < n; i += fg_nthreads()) dz[i] = lin_dact<T, GELU>(dy[i], s[i]);
+    for (fg_u64 i = packs * V + fg_tid(); i < n; i += fg_nthreads()) {
+      dz[i] = lin_dact<T, GELU>(dy[i], s[i]);
+      if (GELU && h != nullptr) h[i] = lin_gelu<T>(s[i]);
+    }
     return;
   }
   FG_GRID_STRIDE(i, n) {
     fg_u64 r, c;
     fg_divmod(i, cols, r, c);
     dz[i] = lin_dact<T, GELU>(dy[i], s[r * lds + c]);
+    if (GELU && h != nullptr) h[i] = lin_gelu<T>(s[r * lds + c]);
   }
 }
 
@@ -62,7 +82,8 @@ static __device__ __forceinline__ void lin_dact_rows(const T* dy, const T* s, T*
 // lds are multiples of V and the pointers 16-byte aligned, else 1.
 template <typename T, bool GELU, int V>
 static __device__ __forceinline__ void lin_dact_db_v(const T* __restrict__ dy, const T* __restrict__ s,
-                                                     T* __restrict__ dz, typename FgAcc<T>::type* __restrict__ part,
+                                                     T* __restrict__ dz, T* __restrict__ h,
+                                                     typename FgAcc<T>::type* __restrict__ part,
                                                      fg_u64 rows, fg_u64 cols, fg_u64 lds, fg_u64 rps) {
   typedef typename FgAcc<T>::type A;
   typedef FgPack<T, V> P;
@@ -84,33 +105,39 @@ static __device__ __forceinline__ void lin_dact_db_v(const T* __restrict__ dy, c
       acc[j] += fg_to_acc(out.v[j]);
     }
     *reinterpret_cast<P*>(dz + r * cols + c0) = out;
+    if (GELU && h != nullptr) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) out.v[j] = lin_gelu<T>(x.v[j]);
+      *reinterpret_cast<P*>(h + r * cols + c0) = out;
+    }
   }
 #pragma unroll
   for (int j = 0; j < V; ++j) part[(fg_u64)blockIdx.y * cols + c0 + j] = acc[j];
 }
 
 template <typename T, bool GELU>
-static __device__ __forceinline__ void lin_dact_db(const T* dy, const T* s, T* dz, typename FgAcc<T>::type* part,
-                                                   fg_u64 rows, fg_u64 cols, fg_u64 lds, fg_u64 rps, int vec) {
+static __device__ __forceinline__ void lin_dact_db(const T* dy, const T* s, T* dz, T* h,
+                                                   typename FgAcc<T>::type* part, fg_u64 rows, fg_u64 cols,
+                                                   fg_u64 lds, fg_u64 rps, int vec) {
   constexpr int V = 16 / sizeof(T);
-  if (vec) lin_dact_db_v<T, GELU, V>(dy, s, dz, part, rows, cols, lds, rps);
-  else lin_dact_db_v<T, GELU, 1>(dy, s, dz, part, rows, cols, lds, rps);
+  if (vec) lin_dact_db_v<T, GELU, V>(dy, s, dz, h, part, rows, cols, lds, rps);
+  else lin_dact_db_v<T, GELU, 1>(dy, s, dz, h, part, rows, cols, lds, rps);
 }
 
 #define FG_LINEAR_DACT(T, SUF)                                                                                 \
-  FG_KERNEL linear_dgelu_##SUF(const T* dy, const T* z, T* dz, fg_u64 rows, fg_u64 cols, fg_u64 ldz) {         \
-    lin_dact_rows<T, true>(dy, z, dz, rows, cols, ldz);                                                        \
+  FG_KERNEL linear_dgelu_##SUF(const T* dy, const T* z, T* dz, T* h, fg_u64 rows, fg_u64 cols, fg_u64 ldz) {   \
+    lin_dact_rows<T, true>(dy, z, dz, h, rows, cols, ldz);                                                     \
   }                                                                                                            \
   FG_KERNEL linear_drelu_##SUF(const T* dy, const T* y, T* dz, fg_u64 rows, fg_u64 cols, fg_u64 ldy) {         \
-    lin_dact_rows<T, false>(dy, y, dz, rows, cols, ldy);                                                       \
+    lin_dact_rows<T, false>(dy, y, dz, nullptr, rows, cols, ldy);                                              \
   }                                                                                                            \
-  FG_KERNEL linear_dgelu_db_##SUF(const T* dy, const T* z, T* dz, FgAcc<T>::type* part, fg_u64 rows,           \
+  FG_KERNEL linear_dgelu_db_##SUF(const T* dy, const T* z, T* dz, T* h, FgAcc<T>::type* part, fg_u64 rows,     \
                                   fg_u64 cols, fg_u64 ldz, fg_u64 rps, int vec) {                              \
-    lin_dact_db<T, true>(dy, z, dz, part, rows, cols, ldz, rps, vec);                                          \
+    lin_dact_db<T, true>(dy, z, dz, h, part, rows, cols, ldz, rps, vec);                                       \
   }                                                                                                            \
   FG_KERNEL linear_drelu_db_##SUF(const T* dy, const T* y, T* dz, FgAcc<T>::type* part, fg_u64 rows,           \
                                   fg_u64 cols, fg_u64 ldy, fg_u64 rps, int vec) {                              \
-    lin_dact_db<T, false>(dy, y, dz, part, rows, cols, ldy, rps, vec);                                         \
+    lin_dact_db<T, false>(dy, y, dz, nullptr, part, rows, cols, ldy, rps, vec);                                \
   }                                                                                                            \
   FG_KERNEL linear_colsum_##SUF(const FgAcc<T>::type* part, T* db, fg_u64 splits, fg_u64 cols) {               \
     fg_col_sums<T>(part, db, splits, cols);                                                                     \

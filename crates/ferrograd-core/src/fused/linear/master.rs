@@ -65,7 +65,11 @@ pub(super) fn lower<S: BackendStorage>(s: &S, l: &Layout, dtype: DType) -> Resul
     };
     let stored: Vec<usize> = perm.iter().map(|&i| l.dims()[i]).collect();
     let dense = Layout::contiguous_with_offset(stored.clone(), l.offset());
-    let cast = s.to_dtype(&dense, dtype)?;
+    // A master weight with a kept copy (`cuda::ShadowSet`, updated by the optimizer) is not cast.
+    let cast = match s.kept_cast(&dense, dtype) {
+        Some(kept) => kept,
+        None => s.to_dtype(&dense, dtype)?,
+    };
     // Dim perm[i] of the weight is dim i of the dense copy.
     let mut strides = vec![0; perm.len()];
     for (i, &p) in perm.iter().enumerate() {

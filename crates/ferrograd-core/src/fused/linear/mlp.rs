@@ -20,6 +20,7 @@ use crate::cpu::CpuStorage;
 use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
 use crate::cuda::CudaStorage;
 use crate::fused::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
+use crate::op::UnaryOp;
 use crate::{DType, Error, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 
@@ -173,13 +174,26 @@ impl FusedOp for MlpOp {
         };
         let tracks = |t: Option<&Tensor>| t.is_some_and(|t| t.tracks_grad());
         let (wg1, wg2) = (WGrad::of(w1), WGrad::of(w2));
-        // Second layer: dW2 and db2 in one matmul (BGRADB).
         let second = Need { dx: false, dw: w2.tracks_grad(), db: tracks(b2) };
+        let first = Need { dx: x.tracks_grad(), dw: w1.tracks_grad(), db: tracks(b1) };
+        // First layer's dz and db1 from dy W2 (see `HiddenGrad`). Without a kept h, the same kernel
+        // writes h = gelu(z) for dW2 below: one more store instead of an elementwise pass.
+        let emit_h = !self.keep_h && (second.dw || second.db);
+        let (mut dz, mut db1, mut h_new) = (None, None, None);
+        if first.dx || first.dw || first.db {
+            let hg = HiddenGrad { with_db: first.db, db_dtype: wg1.dtype, emit_h };
+            let mut o = apply_all(&hg, &[dy, &w2l, &z])?.into_iter();
+            dz = Some(o.next().ok_or_else(|| Error::Backward("mlp: no hidden gradient".into()))?);
+            db1 = if first.db { o.next() } else { None };
+            h_new = if emit_h { o.next() } else { None };
+        }
+        // Second layer: dW2 and db2 in one matmul (BGRADB).
         let mut outs2 = if second.dw || second.db {
-            // h, kept or recomputed only here, where it is read.
-            let h = match self.keep_h {
-                true => ctx.saved.first().ok_or_else(missing)?.clone(),
-                false => z.gelu_tanh()?,
+            // h: kept, written beside dz, or (no first-layer gradient) recomputed here.
+            let h = match (self.keep_h, h_new) {
+                (true, _) => ctx.saved.first().ok_or_else(missing)?.clone(),
+                (false, Some(h)) => h,
+                (false, None) => z.gelu_tanh()?,
             };
             apply_all(&Grads { need: second, wg: wg2 }, &[dy, &h, &w2l])?
         } else {
@@ -188,20 +202,13 @@ impl FusedOp for MlpOp {
         .into_iter();
         let (dw2, db2) = (second.dw.then(|| outs2.next()).flatten(), second.db.then(|| outs2.next()).flatten());
         let dw2 = dw2.map(|d| wg2.as_weight(d)).transpose()?;
-        // First layer: dz and db1 from dy W2 (see `HiddenGrad`), then dW1 and dx.
-        let first = Need { dx: x.tracks_grad(), dw: w1.tracks_grad(), db: tracks(b1) };
-        let (mut dx, mut dw1, mut db1) = (None, None, None);
-        if first.dx || first.dw || first.db {
-            let hg = HiddenGrad { with_db: first.db, db_dtype: wg1.dtype };
-            let mut o = apply_all(&hg, &[dy, &w2l, &z])?.into_iter();
-            let dz = o.next().ok_or_else(|| Error::Backward("mlp: no hidden gradient".into()))?;
-            db1 = o.next();
-            let mm = Need { db: false, ..first };
-            if mm.dx || mm.dw {
-                let mut o = apply_all(&Grads { need: mm, wg: wg1 }, &[&dz, x, &w1l])?.into_iter();
-                dx = mm.dx.then(|| o.next()).flatten();
-                dw1 = mm.dw.then(|| o.next()).flatten().map(|d| wg1.as_weight(d)).transpose()?;
-            }
+        // First layer: dW1 and dx.
+        let (mut dx, mut dw1) = (None, None);
+        let mm = Need { db: false, ..first };
+        if let (Some(dz), true) = (&dz, mm.dx || mm.dw) {
+            let mut o = apply_all(&Grads { need: mm, wg: wg1 }, &[dz, x, &w1l])?.into_iter();
+            dx = mm.dx.then(|| o.next()).flatten();
+            dw1 = mm.dw.then(|| o.next()).flatten().map(|d| wg1.as_weight(d)).transpose()?;
         }
         let mut grads = vec![dx, dw1];
         if self.has_b1 {
@@ -216,11 +223,24 @@ impl FusedOp for MlpOp {
 }
 
 /// The first layer's pre-activation gradient `dz = (dy W2) * gelu'(z)` and, `with_db`, its column
-/// sums `db1` (in `db_dtype`: dy's, or f32 for master weights): inputs `[dy, w2, z]` (w2 in dy's
-/// dtype, z viewable as `[rows, hidden]`), outputs `[dz]` or `[dz, db1]`.
+/// sums `db1` (in `db_dtype`: dy's, or f32 for master weights), and, `emit_h`, the hidden
+/// activation `h = gelu_tanh(z)`: inputs `[dy, w2, z]` (w2 in dy's dtype, z viewable as `[rows,
+/// hidden]`), outputs `[dz]`, then `db1`, then `h` where asked.
 struct HiddenGrad {
     with_db: bool,
     db_dtype: DType,
+    emit_h: bool,
+}
+
+impl HiddenGrad {
+    /// `out` with `h = gelu_tanh(z)` appended when `emit_h` (the paths whose kernel does not write
+    /// it: the CPU, cuBLASLt's epilogue).
+    fn with_h<S: BackendStorage>(&self, mut out: FusedOutputs<S>, z: (&S, &Layout)) -> Result<FusedOutputs<S>> {
+        if self.emit_h {
+            out.push((z.0.unary(z.1, UnaryOp::GeluTanh)?, z.1.shape().clone()));
+        }
+        Ok(out)
+    }
 }
 
 /// The composition: `dh = dy W2` (z stands in for the hidden activation: only its shape is read),
@@ -250,12 +270,15 @@ impl FusedOp for HiddenGrad {
 
     fn cpu_fwd(&self, inputs: &[(&CpuStorage, &Layout)]) -> Result<FusedOutputs<CpuStorage>> {
         let db = self.with_db.then_some(self.db_dtype);
-        hidden_grad_ref(inputs, true, |dh, z| cpu::act_backward(dh, z, Activation::GeluTanh, db, true))
+        let out = hidden_grad_ref(inputs, true, |dh, z| cpu::act_backward(dh, z, Activation::GeluTanh, db, true))?;
+        self.with_h(out, inputs[2])
     }
 
     fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
         let (with_db, db) = (self.with_db, self.with_db.then_some(self.db_dtype));
-        let fallback = || hidden_grad_ref(inputs, false, |dh, z| cuda::act_backward(dh, z, Activation::GeluTanh, db));
+        let emit = self.emit_h;
+        let fallback =
+            || hidden_grad_ref(inputs, false, |dh, z| cuda::act_backward(dh, z, Activation::GeluTanh, db, emit));
         let (dy, w2, z) = (inputs[0], inputs[1], inputs[2]);
         let dtype = dy.0.dtype();
         // dz has z's rows and w2's columns.
@@ -298,6 +321,6 @@ impl FusedOp for HiddenGrad {
         if let Some(db) = db {
             out.push((db, Shape::from(hidden)));
         }
-        Ok(out)
+        self.with_h(out, z)
     }
 }

@@ -287,7 +287,7 @@ impl FusedOp for ActBackward {
     }
 
     fn cuda_fwd(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<FusedOutputs<CudaStorage>> {
-        cuda::act_backward(inputs[0], inputs[1], self.act, self.with_db.then_some(self.db_dtype))
+        cuda::act_backward(inputs[0], inputs[1], self.act, self.with_db.then_some(self.db_dtype), false)
     }
 }
 
