@@ -114,7 +114,8 @@ pub struct Gpt {
     /// How the blocks' projections run: float (default), QAT or int8 (`quant.rs`).
     pub linears: Linears,
     /// The MLPs' backward recomputes their hidden activation instead of keeping it from the
-    /// forward (`ops::mlp`): less memory for one elementwise pass a block (`--recompute-gelu`).
+    /// forward (`ops::mlp`): less memory for one more store a block (`gpt train`'s default;
+    /// `--keep-gelu` keeps it).
     pub recompute_gelu: bool,
     /// The causal mask of the last training length, kept so that a step does not rebuild it; only
     /// the fallback of `ops::attention` (a head dim the CUDA kernels lack) reads it.

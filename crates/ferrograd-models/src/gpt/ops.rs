@@ -10,7 +10,7 @@
 //! | [`residual_norm`] | `add_layer_norm`: the residual add and the next layer norm, one kernel   |
 //! | [`gemm_norm`]     | [`residual_norm`] for a norm that feeds a GEMM: its output in the GEMM's dtype |
 //! | [`layer_norm`]    | `Tensor::layer_norm` (the first block's, which has no residual to add)   |
-//! | [`lm_logits`]     | `x wte^T` over the padded vocabulary, real columns viewed                |
+//! | [`lm_logits`]     | `x wte^T` over the padded vocabulary (on CUDA the fused linear, `wte` a master weight), real columns viewed |
 //! | [`lm_loss`]       | `cross_entropy_acc` on the bf16 logits (the training step uses the fused classifier, `train.rs`) |
 //!
 //! Weights are in Hugging Face's Conv1D layout, `[in, out]` (`y = x W + b`); a fused linear that
@@ -210,6 +210,14 @@ pub fn lm_logits_padded(x: &Tensor, wte: &Tensor, vocab: usize) -> Result<Tensor
     let x2 = x.reshape((rows, c))?;
     let w = if x.device().is_cpu() { wte.narrow(0, 0, vocab)? } else { wte.clone() };
     let logits = match matmul_dtype(x) {
+        // On a GPU the f32 table goes to the fused linear as a master weight (`[out, in]` is its
+        // own layout): its bf16 copy read (the run's kept copy, `cuda::ShadowSet`, else one cast)
+        // and its gradient written in f32 by the GEMM. Through autocast's matmul it was a cast of
+        // 38.6M elements forward and a strided cast of a bf16 gradient backward (0.3 ms of an H200
+        // step), and a gradient rounded to bf16.
+        Some(low) if !x.device().is_cpu() && w.dtype() == DType::F32 => {
+            fused::linear(&x2.to_dtype(low)?, &w, None, Activation::None)?
+        }
         Some(low) => x2.to_dtype(low)?.matmul(&w.to_dtype(low)?.t()?)?,
         None => x2.matmul(&w.t()?)?,
     };

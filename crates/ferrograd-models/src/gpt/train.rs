@@ -418,9 +418,8 @@ impl Run {
     }
 
     /// Under a bf16 autocast on CUDA, bf16 copies of the block projections' f32 weights and biases
-    /// that AdamW rewrites as it updates them (`cuda::ShadowSet`), so the forward reads them instead
-    /// of casting 96 tensors a step (GPT-2 124M: 1.25 ms of an H200's 33 ms step). The same bits
-    /// as the casts. Not with ZeRO-1 (a rank's AdamW writes only its shard of each weight; the
+    /// and of the tied embedding that AdamW rewrites as it updates them (`cuda::ShadowSet`), so the
+    /// forward reads them instead of casting 97 tensors a step. The same bits as the casts. Not with ZeRO-1 (a rank's AdamW writes only its shard of each weight; the
     /// all-gather writes the rest) or quantized projections; `FERROGRAD_SHADOWS=0` turns it off.
     fn shadow_set(&self) -> Result<Option<ShadowSet>> {
         let off = std::env::var("FERROGRAD_SHADOWS").is_ok_and(|v| v.trim() == "0");
@@ -429,7 +428,10 @@ impl Run {
         {
             return Ok(None);
         }
-        Ok(Some(ShadowSet::new(&self.model.projection_params(), DType::BF16)?))
+        // The tied embedding too: the classifier reads it as a master weight (`ops::lm_logits_padded`).
+        let mut masters = self.model.projection_params();
+        masters.push(self.model.wte.clone());
+        Ok(Some(ShadowSet::new(&masters, DType::BF16)?))
     }
 
     /// How many master weights have a kept bf16 copy (0: the forward casts them; see
