@@ -28,10 +28,22 @@ struct LinPair {
   P a, b;
 };
 
+// dz = dy * gelu'(s) and, into *h, gelu(s): one tanh for both (the kernels below store *h only
+// where asked, so the loops are not written twice).
 template <typename T>
-static __device__ __forceinline__ T lin_gelu(T s) {
+static __device__ __forceinline__ T lin_dgelu_h(T dy, T s, T* h) {
   typedef typename FgAcc<T>::type A;
-  return fg_from_acc<T>(fg_gelu_tanh<A>(fg_to_acc(s)));
+  A y;
+  const A g = fg_gelu_tanh_grad_and_value<A>(fg_to_acc(s), &y);
+  *h = fg_from_acc<T>(y);
+  return fg_from_acc<T>(fg_to_acc(dy) * g);
+}
+
+// lin_dact, with gelu(s) into *h for GELU (unused for ReLU).
+template <typename T, bool GELU>
+static __device__ __forceinline__ T lin_dact_h(T dy, T s, T* h) {
+  if (GELU) return lin_dgelu_h<T>(dy, s, h);
+  return lin_dact<T, false>(dy, s);
 }
 
 template <typename T, bool GELU>
@@ -50,27 +62,25 @@ static __device__ __forceinline__ void lin_dact_rows(const T* dy, const T* s, T*
     fg_unrolled(
         packs, [&](fg_u64 i) { return LinPair<P>{dyp[i], sp[i]}; },
         [&](fg_u64 i, const LinPair<P>& v) {
-          P out;
+          P out, hv;
 #pragma unroll
-          for (int j = 0; j < V; ++j) out.v[j] = lin_dact<T, GELU>(v.a.v[j], v.b.v[j]);
+          for (int j = 0; j < V; ++j) out.v[j] = lin_dact_h<T, GELU>(v.a.v[j], v.b.v[j], &hv.v[j]);
           dzp[i] = out;
-          if (GELU && h != nullptr) {
-#pragma unroll
-            for (int j = 0; j < V; ++j) out.v[j] = lin_gelu<T>(v.b.v[j]);
-            hp[i] = out;
-          }
+          if (GELU && h != nullptr) hp[i] = hv;
         });
     for (fg_u64 i = packs * V + fg_tid(); i < n; i += fg_nthreads()) {
-      dz[i] = lin_dact<T, GELU>(dy[i], s[i]);
-      if (GELU && h != nullptr) h[i] = lin_gelu<T>(s[i]);
+      T hv;
+      dz[i] = lin_dact_h<T, GELU>(dy[i], s[i], &hv);
+      if (GELU && h != nullptr) h[i] = hv;
     }
     return;
   }
   FG_GRID_STRIDE(i, n) {
     fg_u64 r, c;
     fg_divmod(i, cols, r, c);
-    dz[i] = lin_dact<T, GELU>(dy[i], s[r * lds + c]);
-    if (GELU && h != nullptr) h[i] = lin_gelu<T>(s[r * lds + c]);
+    T hv;
+    dz[i] = lin_dact_h<T, GELU>(dy[i], s[r * lds + c], &hv);
+    if (GELU && h != nullptr) h[i] = hv;
   }
 }
 
@@ -98,18 +108,14 @@ static __device__ __forceinline__ void lin_dact_db_v(const T* __restrict__ dy, c
   for (fg_u64 r = r0; r < r1; ++r) {
     const P g = *reinterpret_cast<const P*>(dy + r * cols + c0);
     const P x = *reinterpret_cast<const P*>(s + r * lds + c0);
-    P out;
+    P out, hv;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      out.v[j] = lin_dact<T, GELU>(g.v[j], x.v[j]);
+      out.v[j] = lin_dact_h<T, GELU>(g.v[j], x.v[j], &hv.v[j]);
       acc[j] += fg_to_acc(out.v[j]);
     }
     *reinterpret_cast<P*>(dz + r * cols + c0) = out;
-    if (GELU && h != nullptr) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) out.v[j] = lin_gelu<T>(x.v[j]);
-      *reinterpret_cast<P*>(h + r * cols + c0) = out;
-    }
+    if (GELU && h != nullptr) *reinterpret_cast<P*>(h + r * cols + c0) = hv;
   }
 #pragma unroll
   for (int j = 0; j < V; ++j) part[(fg_u64)blockIdx.y * cols + c0 + j] = acc[j];
