@@ -21,7 +21,7 @@ use super::zero::ShardKeys;
 use ferrograd_core::cuda::{Capture, CudaDevice, Graph, ShadowSet};
 use ferrograd_core::{DType, Device, Error, GradStore, Result, Tensor};
 use ferrograd_nn::amp::{autocast, AutocastGuard};
-use ferrograd_nn::checkpoint::{self, TrainState};
+use ferrograd_nn::checkpoint::{self, ReadOptions, TrainState};
 use ferrograd_nn::optim::{clip_grad_factor, grad_norm, GradAccumulator, LrSchedule, Optimizer};
 use std::path::{Path, PathBuf};
 
@@ -611,19 +611,36 @@ impl Run {
                 "--resume: no checkpoint here (a run writes it at --save-every steps and at its end)".into(),
             ));
         }
-        let bytes = std::fs::read(&path).map_err(|e| file_err(e.to_string()))?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| file_err(e.to_string()))?;
-        let saved = meta.metadata().as_ref().and_then(|m| m.get("extra.run")).cloned();
+        // The header only: the settings are compared before any tensor is read.
+        let header = checkpoint::read_safetensors_header(&path)?;
+        let saved = header.metadata.get("extra.run").cloned();
         let saved = saved.ok_or_else(|| file_err("not a gpt train checkpoint (no run settings)".into()))?;
         serde_json::from_str(&saved).map_err(|e| file_err(format!("run settings: {e}")))
+    }
+
+    /// Read the checkpoint at `path` into the model and the optimizer (staged, under ZeRO-1): the
+    /// file straight into device memory (`load_safetensors_with`: one read, no host copy), except
+    /// the moments that ZeRO-1 stages on the host, which are read there (the device holds only
+    /// this rank's parts of them).
+    fn read_checkpoint(&mut self, path: &Path) -> Result<TrainState> {
+        let device = self.model.wte.device();
+        let host_moments = self.opt.is_sharded() && device != Device::Cpu;
+        let on_device = |n: &str| !(host_moments && n.starts_with(checkpoint::OPTIM_PREFIX));
+        let only = ReadOptions { only: Some(&on_device), ..ReadOptions::default() };
+        let mut loaded = checkpoint::load_safetensors_with(path, device, only)?;
+        if host_moments {
+            let moments = |n: &str| !on_device(n);
+            let only = ReadOptions { only: Some(&moments), log: false, ..ReadOptions::default() };
+            loaded.tensors.extend(checkpoint::load_safetensors_with(path, Device::Cpu, only)?.tensors);
+        }
+        let opts = checkpoint::LoadOptions::default();
+        Ok(checkpoint::from_loaded(&loaded, &HfView(&self.model), Some(&mut self.opt), opts)?)
     }
 
     /// Restore from `out/checkpoint.safetensors`, refusing one made with other settings.
     pub fn resume(&mut self) -> Result<()> {
         let saved = Self::saved_settings(&self.cfg.out)?;
         let path = Self::checkpoint_path(&self.cfg.out);
-        let bytes =
-            std::fs::read(&path).map_err(|e| Error::File { path: path.display().to_string(), msg: e.to_string() })?;
         let mine = self.settings();
         let same_but_steps = RunSettings { steps: mine.steps, ..saved.clone() };
         if same_but_steps != mine {
@@ -644,10 +661,9 @@ impl Run {
                 diff.join(", ")
             )));
         }
-        let label = path.display().to_string();
         // ZeRO-1: the whole moments are read into the host, then this rank's parts cut out.
         self.opt.stage_for_load()?;
-        let state = checkpoint::from_bytes(&bytes, &label, &HfView(&self.model), Some(&mut self.opt));
+        let state = self.read_checkpoint(&path);
         self.opt.end_staging(state.is_ok())?;
         let state = state?;
         let pos: LoaderPos = state
