@@ -7,7 +7,7 @@
 use super::config::GptConfig;
 use super::model::{Gpt, PREFIX};
 use ferrograd_core::{DType, Device, Error, Result, Tensor};
-use ferrograd_nn::checkpoint::{self, ReadOptions};
+use ferrograd_nn::checkpoint::{self, Loaded, ReadOptions};
 use safetensors::Dtype as StDtype;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -111,11 +111,19 @@ pub fn read_config(src: &Source) -> Result<(GptConfig, String)> {
     Ok((cfg, format!("no config.json: inferred {n_layer} layers, {} heads of 64", cfg.n_head)))
 }
 
+/// The tensors of `path` that `only` accepts (all, with `None`) read onto `device` in one pass
+/// (`load_safetensors_with`: no host copy of the file). The line naming the read path is printed
+/// for GPU reads, where it tells cuFile from the pinned reads; a CPU read has one path and stays
+/// quiet, as `checkpoint::load` does (a command that fails later keeps its one `error:` line).
+pub(crate) fn read_onto(path: &Path, device: Device, only: Option<&dyn Fn(&str) -> bool>) -> Result<Loaded> {
+    let opts = ReadOptions { only, log: device.is_cuda(), ..ReadOptions::default() };
+    Ok(checkpoint::load_safetensors_with(path, device, opts)?)
+}
+
 /// Load every parameter of `model` from `path` in place. Names, shapes and dtypes are checked in
 /// the header before anything is read; then only the parameters' tensors are read, straight onto
-/// the model's device (`load_safetensors_with`: no host copy of the file), and cast to the
-/// parameters' dtype there (f16, bf16 and f64 files). The padded rows of `wte` are left as they
-/// are (zero).
+/// the model's device ([`read_onto`]), and cast to the parameters' dtype there (f16, bf16 and f64
+/// files). The padded rows of `wte` are left as they are (zero).
 pub fn load_weights(model: &Gpt, path: &Path) -> Result<()> {
     let header = checkpoint::read_safetensors_header(path)?;
     let want: BTreeMap<String, Tensor> = model
@@ -152,8 +160,7 @@ pub fn load_weights(model: &Gpt, path: &Path) -> Result<()> {
         return Err(file_err(path, format!("tensor {missing} is missing (with or without the transformer. prefix)")));
     }
     let params = |n: &str| canonical(n).is_some();
-    let only = ReadOptions { only: Some(&params), ..ReadOptions::default() };
-    let loaded = checkpoint::load_safetensors_with(path, model.wte.device(), only)?;
+    let loaded = read_onto(path, model.wte.device(), Some(&params))?;
     for (key, name) in found {
         let (Some(t), Some(src)) = (want.get(key), loaded.tensors.get(name)) else {
             return Err(file_err(path, format!("tensor {name} was not read")));

@@ -19,7 +19,7 @@
 //! does, and give their output in it.
 
 use super::config::GptConfig;
-use super::hf::{f32_blob, Blob, CONFIG_KEY};
+use super::hf::{f32_blob, read_onto, Blob, CONFIG_KEY};
 use super::model::{Block, Gpt, PREFIX};
 use super::ops::{self, to_matmul_dtype};
 use ferrograd_core::quant::{linear_w8a16, linear_w8a8, Int8Weight};
@@ -307,7 +307,7 @@ pub fn is_int8_file(path: &Path) -> bool {
 
 /// An int8 model from a file [`save_int8`] wrote, on `device`, its projections in `mode` (default:
 /// the file's) and their float weights dropped. Every tensor's dtype and shape is checked in the
-/// header before the file is read, straight onto `device` (`load_safetensors_with`: no host copy).
+/// header before the file is read, straight onto `device` (`hf::read_onto`: no host copy).
 pub fn load_int8(path: &Path, device: Device, mode: Option<QuantMode>) -> Result<Gpt> {
     let header = checkpoint::read_safetensors_header(path)?;
     let meta = &header.metadata;
@@ -348,7 +348,7 @@ pub fn load_int8(path: &Path, device: Device, mode: Option<QuantMode>) -> Result
     if let Some(extra) = header.tensors.keys().find(|n| !seen.contains(n.as_str())) {
         return Err(file_err(path, format!("tensor {extra} is not part of an int8 GPT-2 of this config")));
     }
-    let mut loaded = checkpoint::load_safetensors_with(path, device, checkpoint::ReadOptions::default())?;
+    let mut loaded = read_onto(path, device, None)?;
     let mut take =
         |name: &str| loaded.tensors.remove(name).ok_or_else(|| file_err(path, format!("tensor {name} was not read")));
     let mut blocks: Vec<[Option<Int8Weight>; 4]> = (0..cfg.n_layer).map(|_| [None, None, None, None]).collect();

@@ -21,7 +21,7 @@ use super::zero::ShardKeys;
 use ferrograd_core::cuda::{Capture, CudaDevice, Graph, ShadowSet};
 use ferrograd_core::{DType, Device, Error, GradStore, Result, Tensor};
 use ferrograd_nn::amp::{autocast, AutocastGuard};
-use ferrograd_nn::checkpoint::{self, ReadOptions, TrainState};
+use ferrograd_nn::checkpoint::{self, TrainState};
 use ferrograd_nn::optim::{clip_grad_factor, grad_norm, GradAccumulator, LrSchedule, Optimizer};
 use std::path::{Path, PathBuf};
 
@@ -619,19 +619,17 @@ impl Run {
     }
 
     /// Read the checkpoint at `path` into the model and the optimizer (staged, under ZeRO-1): the
-    /// file straight into device memory (`load_safetensors_with`: one read, no host copy), except
+    /// file straight into device memory (`hf::read_onto`: one read, no host copy), except
     /// the moments that ZeRO-1 stages on the host, which are read there (the device holds only
     /// this rank's parts of them).
     fn read_checkpoint(&mut self, path: &Path) -> Result<TrainState> {
         let device = self.model.wte.device();
         let host_moments = self.opt.is_sharded() && device != Device::Cpu;
         let on_device = |n: &str| !(host_moments && n.starts_with(checkpoint::OPTIM_PREFIX));
-        let only = ReadOptions { only: Some(&on_device), ..ReadOptions::default() };
-        let mut loaded = checkpoint::load_safetensors_with(path, device, only)?;
+        let mut loaded = hf::read_onto(path, device, Some(&on_device))?;
         if host_moments {
             let moments = |n: &str| !on_device(n);
-            let only = ReadOptions { only: Some(&moments), log: false, ..ReadOptions::default() };
-            loaded.tensors.extend(checkpoint::load_safetensors_with(path, Device::Cpu, only)?.tensors);
+            loaded.tensors.extend(hf::read_onto(path, Device::Cpu, Some(&moments))?.tensors);
         }
         let opts = checkpoint::LoadOptions::default();
         Ok(checkpoint::from_loaded(&loaded, &HfView(&self.model), Some(&mut self.opt), opts)?)
