@@ -1,7 +1,8 @@
 //! GPT-2 on the CPU: Hugging Face names and layouts, the padded vocabulary, data preparation and
-//! its errors, the loader's order, training that lowers the loss, bit-identical resume, and
-//! sampling (greedy determinism, the KV cache against the full forward). (About 700 lines: the
-//! model's behaviours one test each, sharing the small configs and data builders at the top.)
+//! its errors, the loader's order, training that lowers the loss, bit-identical resume and bad
+//! checkpoints, and sampling (greedy determinism, the KV cache against the full forward).
+//! (About 830 lines: the model's behaviours one test each, sharing the small configs and data
+//! builders at the top.)
 
 mod common;
 

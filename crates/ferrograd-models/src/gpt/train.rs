@@ -10,6 +10,9 @@
 //! it is the unit a CUDA graph captures once the runtime can (the learning rate is then the one
 //! host value to move into device memory). The loss is read back every `log_every` steps from a
 //! device running sum; validation, checkpoints and the log happen between steps.
+//!
+//! (About 690 lines: the run's setup, its step and its checkpoint and resume share the `Run`
+//! state; the training loop itself is in `fit.rs`.)
 
 use super::dp::{rank_world, writes_files, GradSync};
 use super::hf;
