@@ -1,7 +1,8 @@
 //! GPT-2 on the CPU: Hugging Face names and layouts, the padded vocabulary, data preparation and
-//! its errors, the loader's order, training that lowers the loss, bit-identical resume, and
-//! sampling (greedy determinism, the KV cache against the full forward). (About 700 lines: the
-//! model's behaviours one test each, sharing the small configs and data builders at the top.)
+//! its errors, the loader's order, training that lowers the loss, bit-identical resume and bad
+//! checkpoints, and sampling (greedy determinism, the KV cache against the full forward).
+//! (About 830 lines: the model's behaviours one test each, sharing the small configs and data
+//! builders at the top.)
 
 mod common;
 
@@ -347,6 +348,65 @@ fn resume_is_bit_identical_and_padded_rows_stay_zero() -> Result<()> {
     // A run with other settings refuses the checkpoint.
     let e = Run::new(TrainConfig { resume: true, lr: 1e-3, ..cfg }).err().unwrap().to_string();
     assert!(e.contains("--resume"), "{e}");
+    Ok(())
+}
+
+/// `--resume` reads `out/checkpoint.safetensors` into place (`load_safetensors_with`, then
+/// `checkpoint::from_loaded`): parameters, AdamW moments and step bit for bit as the run that
+/// wrote it had them, the padded rows of `wte` zero. A truncated or garbled checkpoint is a typed
+/// error naming the file, and a NaN in it names the tensor; none of them panics.
+#[test]
+fn resume_reads_the_checkpoint_into_place_and_bad_checkpoints_are_named_errors() -> Result<()> {
+    let dir = text_shards(300);
+    let cfg = cpu_run(dir.path(), small_vocab_gpt2_tokens(), 4, 2, 16);
+    let mut first = Run::new(cfg.clone())?;
+    for _ in 0..2 {
+        first.train_step()?;
+    }
+    let path = first.save_checkpoint()?;
+    let resumed = Run::new(TrainConfig { resume: true, ..cfg.clone() })?;
+    assert_eq!(resumed.step, 2);
+    let (a, b) = (params_and_moments(&first), params_and_moments(&resumed));
+    assert_eq!(a.len(), b.len());
+    for ((n, x), (m, y)) in a.iter().zip(&b) {
+        assert_eq!(n, m);
+        assert!(x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()), "{n} differs after resuming");
+    }
+    let v = resumed.model.config.vocab_size;
+    let pad = resumed.model.wte.dims()[0] - v;
+    assert!(values(&resumed.model.wte.narrow(0, v, pad)?).iter().all(|&x| x == 0.0));
+
+    let good = std::fs::read(&path).unwrap();
+    let resume_err = |bytes: &[u8]| -> ferrograd_core::Error {
+        std::fs::write(&path, bytes).unwrap();
+        match Run::new(TrainConfig { resume: true, ..cfg.clone() }) {
+            Ok(_) => panic!("a bad checkpoint was resumed"),
+            Err(e) => e,
+        }
+    };
+    let named = |e: &ferrograd_core::Error| e.to_string().contains("checkpoint.safetensors");
+    // Cut inside the data section, and inside the header.
+    for cut in [good.len() - 3, good.len() / 2, 40] {
+        let e = resume_err(&good[..cut]);
+        assert!(matches!(e, ferrograd_core::Error::File { .. }) && named(&e), "cut at {cut}: {e}");
+    }
+    // The header's JSON garbled.
+    let mut garbled = good.clone();
+    garbled[9] = b'#';
+    let e = resume_err(&garbled);
+    assert!(matches!(e, ferrograd_core::Error::File { .. }) && named(&e), "{e}");
+    // A NaN in the first element of a tensor (the moments too are checked, not only weights).
+    let n = 8 + u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&good[8..n]).unwrap();
+    let name = "optim.state.transformer.wpe.weight.m";
+    let at = n + header[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    let mut nan = good.clone();
+    nan[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let e = resume_err(&nan);
+    assert!(
+        matches!(&e, ferrograd_core::Error::NonFinite { what, index: 0, .. } if what.contains(name)) && named(&e),
+        "{e}"
+    );
     Ok(())
 }
 

@@ -6,8 +6,9 @@
 
 use super::config::GptConfig;
 use super::model::{Gpt, PREFIX};
-use ferrograd_core::{bf16, f16, DType, Device, Error, Result, Tensor};
-use safetensors::{Dtype as StDtype, SafeTensors};
+use ferrograd_core::{DType, Device, Error, Result, Tensor};
+use ferrograd_nn::checkpoint::{self, Loaded, ReadOptions};
+use safetensors::Dtype as StDtype;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -61,7 +62,7 @@ impl Source {
 /// A name as this model knows it (without the `transformer.` prefix), or `None` for entries a
 /// GPT-2 file may hold that are not parameters here.
 fn canonical(name: &str) -> Option<&str> {
-    if name.starts_with(ferrograd_nn::checkpoint::OPTIM_PREFIX) || name == "lm_head.weight" {
+    if name.starts_with(checkpoint::OPTIM_PREFIX) || name == "lm_head.weight" {
         return None;
     }
     let n = name.strip_prefix("transformer.").unwrap_or(name);
@@ -69,16 +70,6 @@ fn canonical(name: &str) -> Option<&str> {
         return None;
     }
     Some(n)
-}
-
-fn read_all(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| file_err(path, format!("cannot read: {e}")))
-}
-
-fn metadata(bytes: &[u8], path: &Path) -> Result<HashMap<String, String>> {
-    let (_, m) =
-        SafeTensors::read_metadata(bytes).map_err(|e| file_err(path, format!("not a safetensors file: {e}")))?;
-    Ok(m.metadata().clone().unwrap_or_default())
 }
 
 /// The config of a weights source: `config.json`, else the metadata we write, else inferred from
@@ -90,17 +81,18 @@ pub fn read_config(src: &Source) -> Result<(GptConfig, String)> {
         let cfg = GptConfig::from_hf_json(&v).map_err(|e| file_err(cj, e.to_string()))?;
         return Ok((cfg, format!("config from {}", cj.display())));
     }
-    let bytes = read_all(&src.weights)?;
-    let meta = metadata(&bytes, &src.weights)?;
+    // The header only: the metadata and the tensors' shapes say all there is to say.
+    let header = checkpoint::read_safetensors_header(&src.weights)?;
+    let meta = &header.metadata;
     if let Some(s) = meta.get(CONFIG_KEY).or_else(|| meta.get(CHECKPOINT_CONFIG_KEY)) {
         let cfg: GptConfig =
             serde_json::from_str(s).map_err(|e| file_err(&src.weights, format!("metadata {CONFIG_KEY}: {e}")))?;
         cfg.validate()?;
         return Ok((cfg, "config from the file's metadata".into()));
     }
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| file_err(&src.weights, e.to_string()))?;
     let shape = |n: &str| -> Option<Vec<usize>> {
-        st.tensor(n).or_else(|_| st.tensor(&format!("transformer.{n}"))).ok().map(|t| t.shape().to_vec())
+        let t = &header.tensors;
+        t.get(n).or_else(|| t.get(&format!("transformer.{n}"))).map(|e| e.shape.clone())
     };
     let (Some(wte), Some(wpe)) = (shape("wte.weight"), shape("wpe.weight")) else {
         return Err(file_err(&src.weights, "no wte.weight / wpe.weight: not a GPT-2 checkpoint"));
@@ -119,60 +111,61 @@ pub fn read_config(src: &Source) -> Result<(GptConfig, String)> {
     Ok((cfg, format!("no config.json: inferred {n_layer} layers, {} heads of 64", cfg.n_head)))
 }
 
-/// A tensor's values as f32 (f32, f16, bf16 and f64 files; values are copied, so the file's bytes
-/// need no alignment).
-fn values_f32(dtype: StDtype, data: &[u8], name: &str, path: &Path) -> Result<Vec<f32>> {
-    Ok(match dtype {
-        StDtype::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        StDtype::F16 => data.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        StDtype::BF16 => data.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        StDtype::F64 => data
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
-            .collect(),
-        d => return Err(file_err(path, format!("tensor {name} has dtype {d:?}; GPT-2 weights are float"))),
-    })
+/// The tensors of `path` that `only` accepts (all, with `None`) read onto `device` in one pass
+/// (`load_safetensors_with`: no host copy of the file). The line naming the read path is printed
+/// for GPU reads, where it tells cuFile from the pinned reads; a CPU read has one path and stays
+/// quiet, as `checkpoint::load` does (a command that fails later keeps its one `error:` line).
+pub(crate) fn read_onto(path: &Path, device: Device, only: Option<&dyn Fn(&str) -> bool>) -> Result<Loaded> {
+    let opts = ReadOptions { only, log: device.is_cuda(), ..ReadOptions::default() };
+    Ok(checkpoint::load_safetensors_with(path, device, opts)?)
 }
 
-/// Load every parameter of `model` from `path` in place (checked completely before anything is
-/// written). The padded rows of `wte` are left as they are (zero).
+/// Load every parameter of `model` from `path` in place. Names, shapes and dtypes are checked in
+/// the header before anything is read; then only the parameters' tensors are read, straight onto
+/// the model's device ([`read_onto`]), and cast to the parameters' dtype there (f16, bf16 and f64
+/// files). The padded rows of `wte` are left as they are (zero).
 pub fn load_weights(model: &Gpt, path: &Path) -> Result<()> {
-    let bytes = read_all(path)?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| file_err(path, format!("not a safetensors file: {e}")))?;
+    let header = checkpoint::read_safetensors_header(path)?;
     let want: BTreeMap<String, Tensor> = model
         .hf_params()?
         .into_iter()
         .map(|(n, t)| (n.strip_prefix(&format!("{PREFIX}.")).unwrap_or(&n).to_string(), t))
         .collect();
-    let mut found: BTreeMap<String, Vec<f32>> = BTreeMap::new();
-    for (name, view) in st.tensors() {
+    // Each parameter's name in the file.
+    let mut found: BTreeMap<&str, &str> = BTreeMap::new();
+    for (name, e) in &header.tensors {
         if name == "lm_head.weight" {
             let expect = [model.config.vocab_size, model.config.n_embd];
-            if view.shape() != expect {
-                return Err(file_err(
-                    path,
-                    format!("lm_head.weight has shape {:?}, expected {expect:?}", view.shape()),
-                ));
+            if e.shape != expect {
+                return Err(file_err(path, format!("lm_head.weight has shape {:?}, expected {expect:?}", e.shape)));
             }
             continue; // tied to wte
         }
-        let Some(key) = canonical(&name) else { continue };
+        let Some(key) = canonical(name) else { continue };
         let Some(t) = want.get(key) else {
             return Err(file_err(path, format!("tensor {name} is not a parameter of this GPT-2 model")));
         };
-        if view.shape() != t.dims() {
-            return Err(file_err(path, format!("tensor {name} has shape {:?}, expected {:?}", view.shape(), t.dims())));
+        if e.shape != t.dims() {
+            return Err(file_err(path, format!("tensor {name} has shape {:?}, expected {:?}", e.shape, t.dims())));
         }
-        if found.insert(key.to_string(), values_f32(view.dtype(), view.data(), &name, path)?).is_some() {
+        if !e.dtype.is_some_and(|d| d.is_float()) {
+            let d = &e.dtype_name;
+            return Err(file_err(path, format!("tensor {name} has dtype {d}; GPT-2 weights are float")));
+        }
+        if found.insert(key, name).is_some() {
             return Err(file_err(path, format!("tensor {key} appears both with and without the transformer. prefix")));
         }
     }
-    if let Some(missing) = want.keys().find(|k| !found.contains_key(*k)) {
+    if let Some(missing) = want.keys().find(|k| !found.contains_key(k.as_str())) {
         return Err(file_err(path, format!("tensor {missing} is missing (with or without the transformer. prefix)")));
     }
-    for (k, t) in &want {
-        let v = found.remove(k).unwrap_or_default();
-        t.set(&Tensor::from_vec(v, t.shape().clone(), t.device())?)?;
+    let params = |n: &str| canonical(n).is_some();
+    let loaded = read_onto(path, model.wte.device(), Some(&params))?;
+    for (key, name) in found {
+        let (Some(t), Some(src)) = (want.get(key), loaded.tensors.get(name)) else {
+            return Err(file_err(path, format!("tensor {name} was not read")));
+        };
+        t.set(&src.to_dtype(t.dtype())?)?;
     }
     Ok(())
 }
@@ -225,14 +218,14 @@ pub fn weights_bytes(model: &Gpt) -> Result<Vec<u8>> {
         CONFIG_KEY.to_string(),
         serde_json::to_string(&model.config).map_err(|e| Error::InvalidArgument(e.to_string()))?,
     );
-    ferrograd_nn::checkpoint::serialize_safetensors(blobs.iter().map(|(n, b)| (n.as_str(), b)), Some(meta))
+    checkpoint::serialize_safetensors(blobs.iter().map(|(n, b)| (n.as_str(), b)), Some(meta))
         .map_err(|e| Error::InvalidArgument(format!("serialising weights: {e}")))
 }
 
 /// Write the weights-only file atomically.
 pub fn save_weights(model: &Gpt, path: &Path) -> Result<()> {
     let bytes = weights_bytes(model)?;
-    ferrograd_nn::checkpoint::write_atomic(path, &bytes).map_err(|e| file_err(path, format!("writing: {e}")))
+    checkpoint::write_atomic(path, &bytes).map_err(|e| file_err(path, format!("writing: {e}")))
 }
 
 /// What `GPT2LMHeadModel.from_pretrained(dir)` reads: `dir/config.json` and `dir/model.safetensors`.
@@ -242,5 +235,5 @@ pub fn save_pretrained(model: &Gpt, dir: &Path) -> Result<()> {
     let cfg =
         serde_json::to_string_pretty(&model.config.to_hf_json()).map_err(|e| Error::InvalidArgument(e.to_string()))?;
     let p = dir.join("config.json");
-    ferrograd_nn::checkpoint::write_atomic(&p, cfg.as_bytes()).map_err(|e| file_err(&p, format!("writing: {e}")))
+    checkpoint::write_atomic(&p, cfg.as_bytes()).map_err(|e| file_err(&p, format!("writing: {e}")))
 }

@@ -45,6 +45,7 @@ pub fn read_text(path: &Path) -> Result<String> {
     if path.is_dir() {
         return Err(file_err(path, "is a directory (prepare takes text files; pass DIR/*.txt)"));
     }
+    // On the host on purpose: text is checked and tokenized by the CPU.
     let bytes = std::fs::read(path).map_err(|e| file_err(path, format!("cannot read: {e}")))?;
     check_text(&bytes, path)
 }

@@ -19,12 +19,13 @@
 //! does, and give their output in it.
 
 use super::config::GptConfig;
-use super::hf::{f32_blob, Blob, CONFIG_KEY};
+use super::hf::{f32_blob, read_onto, Blob, CONFIG_KEY};
 use super::model::{Block, Gpt, PREFIX};
 use super::ops::{self, to_matmul_dtype};
 use ferrograd_core::quant::{linear_w8a16, linear_w8a8, Int8Weight};
 use ferrograd_core::{DType, Device, Error, FakeQuant, Result, Tensor};
-use safetensors::{Dtype as StDtype, SafeTensors};
+use ferrograd_nn::checkpoint;
+use safetensors::Dtype as StDtype;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -300,34 +301,16 @@ fn file_err(path: &Path, msg: impl Into<String>) -> Error {
 
 /// Whether `path` is a file [`save_int8`] wrote (reads its header only).
 pub fn is_int8_file(path: &Path) -> bool {
-    read_header(path).is_ok_and(|m| m.get(FORMAT_KEY).map(String::as_str) == Some(INT8_FORMAT))
-}
-
-fn read_header(path: &Path) -> Result<HashMap<String, String>> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| file_err(path, format!("cannot open: {e}")))?;
-    let mut n = [0u8; 8];
-    f.read_exact(&mut n).map_err(|e| file_err(path, format!("not a safetensors file: {e}")))?;
-    let n = u64::from_le_bytes(n);
-    if n > 100 << 20 {
-        return Err(file_err(path, format!("not a safetensors file (header of {n} bytes)")));
-    }
-    let mut h = vec![0u8; n as usize];
-    f.read_exact(&mut h).map_err(|e| file_err(path, format!("not a safetensors file: {e}")))?;
-    let v: serde_json::Value =
-        serde_json::from_slice(&h).map_err(|e| file_err(path, format!("not a safetensors file: {e}")))?;
-    let meta = v.get("__metadata__").and_then(|m| m.as_object());
-    Ok(meta
-        .map(|m| m.iter().filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string()))).collect())
-        .unwrap_or_default())
+    checkpoint::read_safetensors_header(path)
+        .is_ok_and(|h| h.metadata.get(FORMAT_KEY).map(String::as_str) == Some(INT8_FORMAT))
 }
 
 /// An int8 model from a file [`save_int8`] wrote, on `device`, its projections in `mode` (default:
-/// the file's) and their float weights dropped. Every tensor's dtype and shape is checked.
+/// the file's) and their float weights dropped. Every tensor's dtype and shape is checked in the
+/// header before the file is read, straight onto `device` (`hf::read_onto`: no host copy).
 pub fn load_int8(path: &Path, device: Device, mode: Option<QuantMode>) -> Result<Gpt> {
-    let bytes = std::fs::read(path).map_err(|e| file_err(path, format!("cannot read: {e}")))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| file_err(path, format!("not a safetensors file: {e}")))?;
-    let meta = read_header(path)?;
+    let header = checkpoint::read_safetensors_header(path)?;
+    let meta = &header.metadata;
     if meta.get(FORMAT_KEY).map(String::as_str) != Some(INT8_FORMAT) {
         return Err(file_err(path, "not an int8 GPT file (`ferrograd gpt quantize` writes one)"));
     }
@@ -337,45 +320,46 @@ pub fn load_int8(path: &Path, device: Device, mode: Option<QuantMode>) -> Result
         .ok_or_else(|| file_err(path, format!("no {CONFIG_KEY} in the metadata")))
         .and_then(|s| serde_json::from_str(s).map_err(|e| file_err(path, format!("metadata {CONFIG_KEY}: {e}"))))?;
     cfg.validate()?;
-    let get = |name: &str, dtype: StDtype, shape: &[usize]| -> Result<Vec<u8>> {
-        let v = st.tensor(name).map_err(|_| file_err(path, format!("tensor {name} is missing")))?;
-        if v.dtype() != dtype || v.shape() != shape {
+    let mut model = Gpt::zeroed(cfg, device)?;
+    // What each tensor of the file must be: the projections' int8 values and f32 scales, the other
+    // parameters f32.
+    let mut expected: Vec<(String, DType, Vec<usize>)> = vec![];
+    for (name, t) in model.hf_params()? {
+        match projection(&name) {
+            Some(_) => {
+                let (inp, out) = (t.dims()[0], t.dims()[1]);
+                let (qn, sn) = q_names(&name);
+                expected.push((qn, DType::I8, vec![out, inp]));
+                expected.push((sn, DType::F32, vec![out]));
+            }
+            None => expected.push((name, DType::F32, t.dims().to_vec())),
+        }
+    }
+    for (name, dtype, shape) in &expected {
+        let e = header.tensors.get(name).ok_or_else(|| file_err(path, format!("tensor {name} is missing")))?;
+        if e.dtype != Some(*dtype) || e.shape != *shape {
             return Err(file_err(
                 path,
-                format!("tensor {name} is {:?} {:?}, expected {dtype:?} {shape:?}", v.dtype(), v.shape()),
+                format!("tensor {name} is {} {:?}, expected {dtype:?} {shape:?}", e.dtype_name, e.shape),
             ));
         }
-        Ok(v.data().to_vec())
-    };
-    let f32s =
-        |b: Vec<u8>| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
-    let mut model = Gpt::zeroed(cfg, device)?;
+    }
+    let seen: std::collections::HashSet<&str> = expected.iter().map(|(n, _, _)| n.as_str()).collect();
+    if let Some(extra) = header.tensors.keys().find(|n| !seen.contains(n.as_str())) {
+        return Err(file_err(path, format!("tensor {extra} is not part of an int8 GPT-2 of this config")));
+    }
+    let mut loaded = read_onto(path, device, None)?;
+    let mut take =
+        |name: &str| loaded.tensors.remove(name).ok_or_else(|| file_err(path, format!("tensor {name} was not read")));
     let mut blocks: Vec<[Option<Int8Weight>; 4]> = (0..cfg.n_layer).map(|_| [None, None, None, None]).collect();
-    let mut seen = std::collections::HashSet::new();
     for (name, t) in model.hf_params()? {
         match projection(&name) {
             Some((layer, w)) => {
-                let (inp, out) = (t.dims()[0], t.dims()[1]);
                 let (qn, sn) = q_names(&name);
-                let q: Vec<i8> = get(&qn, StDtype::I8, &[out, inp])?.into_iter().map(|v| v as i8).collect();
-                let s = f32s(get(&sn, StDtype::F32, &[out])?);
-                let q = Int8Weight::from_parts(
-                    Tensor::from_vec(q, (out, inp), device)?,
-                    Tensor::from_vec(s, out, device)?,
-                )?;
-                blocks[layer][w] = Some(q);
-                seen.insert(qn);
-                seen.insert(sn);
+                blocks[layer][w] = Some(Int8Weight::from_parts(take(&qn)?, take(&sn)?)?);
             }
-            None => {
-                let v = f32s(get(&name, StDtype::F32, t.dims())?);
-                t.set(&Tensor::from_vec(v, t.shape().clone(), device)?)?;
-                seen.insert(name);
-            }
+            None => t.set(&take(&name)?)?,
         }
-    }
-    if let Some(extra) = st.names().into_iter().find(|n| !seen.contains(*n)) {
-        return Err(file_err(path, format!("tensor {extra} is not part of an int8 GPT-2 of this config")));
     }
     let blocks = blocks
         .into_iter()

@@ -66,6 +66,7 @@ pub fn decode_shard(bytes: &[u8], path: &Path) -> Result<Vec<u16>> {
 }
 
 pub fn read_shard(path: &Path) -> Result<Vec<u16>> {
+    // On the host on purpose: the loader cuts each batch out of the tokens on the host.
     let bytes = std::fs::read(path).map_err(|e| file_err(path, format!("reading: {e}")))?;
     decode_shard(&bytes, path)
 }

@@ -10,6 +10,9 @@
 //! it is the unit a CUDA graph captures once the runtime can (the learning rate is then the one
 //! host value to move into device memory). The loss is read back every `log_every` steps from a
 //! device running sum; validation, checkpoints and the log happen between steps.
+//!
+//! (About 690 lines: the run's setup, its step and its checkpoint and resume share the `Run`
+//! state; the training loop itself is in `fit.rs`.)
 
 use super::dp::{rank_world, writes_files, GradSync};
 use super::hf;
@@ -613,19 +616,34 @@ impl Run {
                 "--resume: no checkpoint here (a run writes it at --save-every steps and at its end)".into(),
             ));
         }
-        let bytes = std::fs::read(&path).map_err(|e| file_err(e.to_string()))?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| file_err(e.to_string()))?;
-        let saved = meta.metadata().as_ref().and_then(|m| m.get("extra.run")).cloned();
+        // The header only: the settings are compared before any tensor is read.
+        let header = checkpoint::read_safetensors_header(&path)?;
+        let saved = header.metadata.get("extra.run").cloned();
         let saved = saved.ok_or_else(|| file_err("not a gpt train checkpoint (no run settings)".into()))?;
         serde_json::from_str(&saved).map_err(|e| file_err(format!("run settings: {e}")))
+    }
+
+    /// Read the checkpoint at `path` into the model and the optimizer (staged, under ZeRO-1): the
+    /// file straight into device memory (`hf::read_onto`: one read, no host copy), except
+    /// the moments that ZeRO-1 stages on the host, which are read there (the device holds only
+    /// this rank's parts of them).
+    fn read_checkpoint(&mut self, path: &Path) -> Result<TrainState> {
+        let device = self.model.wte.device();
+        let host_moments = self.opt.is_sharded() && device != Device::Cpu;
+        let on_device = |n: &str| !(host_moments && n.starts_with(checkpoint::OPTIM_PREFIX));
+        let mut loaded = hf::read_onto(path, device, Some(&on_device))?;
+        if host_moments {
+            let moments = |n: &str| !on_device(n);
+            loaded.tensors.extend(hf::read_onto(path, Device::Cpu, Some(&moments))?.tensors);
+        }
+        let opts = checkpoint::LoadOptions::default();
+        Ok(checkpoint::from_loaded(&loaded, &HfView(&self.model), Some(&mut self.opt), opts)?)
     }
 
     /// Restore from `out/checkpoint.safetensors`, refusing one made with other settings.
     pub fn resume(&mut self) -> Result<()> {
         let saved = Self::saved_settings(&self.cfg.out)?;
         let path = Self::checkpoint_path(&self.cfg.out);
-        let bytes =
-            std::fs::read(&path).map_err(|e| Error::File { path: path.display().to_string(), msg: e.to_string() })?;
         let mine = self.settings();
         let same_but_steps = RunSettings { steps: mine.steps, ..saved.clone() };
         if same_but_steps != mine {
@@ -646,10 +664,9 @@ impl Run {
                 diff.join(", ")
             )));
         }
-        let label = path.display().to_string();
         // ZeRO-1: the whole moments are read into the host, then this rank's parts cut out.
         self.opt.stage_for_load()?;
-        let state = checkpoint::from_bytes(&bytes, &label, &HfView(&self.model), Some(&mut self.opt));
+        let state = self.read_checkpoint(&path);
         self.opt.end_staging(state.is_ok())?;
         let state = state?;
         let pos: LoaderPos = state

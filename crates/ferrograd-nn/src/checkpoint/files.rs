@@ -104,10 +104,7 @@ pub fn load_safetensors(path: impl AsRef<Path>, device: Device) -> CResult<Loade
 pub fn load_safetensors_with(path: impl AsRef<Path>, device: Device, opts: ReadOptions<'_>) -> CResult<Loaded> {
     let start = Instant::now();
     let path = path.as_ref();
-    let label = path.display().to_string();
-    let (file, len) = ferrograd_core::io::open_input(path).map_err(|e| io_err(&label, e))?;
-    let mut r = std::io::BufReader::new(file);
-    let header = reader::read_header(&mut r, len, &label)?;
+    let (mut r, header, label) = open_with_header(path)?;
     let chosen: Vec<(&String, &reader::Entry)> =
         header.tensors.iter().filter(|(n, _)| opts.only.is_none_or(|keep| keep(n))).collect();
     let entries: Vec<(&str, &reader::Entry)> = chosen.iter().map(|(n, e)| (n.as_str(), *e)).collect();
@@ -125,6 +122,22 @@ pub fn load_safetensors_with(path: impl AsRef<Path>, device: Device, opts: ReadO
         eprintln!("ferrograd: read {}", loaded.summary());
     }
     Ok(loaded)
+}
+
+/// The header of the safetensors file at `path`, checked (`reader.rs`): every tensor's dtype,
+/// shape and byte range, and the metadata. No tensor is read, so this costs a header read however
+/// large the file.
+pub fn read_safetensors_header(path: impl AsRef<Path>) -> CResult<reader::Header> {
+    Ok(open_with_header(path.as_ref())?.1)
+}
+
+/// The file at `path` open for reading, its checked header, and its name for errors.
+fn open_with_header(path: &Path) -> CResult<(std::io::BufReader<std::fs::File>, reader::Header, String)> {
+    let label = path.display().to_string();
+    let (file, len) = ferrograd_core::io::open_input(path).map_err(|e| io_err(&label, e))?;
+    let mut r = std::io::BufReader::new(file);
+    let header = reader::read_header(&mut r, len, &label)?;
+    Ok((r, header, label))
 }
 
 /// Our dtype of an entry, or an error naming the tensor.

@@ -10,7 +10,8 @@
 //! dtype, shape and values (no NaN or infinity unless `LoadOptions::allow_nonfinite`) and all
 //! metadata before it changes anything, and restores values bit for bit into the existing
 //! parameter and state buffers (their identity is kept), so a resumed run continues exactly as
-//! the original would have on the same device.
+//! the original would have on the same device. A file already read onto a device
+//! ([`load_safetensors_with`]) restores through [`from_loaded`], with the same checks and writes.
 
 mod codec;
 pub use codec::serialize as serialize_safetensors;
@@ -21,11 +22,13 @@ pub mod reader;
 pub use error::CheckpointError;
 /// The project's one atomic write (`ferrograd_core::io`), re-exported where it used to live.
 pub use ferrograd_core::io::write_atomic;
-pub use files::{load_safetensors, load_safetensors_with, save_safetensors, Loaded, ReadOptions, ReadPath};
+pub use files::{
+    load_safetensors, load_safetensors_with, read_safetensors_header, save_safetensors, Loaded, ReadOptions, ReadPath,
+};
 
 use crate::optim::Optimizer;
 use crate::Module;
-use ferrograd_core::{Device, Rng, Tensor};
+use ferrograd_core::{DType, Device, Rng, Tensor};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Seek};
 use std::path::Path;
@@ -230,27 +233,60 @@ pub fn from_reader<R: Read + Seek>(
 enum ReadData {
     /// Host bytes, one vector per target (CPU models, sources without a path).
     Host(Vec<Vec<u8>>),
-    /// Device tensors, one per target (a CUDA model loaded from a file).
-    Device(Vec<Tensor>),
+    /// Tensors, one per target: a CUDA model's, read through the GPU file reader, or those of a
+    /// file already read ([`from_loaded`]).
+    Tensors(Vec<Tensor>),
 }
 
-/// [`from_reader`]; `file`, the path `r` reads, lets a CUDA model's tensors come through the GPU
-/// file reader.
-fn restore<R: Read + Seek>(
-    r: &mut R,
-    total_len: u64,
-    label: &str,
-    file: Option<&Path>,
+/// Restore model, optimizer and training state from a file already read
+/// ([`load_safetensors_with`], onto the model's device): the checks and in-place writes of
+/// [`load_with`], from the tensors as they were read (no second read, no host copy of the file).
+/// `loaded` must hold every tensor of the file (several reads of one file, each with
+/// `ReadOptions::only`, may be merged), so that a tensor the model lacks is still refused. A
+/// tensor read onto another device than its destination's is copied there before anything is
+/// written (read each where it goes to save that copy).
+pub fn from_loaded(
+    loaded: &Loaded,
     model: &dyn Module,
-    mut optim: Option<&mut dyn Optimizer>,
+    optim: Option<&mut dyn Optimizer>,
     opts: LoadOptions,
 ) -> CResult<TrainState> {
-    let header = reader::read_header(r, total_len, label)?;
-    let (state, optim_meta) = read_meta(&header.metadata, label)?;
+    let label = loaded.path.as_str();
+    let plan = plan(&loaded.metadata, label, model, optim.as_deref())?;
+    let spec = |t: &Tensor| Spec {
+        dtype: Some(t.dtype()),
+        dtype_name: format!("{:?}", codec::to_st(t.dtype())),
+        shape: t.dims().to_vec(),
+    };
+    let sources = match_targets(label, &plan.targets, &loaded.tensors, spec, optim.is_some())?;
+    let ts = plan
+        .targets
+        .iter()
+        .zip(sources)
+        .map(|((_, t), src)| src.to_device(t.device()))
+        .collect::<ferrograd_core::Result<Vec<_>>>()?;
+    check_finite(label, &plan.targets, &ts, opts)?;
+    apply(label, plan, &ReadData::Tensors(ts), optim)
+}
 
-    // Every destination, by file name.
+/// What a load restores: the file's training state and optimizer entry, and every destination by
+/// its name in the file (the model's parameters, then the optimizer's state).
+struct Plan {
+    state: TrainState,
+    optim_meta: Option<serde_json::Value>,
+    targets: Vec<(String, Tensor)>,
+}
+
+/// The [`Plan`] for a file with `metadata`, its optimizer entry checked against `optim`.
+fn plan(
+    metadata: &HashMap<String, String>,
+    label: &str,
+    model: &dyn Module,
+    optim: Option<&dyn Optimizer>,
+) -> CResult<Plan> {
+    let (state, optim_meta) = read_meta(metadata, label)?;
     let mut targets: Vec<(String, Tensor)> = model.named_parameters();
-    if let Some(o) = optim.as_deref() {
+    if let Some(o) = optim {
         let Some(om) = &optim_meta else {
             return Err(metadata_err(label, "optim", "the file holds no optimizer state"));
         };
@@ -266,39 +302,89 @@ fn restore<R: Read + Seek>(
         }
         targets.extend(o.state_tensors().into_iter().map(|(n, t)| (format!("{OPTIM_PREFIX}{n}"), t)));
     }
+    Ok(Plan { state, optim_meta, targets })
+}
 
-    // Check all tensors before reading or writing any.
+/// How a file describes one tensor (its header entry, or the tensor read), for the checks against
+/// the destination.
+struct Spec {
+    /// Ours, when we have it.
+    dtype: Option<DType>,
+    /// As the file spells it.
+    dtype_name: String,
+    shape: Vec<usize>,
+}
+
+/// Each target's entry of `file`, in target order, after checking that every target is there with
+/// its dtype and shape and that the file holds nothing else (optimizer entries aside when no
+/// optimizer is loaded): all before anything is read or written.
+fn match_targets<'a, T>(
+    label: &str,
+    targets: &[(String, Tensor)],
+    file: &'a BTreeMap<String, T>,
+    spec: impl Fn(&T) -> Spec,
+    loading_optim: bool,
+) -> CResult<Vec<&'a T>> {
     let mut sources = Vec::with_capacity(targets.len());
-    for (name, t) in &targets {
-        let entry = header
-            .tensors
-            .get(name)
-            .ok_or_else(|| CheckpointError::Missing { path: label.to_string(), name: name.clone() })?;
-        if entry.dtype != Some(t.dtype()) {
+    for (name, t) in targets {
+        let entry =
+            file.get(name).ok_or_else(|| CheckpointError::Missing { path: label.to_string(), name: name.clone() })?;
+        let s = spec(entry);
+        if s.dtype != Some(t.dtype()) {
             return Err(CheckpointError::DType {
                 path: label.to_string(),
                 name: name.clone(),
                 expected: t.dtype(),
-                got: entry.dtype_name.clone(),
+                got: s.dtype_name,
             });
         }
-        if entry.shape != t.dims() {
+        if s.shape != t.dims() {
             return Err(CheckpointError::Shape {
                 path: label.to_string(),
                 name: name.clone(),
                 expected: t.dims().to_vec(),
-                got: entry.shape.clone(),
+                got: s.shape,
             });
         }
         sources.push(entry);
     }
     let known: HashSet<&str> = targets.iter().map(|(n, _)| n.as_str()).collect();
-    for name in header.tensors.keys() {
-        let ignorable = optim.is_none() && name.starts_with(OPTIM_PREFIX);
+    for name in file.keys() {
+        let ignorable = !loading_optim && name.starts_with(OPTIM_PREFIX);
         if !known.contains(name.as_str()) && !ignorable {
             return Err(CheckpointError::Unexpected { path: label.to_string(), name: name.to_string() });
         }
     }
+    Ok(sources)
+}
+
+/// Refuse NaN and infinity in `ts` (one per target) unless `opts` allows them.
+fn check_finite(label: &str, targets: &[(String, Tensor)], ts: &[Tensor], opts: LoadOptions) -> CResult<()> {
+    if !opts.allow_nonfinite {
+        if let Some((i, index, value)) = files::first_nonfinite(ts)? {
+            let name = targets[i].0.clone();
+            return Err(CheckpointError::NonFinite { path: label.to_string(), name, index, value });
+        }
+    }
+    Ok(())
+}
+
+/// [`from_reader`]; `file`, the path `r` reads, lets a CUDA model's tensors come through the GPU
+/// file reader.
+fn restore<R: Read + Seek>(
+    r: &mut R,
+    total_len: u64,
+    label: &str,
+    file: Option<&Path>,
+    model: &dyn Module,
+    optim: Option<&mut dyn Optimizer>,
+    opts: LoadOptions,
+) -> CResult<TrainState> {
+    let header = reader::read_header(r, total_len, label)?;
+    let plan = plan(&header.metadata, label, model, optim.as_deref())?;
+    let targets = &plan.targets;
+    let spec = |e: &reader::Entry| Spec { dtype: e.dtype, dtype_name: e.dtype_name.clone(), shape: e.shape.clone() };
+    let sources = match_targets(label, targets, &header.tensors, spec, optim.is_some())?;
     // Read every tensor and check its values before writing any: into a CUDA model (all targets
     // on one GPU) through the GPU file reader, else each by its declared size into host memory.
     let device = targets.first().map(|(_, t)| t.device());
@@ -311,13 +397,8 @@ fn restore<R: Read + Seek>(
             let bytes = sources.iter().map(|e| e.end - e.start).sum();
             let line = files::read_line(label, ts.len(), bytes, dev, how, start.elapsed().as_secs_f64());
             eprintln!("ferrograd: read {line}");
-            if !opts.allow_nonfinite {
-                if let Some((i, index, value)) = files::first_nonfinite(&ts)? {
-                    let name = targets[i].0.clone();
-                    return Err(CheckpointError::NonFinite { path: label.to_string(), name, index, value });
-                }
-            }
-            ReadData::Device(ts)
+            check_finite(label, targets, &ts, opts)?;
+            ReadData::Tensors(ts)
         }
         _ => {
             let mut data = Vec::with_capacity(sources.len());
@@ -334,23 +415,28 @@ fn restore<R: Read + Seek>(
             ReadData::Host(data)
         }
     };
+    apply(label, plan, &data, optim)
+}
 
-    // Scalars first (they validate; on a later failure the old ones are put back), then tensors.
+/// Write what was read into the plan's targets: the optimizer's scalars first (they validate; on
+/// a later failure the old ones are put back), then the tensors, each in place.
+fn apply(label: &str, plan: Plan, data: &ReadData, mut optim: Option<&mut dyn Optimizer>) -> CResult<TrainState> {
     let mut previous = None;
-    if let (Some(o), Some(om)) = (optim.as_deref_mut(), &optim_meta) {
+    if let (Some(o), Some(om)) = (optim.as_deref_mut(), &plan.optim_meta) {
         let saved = om.get("state").cloned().unwrap_or(serde_json::Value::Null);
         let old = o.state_meta();
         o.load_state_meta(&saved).map_err(|e| metadata_err(label, "optim.state", e))?;
         previous = Some(old);
     }
+    let targets = &plan.targets;
     let written = (|| -> CResult<()> {
-        match &data {
+        match data {
             ReadData::Host(bytes) => {
                 for ((_, t), b) in targets.iter().zip(bytes) {
                     t.set(&codec::tensor_from_bytes(b, t.dtype(), t.dims(), t.device())?)?;
                 }
             }
-            ReadData::Device(ts) => {
+            ReadData::Tensors(ts) => {
                 for ((_, t), src) in targets.iter().zip(ts) {
                     t.set(src)?;
                 }
@@ -365,5 +451,5 @@ fn restore<R: Read + Seek>(
         }
         return Err(e);
     }
-    Ok(state)
+    Ok(plan.state)
 }

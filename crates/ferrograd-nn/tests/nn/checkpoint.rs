@@ -88,6 +88,60 @@ fn round_trip_restores_everything_bitwise() -> std::result::Result<(), Box<dyn s
     Ok(())
 }
 
+/// A file read with `load_safetensors` restores through `from_loaded` exactly as `load` restores
+/// it, with the same checks: both share one implementation.
+#[test]
+fn from_loaded_restores_what_load_restores() -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("ckpt.safetensors");
+    let (m, opt) = trained(1)?;
+    checkpoint::save(&path, &m, Some(&opt), &state())?;
+    let quiet = checkpoint::ReadOptions { log: false, ..Default::default() };
+    let loaded = checkpoint::load_safetensors_with(&path, CPU, quiet)?;
+
+    let m2 = small_model(2)?;
+    let mut opt2 = Adam::new(m2.named_parameters(), Default::default())?;
+    let st = checkpoint::from_loaded(&loaded, &m2, Some(&mut opt2), Default::default())?;
+    assert_eq!(st, state());
+    for ((n, a), (_, b)) in m.named_parameters().iter().zip(m2.named_parameters()) {
+        assert_bits_eq(a, &b, n);
+    }
+    for ((n, a), (_, b)) in opt.state_tensors().iter().zip(opt2.state_tensors()) {
+        assert_bits_eq(a, &b, n);
+    }
+    assert_eq!(opt2.step_count(), 2);
+
+    // Two reads of one file, merged (the model's tensors and the optimizer's apart), are the file.
+    let is_state = |n: &str| n.starts_with(checkpoint::OPTIM_PREFIX);
+    let not_state = |n: &str| !is_state(n);
+    let mut part =
+        checkpoint::load_safetensors_with(&path, CPU, checkpoint::ReadOptions { only: Some(&not_state), ..quiet })?;
+    let rest =
+        checkpoint::load_safetensors_with(&path, CPU, checkpoint::ReadOptions { only: Some(&is_state), ..quiet })?;
+    let m3 = small_model(3)?;
+    let mut opt3 = Adam::new(m3.named_parameters(), Default::default())?;
+    // Half a file misses the optimizer's tensors, named.
+    let e = checkpoint::from_loaded(&part, &m3, Some(&mut opt3), Default::default()).unwrap_err();
+    assert!(matches!(e, CheckpointError::Missing { .. }) && e.to_string().contains("ckpt.safetensors"), "{e}");
+    part.tensors.extend(rest.tensors);
+    checkpoint::from_loaded(&part, &m3, Some(&mut opt3), Default::default())?;
+    assert_bits_eq(&m.parameters()[0], &m3.parameters()[0], "merged reads");
+
+    // The same typed errors as the other paths: a shape that differs, a tensor the model lacks.
+    let wide = mlp(&[3, 8, 2], Activation::Relu, &mut Rng::new(0))?;
+    match checkpoint::from_loaded(&loaded, &wide, None, Default::default()) {
+        Err(CheckpointError::Shape { name, path, .. }) => {
+            assert_eq!(name, "0.weight");
+            assert!(path.ends_with("ckpt.safetensors"), "{path}");
+        }
+        other => panic!("expected a shape error, got {other:?}"),
+    }
+    let lin = Linear::new(3, 5, true, &mut Rng::new(0), CPU)?;
+    let e = checkpoint::from_loaded(&loaded, &lin, None, Default::default()).unwrap_err();
+    assert!(matches!(e, CheckpointError::Missing { .. }), "{e}");
+    Ok(())
+}
+
 /// Model with dropout, AdamW, cosine schedule, clipping, accumulation, shuffled loader.
 struct Run {
     model: Sequential,
