@@ -4,8 +4,12 @@
 //!
 //! cuFile is loaded at run time like cuDNN and NCCL (`FERROGRAD_CUFILE_LIBRARY` names another
 //! library; `FERROGRAD_CUFILE=0` turns it off). Without the `nvidia-fs` kernel driver (as on the lent
-//! GPU machines) cuFile runs in its compatibility mode, POSIX reads through its own bounce buffers;
-//! [`ReadPath`] says which path ran, for the caller's log line.
+//! GPU machines) cuFile could only run in its compatibility mode, POSIX reads through its own
+//! bounce buffers, which is what the pinned path does; there it is not tried unless
+//! `FERROGRAD_CUFILE=1` asks: on a lent H200 the attempt (`cuFileDriverOpen`, then a handle
+//! registration the library refused with error 5027) cost 0.38 s of a 0.41 s load of a 0.5 GB
+//! model (16.4 GB/s without it, 2026-11-23). [`ReadPath`] says which path ran, for the caller's
+//! log line.
 //!
 //! [`read_tensors`] reads many tensors of one file (a safetensors checkpoint) in one pass: each
 //! gets its own device allocation, and the file's byte ranges are streamed through the pinned
@@ -102,8 +106,14 @@ pub fn cufile_status() -> std::result::Result<(), String> {
 }
 
 fn load_cufile() -> Option<CuFileLib> {
-    if std::env::var("FERROGRAD_CUFILE").is_ok_and(|v| v == "0") {
+    let setting = std::env::var("FERROGRAD_CUFILE").unwrap_or_default();
+    if setting == "0" {
         why_not("FERROGRAD_CUFILE=0".into());
+        return None;
+    }
+    if setting != "1" && !nvidia_fs() {
+        // Compatibility mode only: no faster than the pinned path, and slow to start (module doc).
+        why_not("no nvidia-fs driver (FERROGRAD_CUFILE=1 tries cuFile's compatibility mode)".into());
         return None;
     }
     let names = match std::env::var("FERROGRAD_CUFILE_LIBRARY") {

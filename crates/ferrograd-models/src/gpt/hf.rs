@@ -122,7 +122,7 @@ pub(crate) fn read_onto(path: &Path, device: Device, only: Option<&dyn Fn(&str) 
 
 /// Load every parameter of `model` from `path` in place. Names, shapes and dtypes are checked in
 /// the header before anything is read; then only the parameters' tensors are read, straight onto
-/// the model's device ([`read_onto`]), and cast to the parameters' dtype there (f16, bf16 and f64
+/// the model's device (`read_onto`), and cast to the parameters' dtype there (f16, bf16 and f64
 /// files). The padded rows of `wte` are left as they are (zero).
 pub fn load_weights(model: &Gpt, path: &Path) -> Result<()> {
     let header = checkpoint::read_safetensors_header(path)?;

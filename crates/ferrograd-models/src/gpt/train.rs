@@ -438,7 +438,7 @@ impl Run {
     }
 
     /// How many master weights have a kept bf16 copy (0: the forward casts them; see
-    /// [`Run::shadow_set`]).
+    /// `Run::shadow_set`).
     pub fn weight_copies(&self) -> usize {
         self.shadows.as_ref().map_or(0, ShadowSet::len)
     }
