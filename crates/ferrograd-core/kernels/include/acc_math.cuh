@@ -49,19 +49,9 @@ static __device__ __forceinline__ A fg_gelu_tanh(A x) {
   return half * x * (one + fg_tanh(k * (x + K::gelu_c() * x * x * x)));
 }
 
-// d/dx of fg_gelu_tanh (UnaryOp::GeluTanhGrad).
-template <typename A>
-static __device__ __forceinline__ A fg_gelu_tanh_grad(A x) {
-  typedef FgK<A> K;
-  const A one = (A)1, half = (A)0.5;
-  const A k = K::frac_2_sqrt_pi() / K::sqrt_2();
-  const A c = K::gelu_c();
-  const A t = fg_tanh(k * (x + c * x * x * x));
-  return half * (one + t) + half * x * (one - t * t) * k * (one + (A)3 * c * x * x);
-}
-
-// Both of the above from one tanh: the gradient is returned, fg_gelu_tanh(x) written to `*y` (the
-// same expressions, so the same values: linear.cu's dz kernel that also writes the activation).
+// d/dx of fg_gelu_tanh, returned, and fg_gelu_tanh(x) itself written to `*y`, from one tanh (the
+// same expressions as fg_gelu_tanh's, so the same values: linear.cu's dz kernel that also writes
+// the activation).
 template <typename A>
 static __device__ __forceinline__ A fg_gelu_tanh_grad_and_value(A x, A* y) {
   typedef FgK<A> K;
@@ -71,4 +61,11 @@ static __device__ __forceinline__ A fg_gelu_tanh_grad_and_value(A x, A* y) {
   const A t = fg_tanh(k * (x + c * x * x * x));
   *y = half * x * (one + t);
   return half * (one + t) + half * x * (one - t * t) * k * (one + (A)3 * c * x * x);
+}
+
+// d/dx of fg_gelu_tanh (UnaryOp::GeluTanhGrad); the value the compiler drops.
+template <typename A>
+static __device__ __forceinline__ A fg_gelu_tanh_grad(A x) {
+  A unused;
+  return fg_gelu_tanh_grad_and_value(x, &unused);
 }

@@ -26,6 +26,17 @@ fn trained(seed: u64) -> Result<(Sequential, Adam)> {
     Ok((m, opt))
 }
 
+/// `m2` and `opt2` hold, bit for bit, what `m` and `opt` (trained two steps) saved.
+fn assert_restored(m: &Sequential, opt: &Adam, m2: &Sequential, opt2: &Adam) {
+    for ((n, a), (_, b)) in m.named_parameters().iter().zip(m2.named_parameters()) {
+        assert_bits_eq(a, &b, n);
+    }
+    for ((n, a), (_, b)) in opt.state_tensors().iter().zip(opt2.state_tensors()) {
+        assert_bits_eq(a, &b, n);
+    }
+    assert_eq!(opt2.step_count(), 2);
+}
+
 fn state() -> TrainState {
     let mut s = TrainState { step: 42, ..Default::default() };
     s.rngs.insert("dropout".into(), Rng { seed: u64::MAX - 3, offset: 1 << 40 });
@@ -68,13 +79,7 @@ fn round_trip_restores_everything_bitwise() -> std::result::Result<(), Box<dyn s
     let ids: Vec<_> = m2.parameters().iter().map(|p| p.id()).collect();
     let st = checkpoint::load(&path, &m2, Some(&mut opt2))?;
     assert_eq!(st, state());
-    for ((n, a), (_, b)) in m.named_parameters().iter().zip(m2.named_parameters()) {
-        assert_bits_eq(a, &b, n);
-    }
-    for ((n, a), (_, b)) in opt.state_tensors().iter().zip(opt2.state_tensors()) {
-        assert_bits_eq(a, &b, n);
-    }
-    assert_eq!(opt2.step_count(), 2);
+    assert_restored(&m, &opt, &m2, &opt2);
     assert_eq!(ids, m2.parameters().iter().map(|p| p.id()).collect::<Vec<_>>(), "parameters keep identity");
 
     // The file is a plain weights file too: loading without an optimizer ignores optim.* entries.
@@ -103,13 +108,7 @@ fn from_loaded_restores_what_load_restores() -> std::result::Result<(), Box<dyn 
     let mut opt2 = Adam::new(m2.named_parameters(), Default::default())?;
     let st = checkpoint::from_loaded(&loaded, &m2, Some(&mut opt2), Default::default())?;
     assert_eq!(st, state());
-    for ((n, a), (_, b)) in m.named_parameters().iter().zip(m2.named_parameters()) {
-        assert_bits_eq(a, &b, n);
-    }
-    for ((n, a), (_, b)) in opt.state_tensors().iter().zip(opt2.state_tensors()) {
-        assert_bits_eq(a, &b, n);
-    }
-    assert_eq!(opt2.step_count(), 2);
+    assert_restored(&m, &opt, &m2, &opt2);
 
     // Two reads of one file, merged (the model's tensors and the optimizer's apart), are the file.
     let is_state = |n: &str| n.starts_with(checkpoint::OPTIM_PREFIX);
