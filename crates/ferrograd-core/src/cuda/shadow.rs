@@ -46,16 +46,16 @@ struct Key {
 
 /// Where a master's copy lives: a byte range of a set's allocation.
 #[derive(Clone)]
-struct Copy {
+struct Kept {
     guard: Arc<AllocGuard>,
     byte_offset: usize,
     dtype: DType,
     ptr: u64,
 }
 
-static REGISTRY: Mutex<Option<HashMap<Key, Copy>>> = Mutex::new(None);
+static REGISTRY: Mutex<Option<HashMap<Key, Kept>>> = Mutex::new(None);
 
-fn with_registry<T>(f: impl FnOnce(&mut HashMap<Key, Copy>) -> T) -> T {
+fn with_registry<T>(f: impl FnOnce(&mut HashMap<Key, Kept>) -> T) -> T {
     let mut r = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
     f(r.get_or_insert_with(HashMap::new))
 }
@@ -146,7 +146,7 @@ impl ShadowSet {
             }
             for ((m, k), off) in picked.into_iter().zip(offsets) {
                 let buf = CudaBuffer::sub(&dev, guard.clone(), off, k.len, dtype);
-                r.insert(k, Copy { guard: guard.clone(), byte_offset: off, dtype, ptr: buf.ptr() });
+                r.insert(k, Kept { guard: guard.clone(), byte_offset: off, dtype, ptr: buf.ptr() });
                 set.masters.push(m);
                 set.keys.push(k);
             }

@@ -50,8 +50,10 @@ fn shadow_of(t: &Tensor) -> Result<Option<(u64, bool)>> {
     Ok(crate::cuda::shadow::copy_ptr(o, ptr(t)?, t.elem_count()))
 }
 
-/// Fill tables of up to 40 tensors and hand each to `run` with its largest tensor size.
-fn batches(ts: [&[Tensor]; 4], mut run: impl FnMut(OptTable, usize) -> Result<()>) -> Result<()> {
+/// Fill tables of up to 40 tensors and hand each to `run` with its largest tensor size. `copies`:
+/// fill `lo` with the first tensors' kept copies (the optimizer steps, which write or refuse them;
+/// the norm and scale tables over gradients skip the registry lookups).
+fn batches(ts: [&[Tensor]; 4], copies: bool, mut run: impl FnMut(OptTable, usize) -> Result<()>) -> Result<()> {
     let n = ts[0].len();
     for start in (0..n).step_by(MAX) {
         let mut t = OptTable {
@@ -72,7 +74,7 @@ fn batches(ts: [&[Tensor]; 4], mut run: impl FnMut(OptTable, usize) -> Result<()
             t.s1[k] = if ts[2].is_empty() { 0 } else { ptr(&ts[2][i])? };
             t.s2[k] = if ts[3].is_empty() { 0 } else { ptr(&ts[3][i])? };
             t.n[k] = ts[0][i].elem_count() as u64;
-            if let Some((lo, f16)) = shadow_of(&ts[0][i])? {
+            if let Some((lo, f16)) = if copies { shadow_of(&ts[0][i])? } else { None } {
                 t.lo[k] = lo;
                 t.lo_f16 |= (f16 as u64) << k;
             }
@@ -95,7 +97,7 @@ pub(crate) fn adam(
     bc1: f32,
     bc2: f32,
 ) -> Result<()> {
-    batches([params, grads, m, v], |t, widest| {
+    batches([params, grads, m, v], true, |t, widest| {
         launch!(dev, modules::OPTIM, "adam_f32", cfg_1d(dev, widest);
             t, c.lr as f32, c.beta1 as f32, c.beta2 as f32, (1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32,
             c.eps as f32, c.weight_decay as f32, bc1, bc2,
@@ -126,7 +128,7 @@ pub(crate) fn adam_counted(
     if lr_ptr.is_none() && scale_ptr != 0 {
         return Err(Error::InvalidArgument("adam: a gradient scale needs the learning rate on the device".into()));
     }
-    batches([params, grads, m, v], |t, widest| {
+    batches([params, grads, m, v], true, |t, widest| {
         let (b1, b2, omb1, omb2) = (c.beta1 as f32, c.beta2 as f32, (1.0 - c.beta1) as f32, (1.0 - c.beta2) as f32);
         match lr_ptr {
             Some(lp) => launch!(dev, modules::OPTIM, "adam_f32_devlr", cfg_1d(dev, widest);
@@ -149,7 +151,7 @@ pub(crate) fn sgd(
     first: bool,
 ) -> Result<()> {
     let bufs = if c.momentum != 0.0 { bufs } else { &[] };
-    batches([params, grads, bufs, &[]], |t, widest| {
+    batches([params, grads, bufs, &[]], true, |t, widest| {
         if t.lo[..t.count as usize].iter().any(|&lo| lo != 0) {
             // Its kernel would leave the copy stale (only Adam's write it).
             return Err(Error::InvalidArgument(
@@ -174,7 +176,7 @@ pub(crate) fn norm_and_clip_factor(dev: &Arc<CudaDevice>, tensors: &[Tensor], ma
         launch!(dev, modules::COPY, "fill_b32", cfg_1d(dev, part.len()); part.buf.ptr(), 0u64, part.len() as u64);
     }
     let mut slot = 0u32;
-    batches([tensors, tensors, &[], &[]], |t, _| {
+    batches([tensors, tensors, &[], &[]], false, |t, _| {
         launch!(dev, modules::OPTIM, "sq_norm_part_f32", cfg; t, part.buf.ptr(), slot);
         slot += 1;
         Ok(())
@@ -195,7 +197,7 @@ pub(crate) fn scale_all(dev: &Arc<CudaDevice>, tensors: &[Tensor], factor: u64) 
             Ok(Tensor::from_storage(Storage::Cuda(s), t.shape().clone(), None))
         })
         .collect::<Result<Vec<_>>>()?;
-    batches([&outs, tensors, &[], &[]], |t, widest| {
+    batches([&outs, tensors, &[], &[]], false, |t, widest| {
         launch!(dev, modules::OPTIM, "scale_dev_f32", cfg_1d(dev, widest); t, factor);
         Ok(())
     })?;
