@@ -287,6 +287,8 @@ fn kernels_precompile_for_an_explicit_arch() {
     assert!(out.contains("kernels for sm_90"), "{out}");
     assert!(out.contains("compiled") && out.contains("0 failed"), "{out}");
     assert!(out.lines().any(|l| l.starts_with("next start: ") && l.contains("from the disk cache")), "{out}");
+    #[cfg(target_os = "linux")]
+    assert!(out.lines().any(|l| l.starts_with("process CPU time ") && l.contains(" s of NVRTC calls")), "{out}");
     // The second run finds everything on disk.
     let (out2, _) = text(&run());
     assert!(out2.contains(" 0 compiled, 0 failed"), "{out2}");
