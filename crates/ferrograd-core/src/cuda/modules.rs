@@ -105,7 +105,11 @@ pub const ALL: &[&Module] = &[
     &crate::quant::MODULE,
     &crate::fused::classifier::MODULE,
     &crate::fused::cross_entropy::MODULE,
-    &crate::fused::linear::MODULE,
+    // src/fused/linear: one part per dtype.
+    crate::fused::linear::MODULES[0],
+    crate::fused::linear::MODULES[1],
+    crate::fused::linear::MODULES[2],
+    crate::fused::linear::MODULES[3],
     &crate::fused::mse_loss::MODULE,
     // src/fused/attention: one module per head dim and dtype.
     crate::fused::attention::MODULES[0],
@@ -218,7 +222,10 @@ mod tests {
     /// Every part of a module split in several (by dtype, direction, head dim) is in [`ALL`].
     #[test]
     fn every_part_of_a_split_module_is_registered() {
-        let parts = crate::fused::attention::MODULES.iter().chain(&crate::fused::selective_scan::MODULES);
+        let parts = crate::fused::attention::MODULES
+            .iter()
+            .chain(&crate::fused::selective_scan::MODULES)
+            .chain(&crate::fused::linear::MODULES);
         for m in parts.chain(&[&BINARY, &BINARY_HALF, &BINARY_REST]) {
             assert!(ALL.contains(m), "{} is not in cuda/modules.rs ALL", m.name);
         }

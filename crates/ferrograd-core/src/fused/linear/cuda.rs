@@ -15,10 +15,11 @@
 //!
 //! A transposed view (unit row stride) flips its operand's transpose flag instead of being copied.
 
-use super::{cpu, out_dims, sizes, Activation, Need, WGrad, MODULE};
+use super::{cpu, out_dims, sizes, Activation, Need, WGrad, LINEAR_BF16, LINEAR_F16, LINEAR_F32, LINEAR_F64};
 use crate::backend::BackendStorage;
 use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
 use crate::cuda::launch::{cfg_1d, cfg_col_sums, launch};
+use crate::cuda::modules::Module;
 use crate::cuda::CudaStorage;
 use crate::fused::FusedOutputs;
 use crate::{DType, Layout, Result, Shape};
@@ -197,9 +198,9 @@ pub(super) fn act_backward(
     let Some(db_dtype) = db_dtype else {
         let cfg = cfg_1d(dev, (rows * cols).div_ceil(per_pack));
         match act {
-            Activation::GeluTanh => launch!(dev, MODULE, format!("linear_dgelu_{dtype}"), cfg;
+            Activation::GeluTanh => launch!(dev, *module(dtype)?, format!("linear_dgelu_{dtype}"), cfg;
                 dy_ptr, s_ptr, dz_ptr, h_ptr, rows as u64, cols as u64, lds as u64),
-            _ => launch!(dev, MODULE, format!("linear_{name}_{dtype}"), cfg;
+            _ => launch!(dev, *module(dtype)?, format!("linear_{name}_{dtype}"), cfg;
                 dy_ptr, s_ptr, dz_ptr, rows as u64, cols as u64, lds as u64),
         }
         return Ok(with_h(out));
@@ -213,10 +214,10 @@ pub(super) fn act_backward(
     let (cfg, rps, splits) = cfg_col_sums(dev, rows, units);
     let part = CudaStorage::uninit(dev, splits * cols, acc)?;
     match act {
-        Activation::GeluTanh => launch!(dev, MODULE, format!("linear_dgelu_db_{dtype}"), cfg;
+        Activation::GeluTanh => launch!(dev, *module(dtype)?, format!("linear_dgelu_db_{dtype}"), cfg;
             dy_ptr, s_ptr, dz_ptr, h_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64,
             vec as i32),
-        _ => launch!(dev, MODULE, format!("linear_{name}_db_{dtype}"), cfg;
+        _ => launch!(dev, *module(dtype)?, format!("linear_{name}_db_{dtype}"), cfg;
             dy_ptr, s_ptr, dz_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64, vec as i32),
     }
     let db = CudaStorage::uninit(dev, cols, db_dtype)?;
@@ -227,7 +228,8 @@ pub(super) fn act_backward(
         block_dim: (32, 32, 1),
         shared_mem_bytes: 0,
     };
-    launch!(dev, MODULE, format!("linear_colsum_{}", if db_dtype == dtype { dtype } else { acc }), sums;
+    let sum_dtype = if db_dtype == dtype { dtype } else { acc };
+    launch!(dev, *module(sum_dtype)?, format!("linear_colsum_{sum_dtype}"), sums;
         part.buf.ptr(), db.buf.ptr(), splits as u64, cols as u64);
     out.push((db, Shape::from(cols)));
     Ok(with_h(out))
@@ -346,4 +348,35 @@ fn col_sums(dz: (&CudaStorage, &Layout), m: usize, n: usize, to: DType) -> Resul
         None => zl.unwrap_or_else(|| Layout::contiguous((m, n))),
     };
     own.as_ref().unwrap_or(dz.0).reduce(&zl, crate::op::ReduceOp::Sum, &[0])
+}
+
+/// The part of `linear.cu` compiled for `dtype` (mod.rs `MODULES`). A kernel's part is the dtype of
+/// its name's suffix, so a bf16 backward whose bias sums are f32 loads the bf16 and the f32 parts.
+fn module(dtype: DType) -> Result<&'static Module> {
+    Ok(match dtype {
+        DType::F32 => &LINEAR_F32,
+        DType::F64 => &LINEAR_F64,
+        DType::F16 => &LINEAR_F16,
+        DType::BF16 => &LINEAR_BF16,
+        d => return Err(crate::Error::UnsupportedDType { op: "linear", dtype: d }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel the launches above can name is in the part they pick, and every part is picked.
+    #[test]
+    fn each_launch_finds_its_kernel_in_the_part_it_picks() {
+        assert!(module(DType::I32).is_err());
+        let mut routes = vec![];
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            let part = module(dtype).expect("a float dtype has a part");
+            for kernel in ["dgelu", "drelu", "dgelu_db", "drelu_db", "colsum"] {
+                routes.push((format!("linear_{kernel}_{dtype}"), part));
+            }
+        }
+        crate::cuda::modules::check_routes(&super::super::MODULES, &routes);
+    }
 }

@@ -149,7 +149,17 @@ static __device__ __forceinline__ void lin_dact_db(const T* dy, const T* s, T* d
     fg_col_sums<T>(part, db, splits, cols);                                                                     \
   }
 
+// One dtype per compiled part (`-D FG_LINEAR_DTYPE`, mod.rs `MODULES`): the four in one module
+// were the longest NVRTC pole of a cold precompile (2.3-2.7 s alone, ~5 s among 16 threads), and a
+// run compiles only the parts it launches (a bf16 model: bf16, and f32 for its f32 bias sums).
+#if !defined(FG_LINEAR_DTYPE)
+#error "FG_LINEAR_DTYPE comes from Rust (src/fused/linear/mod.rs MODULES)"
+#elif FG_LINEAR_DTYPE == 0
 FG_LINEAR_DACT(float, f32)
+#elif FG_LINEAR_DTYPE == 1
 FG_LINEAR_DACT(double, f64)
+#elif FG_LINEAR_DTYPE == 2
 FG_LINEAR_DACT(__half, f16)
+#else
 FG_LINEAR_DACT(__nv_bfloat16, bf16)
+#endif

@@ -35,7 +35,7 @@ use crate::backend::BackendStorage;
 use crate::backprop::track;
 use crate::cpu::CpuStorage;
 use crate::cuda::modules::headers::{ACC_MATH, COL_SUMS, COMMON};
-use crate::cuda::modules::Module;
+use crate::cuda::modules::{Define, Module};
 use crate::cuda::CudaStorage;
 use crate::{DType, Error, Layout, Result, Shape, Tensor};
 use master::{lower, stored_transposed, view_as, Lowered};
@@ -44,9 +44,25 @@ use std::sync::Arc;
 pub use mlp::{mlp, mlp_recompute};
 
 /// The backward's activation-gradient kernels (`linear.cu`): `linear_{dgelu,drelu}[_db]_{dt}` and
-/// `linear_colsum_{dt}`. The matmuls themselves are cuBLASLt's (`cuda/blaslt`).
-pub const MODULE: Module =
-    Module::new("linear", include_str!("linear.cu")).with_headers(&[COMMON, ACC_MATH, COL_SUMS]).with_cost_ms(3000);
+/// `linear_colsum_{dt}`, one compiled part per dtype `dt` (`-D FG_LINEAR_DTYPE`; `cuda.rs`
+/// `module` picks the part by the suffix of the kernel it launches). The matmuls themselves are
+/// cuBLASLt's (`cuda/blaslt`).
+macro_rules! linear_part {
+    ($id:ident, $name:literal, $dtype:literal, $ms:literal) => {
+        /// The activation-gradient kernels of one dtype (see [`MODULES`]).
+        pub const $id: Module = Module::new($name, include_str!("linear.cu"))
+            .with_headers(&[COMMON, ACC_MATH, COL_SUMS])
+            .with_defines(&[Define::int("FG_LINEAR_DTYPE", $dtype)])
+            .with_cost_ms($ms);
+    };
+}
+linear_part!(LINEAR_F32, "linear_f32", 0, 600);
+linear_part!(LINEAR_F64, "linear_f64", 1, 800);
+linear_part!(LINEAR_F16, "linear_f16", 2, 900);
+linear_part!(LINEAR_BF16, "linear_bf16", 3, 900);
+
+/// The kernel modules (for `cuda::modules::ALL`): f32, f64, f16, bf16.
+pub const MODULES: [&Module; 4] = [&LINEAR_F32, &LINEAR_F64, &LINEAR_F16, &LINEAR_BF16];
 
 /// The activation fused after the matmul and bias.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
