@@ -74,7 +74,10 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let report = modules::precompile(arch, ferrograd_models::MODULES)?;
     writeln!(out, "{report}")?;
     if let (Some(a), Some(b)) = (cpu0, process_cpu_seconds()) {
-        writeln!(out, "{}", cpu_note(b - a, report.compile_time_saved().as_secs_f64()))?;
+        let spent = report.compile_time_spent().as_secs_f64();
+        if spent > 0.0 {
+            writeln!(out, "{}", cpu_note(b - a, spent))?;
+        }
     }
     if !report.is_ok() {
         return Err(format!(

@@ -65,6 +65,12 @@ impl PrecompileReport {
     pub fn compile_time_saved(&self) -> Duration {
         self.ok().map(|k| k.compile_time).sum()
     }
+
+    /// NVRTC time spent in this call: the modules compiled now, not those found in a cache
+    /// (whose [`CompiledKernel::compile_time`] is the time recorded when they were compiled).
+    pub fn compile_time_spent(&self) -> Duration {
+        self.ok().filter(|k| !k.from_cache).map(|k| k.compile_time).sum()
+    }
 }
 
 impl fmt::Display for PrecompileReport {
@@ -161,6 +167,7 @@ mod tests {
         assert_eq!((report.hits(), report.misses(), report.failures()), (1, 1, 1));
         assert!(!report.is_ok());
         assert_eq!(report.compile_time_saved(), Duration::from_millis(500));
+        assert_eq!(report.compile_time_spent(), Duration::from_millis(300), "the disk hit compiled nothing now");
         let text = report.to_string();
         assert!(text.contains("hit (disk)") && text.contains("FAILED") && text.contains("500.0 ms"), "{text}");
         assert!(text.contains("on 2 threads") && text.contains("longest unary 300.0 ms"), "{text}");
