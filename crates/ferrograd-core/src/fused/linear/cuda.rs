@@ -18,7 +18,7 @@
 use super::{cpu, out_dims, sizes, Activation, Need, WGrad, LINEAR_BF16, LINEAR_F16, LINEAR_F32, LINEAR_F64};
 use crate::backend::BackendStorage;
 use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
-use crate::cuda::launch::{cfg_1d, cfg_col_sums, launch};
+use crate::cuda::launch::{cfg_col_sums, cfg_elementwise, col_sums_block, launch};
 use crate::cuda::modules::Module;
 use crate::cuda::CudaStorage;
 use crate::fused::FusedOutputs;
@@ -196,7 +196,10 @@ pub(super) fn act_backward(
     let dz_ptr = out[0].0.buf.ptr();
     let per_pack = 16 / dtype.size_in_bytes();
     let Some(db_dtype) = db_dtype else {
-        let cfg = cfg_1d(dev, (rows * cols).div_ceil(per_pack));
+        // cfg_elementwise's unit is a 16-byte vector of f32, four per thread and step: a pack of
+        // this dtype is one. Its grid (every thread one unrolled step) ran dz at 16384 x 3072 bf16
+        // in 104 µs against 113 with cfg_1d's chip-sized grid (H100, .gpu-extra/dzdb).
+        let cfg = cfg_elementwise(dev, (rows * cols).div_ceil(per_pack) * 4);
         match act {
             Activation::GeluTanh => launch!(dev, *module(dtype)?, format!("linear_dgelu_{dtype}"), cfg;
                 dy_ptr, s_ptr, dz_ptr, h_ptr, rows as u64, cols as u64, lds as u64),
@@ -211,13 +214,15 @@ pub(super) fn act_backward(
         && lds.is_multiple_of(per_pack)
         && [dy_ptr, s_ptr, dz_ptr].iter().all(|p| p.is_multiple_of(16));
     let units = if vec { cols / per_pack } else { cols };
-    let (cfg, rps, splits) = cfg_col_sums(dev, rows, units);
+    let kernel = format!("linear_{name}_db_{dtype}");
+    let per_sm = dev.max_active_blocks_per_sm(module(dtype)?, &kernel, col_sums_block(units).1 as u32, 0)?;
+    let (cfg, rps, splits) = cfg_col_sums(dev, rows, units, per_sm as usize);
     let part = CudaStorage::uninit(dev, splits * cols, acc)?;
     match act {
-        Activation::GeluTanh => launch!(dev, *module(dtype)?, format!("linear_dgelu_db_{dtype}"), cfg;
+        Activation::GeluTanh => launch!(dev, *module(dtype)?, kernel, cfg;
             dy_ptr, s_ptr, dz_ptr, h_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64,
             vec as i32),
-        _ => launch!(dev, *module(dtype)?, format!("linear_{name}_db_{dtype}"), cfg;
+        _ => launch!(dev, *module(dtype)?, kernel, cfg;
             dy_ptr, s_ptr, dz_ptr, part.buf.ptr(), rows as u64, cols as u64, lds as u64, rps as u64, vec as i32),
     }
     let db = CudaStorage::uninit(dev, cols, db_dtype)?;
