@@ -198,7 +198,7 @@ pub(super) fn act_backward(
     let Some(db_dtype) = db_dtype else {
         // cfg_elementwise's unit is a 16-byte vector of f32, four per thread and step: a pack of
         // this dtype is one. Its grid (every thread one unrolled step) ran dz at 16384 x 3072 bf16
-        // in 104 µs against 113 with cfg_1d's chip-sized grid (H100, .gpu-extra/dzdb).
+        // in 104 µs against 113 with cfg_1d's chip-sized grid (H100, bench/kernels/linear_dzdb.sh).
         let cfg = cfg_elementwise(dev, (rows * cols).div_ceil(per_pack) * 4);
         match act {
             Activation::GeluTanh => launch!(dev, *module(dtype)?, format!("linear_dgelu_{dtype}"), cfg;
