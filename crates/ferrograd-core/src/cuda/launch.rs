@@ -51,15 +51,13 @@ pub fn cfg_rows(dev: &CudaDevice, rows: usize, cols: usize, shared_mem_bytes: u3
 
 /// Column sums of a `[rows, cols]` matrix without atomics: `units` column units (a column, or a
 /// pack of columns) across the threads of grid.x (at most 256 a block), the rows split across grid.y
-/// so that the chip fills; each block leaves one row of partial sums. `per_sm` is how many blocks
-/// one SM holds: with the kernel's occupancy (`CudaDevice::max_active_blocks_per_sm`) the grid is
-/// one wave, where 8 with room for 6 left a second wave of a quarter of the blocks on a quarter of
-/// the SMs (the fused linear's dz + db, 2026-11-24). Returns the config, the rows per split and the
-/// number of splits (the partial rows a second kernel adds).
-pub fn cfg_col_sums(dev: &CudaDevice, rows: usize, units: usize, per_sm: usize) -> (LaunchConfig, usize, usize) {
+/// so that the chip fills; each block leaves one row of partial sums. Returns the config, the rows
+/// per split and the number of splits (the partial rows a second kernel adds).
+pub fn cfg_col_sums(dev: &CudaDevice, rows: usize, units: usize) -> (LaunchConfig, usize, usize) {
     let (rows, units) = (rows.max(1), units.max(1));
-    let (blocks_x, threads) = col_sums_block(units);
-    let splits = (dev.sm_count() * per_sm.max(1) / blocks_x).clamp(1, 65535).min(rows);
+    let blocks_x = units.div_ceil(256);
+    let threads = units.div_ceil(blocks_x).next_multiple_of(32).min(256);
+    let splits = (dev.sm_count() * 8 / blocks_x).clamp(1, 65535).min(rows);
     let rps = rows.div_ceil(splits);
     let splits = rows.div_ceil(rps);
     let cfg = LaunchConfig {
@@ -68,13 +66,6 @@ pub fn cfg_col_sums(dev: &CudaDevice, rows: usize, units: usize, per_sm: usize) 
         shared_mem_bytes: 0,
     };
     (cfg, rps, splits)
-}
-
-/// [`cfg_col_sums`]'s blocks across the units and threads a block.
-pub fn col_sums_block(units: usize) -> (usize, usize) {
-    let units = units.max(1);
-    let blocks_x = units.div_ceil(256);
-    (blocks_x, units.div_ceil(blocks_x).next_multiple_of(32).min(256))
 }
 
 /// One warp per row, 8 warps a block, at most 8 blocks per SM (grid-stride over rows).

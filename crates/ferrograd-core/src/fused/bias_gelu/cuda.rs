@@ -47,8 +47,7 @@ pub(super) fn backward((dy, dyl): Arg<'_>, (x, xl): Arg<'_>, (b, bl): Arg<'_>) -
     let (dyp, _kdy) = dy.contiguous_ptr(dyl)?;
     let (xp, _kx) = x.contiguous_ptr(xl)?;
     let (bp, _kb) = b.contiguous_ptr(bl)?;
-    // 8 blocks an SM, as measured for this kernel (the linear's one-wave sizing is not tried here).
-    let (cfg, rps, splits) = cfg_col_sums(dev, rows, cols, 8);
+    let (cfg, rps, splits) = cfg_col_sums(dev, rows, cols);
     let part = CudaStorage::uninit(dev, splits * cols, dtype.acc())?;
     launch!(dev, MODULE, format!("bias_gelu_bwd_{dtype}"), cfg;
         dyp, xp, bp, dx.buf.ptr(), part.buf.ptr(), rows as u64, cols as u64, rps as u64);

@@ -18,7 +18,7 @@
 use super::{cpu, out_dims, sizes, Activation, Need, WGrad, LINEAR_BF16, LINEAR_F16, LINEAR_F32, LINEAR_F64};
 use crate::backend::BackendStorage;
 use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
-use crate::cuda::launch::{cfg_col_sums, cfg_elementwise, col_sums_block, launch};
+use crate::cuda::launch::{cfg_col_sums, cfg_elementwise, launch};
 use crate::cuda::modules::Module;
 use crate::cuda::CudaStorage;
 use crate::fused::FusedOutputs;
@@ -215,8 +215,9 @@ pub(super) fn act_backward(
         && [dy_ptr, s_ptr, dz_ptr].iter().all(|p| p.is_multiple_of(16));
     let units = if vec { cols / per_pack } else { cols };
     let kernel = format!("linear_{name}_db_{dtype}");
-    let per_sm = dev.max_active_blocks_per_sm(module(dtype)?, &kernel, col_sums_block(units).1 as u32, 0)?;
-    let (cfg, rps, splits) = cfg_col_sums(dev, rows, units, per_sm as usize);
+    // A grid of one wave at the kernel's occupancy (6 blocks an SM, not cfg_col_sums' 8) ran the
+    // one-row loop 15% faster but this two-row one no faster (H100, bench/kernels/linear_dzdb.sh).
+    let (cfg, rps, splits) = cfg_col_sums(dev, rows, units);
     let part = CudaStorage::uninit(dev, splits * cols, acc)?;
     match act {
         Activation::GeluTanh => launch!(dev, *module(dtype)?, kernel, cfg;

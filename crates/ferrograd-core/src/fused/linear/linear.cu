@@ -119,8 +119,8 @@ static __device__ __forceinline__ void lin_dact_db_v(const T* __restrict__ dy, c
 #pragma unroll
   for (int j = 0; j < V; ++j) acc[j] = (A)0;
   // Two rows a step, both rows' loads issued before any math (the compiler did not hoist them
-  // over the stores of an unrolled one-row loop): with the one-wave launch (cuda.rs) dz + db at
-  // 16384 x 3072 bf16 went from 137 to 112 µs on an H100 (bench/kernels/linear_dzdb.sh, 2026-11-24).
+  // over the stores of an unrolled one-row loop): dz + db at 16384 x 3072 bf16 went from 137 to
+  // 120 µs on an H100, x4096 159 -> 153, x768 38 -> 31 (bench/kernels/linear_dzdb.sh, 2026-11-24).
   fg_u64 r = r0;
   for (; r + 2 <= r1; r += 2) {
     P g[2], x[2];
