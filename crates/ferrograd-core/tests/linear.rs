@@ -217,10 +217,13 @@ fn cuda_matches_cpu_forward_and_backward() -> Result<()> {
     let mut rng = Rng::new(13);
     // (x dims, out, whether x is passed transposed): odd sizes, 3-D, multiples of 8, one row;
     // 300 rows (the bias gradient's partial sums then span more splits than a column-sum block
-    // has lanes).
-    let cases: [(&[usize], usize, bool); 7] = [
+    // has lanes); 2,200 rows, more than the 8 blocks an SM of `cfg_col_sums` give one each, so a
+    // block's rows (3 on a 132-SM GPU, 2 on a 144-SM one) go through the dz + db kernel's two-row
+    // step (and its odd remainder), which fewer rows never reach.
+    let cases: [(&[usize], usize, bool); 8] = [
         (&[7, 13], 11, false),
         (&[300, 24], 70, false),
+        (&[2200, 16], 24, false),
         (&[2, 5, 24], 40, false),
         (&[3, 1, 17], 9, false),
         (&[1, 64], 48, false),
