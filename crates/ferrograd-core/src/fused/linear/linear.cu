@@ -84,12 +84,6 @@ static __device__ __forceinline__ void lin_dact_rows(const T* dy, const T* s, T*
   }
 }
 
-// The same, also summing each column of dz (the bias gradient) without another pass over it. Block
-// (bx, by) owns columns [bx * blockDim.x * V, ...) and rows [by * rps, (by + 1) * rps); each thread
-// keeps V column sums in ACC over its rows, of the dz values as stored (rounded to T, as a matmul
-// reading dz would see them), and writes them to part[by * cols + column]: deterministic, no
-// atomics. linear_colsum_* then adds the gridDim.y partial rows. V = 16 / sizeof(T) when cols and
-// lds are multiples of V and the pointers 16-byte aligned, else 1.
 // One row's pack of lin_dact_db_v: dz (and h) stored at offset o, the stored dz added to acc.
 template <typename T, bool GELU, int V>
 static __device__ __forceinline__ void lin_dact_db_row(const FgPack<T, V>& g, const FgPack<T, V>& x, T* __restrict__ dz,
@@ -104,6 +98,12 @@ static __device__ __forceinline__ void lin_dact_db_row(const FgPack<T, V>& g, co
   if (GELU && h != nullptr) *reinterpret_cast<FgPack<T, V>*>(h + o) = hv;
 }
 
+// lin_dact_rows, also summing each column of dz (the bias gradient) without another pass over it. Block
+// (bx, by) owns columns [bx * blockDim.x * V, ...) and rows [by * rps, (by + 1) * rps); each thread
+// keeps V column sums in ACC over its rows, of the dz values as stored (rounded to T, as a matmul
+// reading dz would see them), and writes them to part[by * cols + column]: deterministic, no
+// atomics. linear_colsum_* then adds the gridDim.y partial rows. V = 16 / sizeof(T) when cols and
+// lds are multiples of V and the pointers 16-byte aligned, else 1.
 template <typename T, bool GELU, int V>
 static __device__ __forceinline__ void lin_dact_db_v(const T* __restrict__ dy, const T* __restrict__ s,
                                                      T* __restrict__ dz, T* __restrict__ h,
@@ -118,8 +118,8 @@ static __device__ __forceinline__ void lin_dact_db_v(const T* __restrict__ dy, c
   A acc[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) acc[j] = (A)0;
-  // Two rows a step, both rows' loads issued before any math (the compiler did not hoist them
-  // over the stores of an unrolled one-row loop): dz + db at 16384 x 3072 bf16 went from 137 to
+  // Two rows a step, both rows' loads issued before any math (an unrolled one-row loop was
+  // slower: its loads were not in flight together): dz + db at 16384 x 3072 bf16 went from 137 to
   // 120 µs on an H100, x4096 159 -> 153, x768 38 -> 31 (bench/kernels/linear_dzdb.sh, 2026-11-24).
   fg_u64 r = r0;
   for (; r + 2 <= r1; r += 2) {
