@@ -11,12 +11,12 @@ every module and to the kernel cache's key, so the two sides never share a CUBIN
    alternating A, B, A, B so that a machine whose clock drifts is seen by both sides alike;
 2. every bench whose kernels NVRTC compiles (`ferrograd bench NAME --json`), the Monster Walk run in
    each of its steps and precisions (`monster-walk --report`), and with `--gpt` a short GPT-2 run
-   (`gpt train`, tokens/s of its last steps), alternating A, B likewise; each row keeps its best
-   figure per side.
+   (`gpt train`, tokens/s after its warm-up steps, from summary.json), alternating A, B likewise;
+   each row keeps its best figure per side.
 
 The table pairs the rows by name: `B/A` above 1 means B did better (higher figures or shorter
-times). This is how `cuda::modules` decided which modules compile with `--Ofast-compile=min`
-(docs/architecture.md, "Cold precompile"): those whose every bench row stays within noise.
+times). Its run of `--Ofast-compile=min` (BENCHMARKS.md, 2026-11-24) is why no module uses that
+flag (docs/architecture.md, "Where the time goes").
 """
 
 from __future__ import annotations
