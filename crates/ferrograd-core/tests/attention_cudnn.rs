@@ -1,13 +1,15 @@
 //! The CUDA backends of attention against each other and against the float64 CPU op: cuDNN's
-//! fused SDPA (`src/fused/attention/cudnn/`), our kernels, and the composed `math` path, forward
+//! fused SDPA (`src/fused/attention/cudnn/`), our kernels (on Hopper both their `wgmma` and their
+//! mma.sync variants), and the composed `math` path, forward
 //! and all three gradients, bf16 and f16, head dims 64 and 128, causal and full, odd lengths, q / k
 //! / v as strided views of one `[B, T, 3, H, D]` buffer. Each case asserts which implementation
 //! actually ran (the op's counters), so a cuDNN plan that silently fell back fails the test. Outputs
 //! are poisoned (NaN) before the kernels. Without a GPU, or (for the cuDNN cases) without libcudnn
 //! 9, the tests print why and pass.
 
+use ferrograd_core::cuda::nvrtc::Arch;
 use ferrograd_core::cuda::{set_poison_allocations, CudaDevice};
-use ferrograd_core::fused::attention::select::{counters_on_this_thread, set_backend, Backend, Counters};
+use ferrograd_core::fused::attention::select::{counters_on_this_thread, set_backend, set_wgmma, Backend, Counters};
 use ferrograd_core::fused::attention::{cudnn, AttentionOpts};
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
 
@@ -98,6 +100,8 @@ fn delta(before: Counters) -> Counters {
         cudnn_bwd: a.cudnn_bwd - before.cudnn_bwd,
         math: a.math - before.math,
         cudnn_fallbacks: a.cudnn_fallbacks - before.cudnn_fallbacks,
+        wgmma_fwd: a.wgmma_fwd - before.wgmma_fwd,
+        wgmma_bwd: a.wgmma_bwd - before.wgmma_bwd,
     }
 }
 
@@ -201,6 +205,114 @@ fn cuda_cudnn_and_flash_agree_forward_and_backward() -> Result<()> {
 
 /// The default (no variable, no override) picks cuDNN for bf16 / f16 without dropout, our kernels
 /// for f32, dropout and a single query (a decode step: cuDNN would build a plan per key length).
+/// One problem on our kernels twice, the Hopper (`wgmma`) variant and the mma.sync one, each
+/// against the float64 CPU op and against each other; asserts which variant ran.
+fn wgmma_case(
+    dev: Device,
+    rng: &mut Rng,
+    dtype: DType,
+    dims: (usize, usize, usize, usize, usize),
+    fused_qkv: bool,
+    causal: bool,
+) -> Result<String> {
+    let (b, h, tq, tk, d) = dims;
+    let what = format!("{dtype} B={b} H={h} Tq={tq} Tk={tk} D={d} causal={causal} fused_qkv={fused_qkv}");
+    let x: Vec<Tensor> = if fused_qkv {
+        qkv_views(&randn(rng, &[b, tq, 3, h, d], dtype))
+    } else {
+        vec![randn(rng, &[b, h, tq, d], dtype), randn(rng, &[b, h, tk, d], dtype), randn(rng, &[b, h, tk, d], dtype)]
+    };
+    let w = randn(rng, &[b, h, tq, d], dtype);
+    let r: Vec<Tensor> = x.iter().map(|t| t.to_dtype(DType::F64).unwrap()).collect();
+    let (ro, rg) = run(Backend::Flash, Backend::Flash, &r, &w.to_dtype(DType::F64)?, causal)?;
+    let gx: Vec<Tensor> = if fused_qkv {
+        let qkv = Tensor::stack(&[x[0].transpose(1, 2)?, x[1].transpose(1, 2)?, x[2].transpose(1, 2)?], 2)?;
+        qkv_views(&qkv.to_device(dev)?)
+    } else {
+        x.iter().map(|t| t.to_device(dev).unwrap()).collect()
+    };
+    let gw = w.to_device(dev)?;
+    let (tf, tb) = tol(dtype);
+    let (mut lines, mut ok, mut results) = (vec![], true, vec![]);
+    for wg in [true, false] {
+        set_wgmma(Some(wg));
+        let before = counters_on_this_thread();
+        let out = run(Backend::Flash, Backend::Flash, &gx, &gw, causal);
+        let ran = delta(before);
+        set_wgmma(None);
+        let (o, g) = out?;
+        let n = u64::from(wg);
+        if (ran.flash_fwd, ran.flash_bwd, ran.wgmma_fwd, ran.wgmma_bwd) != (1, 1, n, n) {
+            return Err(Error::InvalidArgument(format!("{what}: wgmma {wg}: ran {ran:?}")));
+        }
+        let e: Vec<f64> = std::iter::once(rel_err(&o.to_dtype(DType::F64)?, &ro))
+            .chain(g.iter().zip(&rg).map(|(a, r)| rel_err(&a.to_dtype(DType::F64).unwrap(), r)))
+            .collect();
+        ok &= e[0] < tf && e[1..].iter().all(|x| *x < tb);
+        let name = if wg { "wgmma" } else { "mma" };
+        lines.push(format!("{name}: o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", e[0], e[1], e[2], e[3]));
+        results.push((o, g));
+    }
+    let (a, m) = (&results[0], &results[1]);
+    let mut e = vec![rel_err(&a.0.to_dtype(DType::F64)?, &m.0.to_dtype(DType::F64)?)];
+    for (x, y) in a.1.iter().zip(&m.1) {
+        e.push(rel_err(&x.to_dtype(DType::F64)?, &y.to_dtype(DType::F64)?));
+    }
+    ok &= e[0] < 2.0 * tf && e[1..].iter().all(|x| *x < 2.0 * tb);
+    lines.push(format!("wgmma vs mma: o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", e[0], e[1], e[2], e[3]));
+    let line = format!("{what}: {}", lines.join("; "));
+    println!("{line}");
+    if ok {
+        Ok(line)
+    } else {
+        Err(Error::InvalidArgument(format!("{line} (tolerances {tf:.0e} / {tb:.0e} against f64)")))
+    }
+}
+
+/// On an sm_90 GPU the Hopper kernels run by default for bf16 / f16 at head dims 64 and 128 and
+/// agree with the float64 op and with the mma.sync kernels: lengths below, at and past a block,
+/// Tq != Tk both ways (causal is top-left), q / k / v as strided views of one QKV buffer.
+/// Dropout keeps the mma.sync kernels.
+#[test]
+fn cuda_wgmma_kernels_match_float64_and_the_mma_kernels() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let arch = CudaDevice::get(0)?.arch;
+    if arch != Arch::SM90 {
+        println!("skipping: the wgmma kernels need sm_90, this GPU is {arch}");
+        return Ok(());
+    }
+    let mut rng = Rng::new(23);
+    let (mut failures, mut n) = (vec![], 0);
+    for dtype in [DType::BF16, DType::F16] {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                for (i, &(b, h, tq, tk)) in
+                    [(2, 3, 129, 129), (1, 2, 300, 300), (2, 2, 77, 45), (1, 2, 45, 77), (1, 1, 1, 1), (1, 2, 520, 520)]
+                        .iter()
+                        .enumerate()
+                {
+                    let fused = tq == tk && i % 2 == 0;
+                    n += 1;
+                    if let Err(e) = wgmma_case(dev, &mut rng, dtype, (b, h, tq, tk, d), fused, causal) {
+                        failures.push(e.to_string());
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {n} cases failed:\n{}", failures.len(), failures.join("\n"));
+    // Dropout: the mma.sync kernels (the Hopper ones have no dropout).
+    let q = randn(&mut rng, &[1, 2, 64, 64], DType::BF16).to_device(dev)?;
+    set_backend(Some(Backend::Flash));
+    let before = counters_on_this_thread();
+    let o = Tensor::scaled_dot_product_attention(&q, &q, &q, AttentionOpts { dropout_p: 0.1, ..Default::default() });
+    let ran = delta(before);
+    set_backend(None);
+    o?;
+    assert_eq!((ran.flash_fwd, ran.wgmma_fwd), (1, 0), "dropout ran {ran:?}");
+    Ok(())
+}
+
 #[test]
 fn cuda_auto_picks_cudnn_where_it_can() -> Result<()> {
     let Some(dev) = gpu_with_cudnn() else { return Ok(()) };

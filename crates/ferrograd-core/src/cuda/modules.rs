@@ -6,7 +6,7 @@
 //! its folder under `src/fused/`. Shared headers live in `kernels/include/` and are listed in
 //! [`headers`]; `docs/kernel-abi.md` is the contract between the sources and the launch sites.
 
-pub use super::nvrtc::{Define, Header, Module};
+pub use super::nvrtc::{CompileOptions, Define, Header, Module};
 
 /// The shared headers a module may `#include "name"` (each brings the defines its text needs).
 pub mod headers {

@@ -119,6 +119,7 @@ impl KernelCache {
     /// both). Errors only when no CUBIN can be had; cache trouble becomes `cache_warning`.
     pub fn get_or_compile(&self, kernel: &KernelSource<'_>, arch: Arch) -> Result<CompiledKernel, KernelError> {
         let start = Instant::now();
+        let arch = kernel.target(arch);
         let info = nvrtc_info()?;
         info.check_arch(arch)?;
         let options = nvrtc_options(arch, kernel);

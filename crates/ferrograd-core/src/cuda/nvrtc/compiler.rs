@@ -131,6 +131,7 @@ impl Drop for Program {
 /// CUDA headers (see [`find_cuda_include`](super::find_cuda_include)); our own shared headers
 /// travel with `kernel`.
 pub fn compile_cubin(kernel: &KernelSource<'_>, arch: Arch, include_dir: &Path) -> Result<Vec<u8>, KernelError> {
+    let arch = kernel.target(arch);
     nvrtc_info()?.check_arch(arch)?;
     compile_checked(kernel, arch, &nvrtc_options(arch, kernel), include_dir)
 }

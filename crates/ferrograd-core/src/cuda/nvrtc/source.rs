@@ -72,13 +72,19 @@ pub struct CompileOptions {
     pub fast_math: bool,
     /// Extra NVRTC flags, e.g. `-lineinfo` for profiling.
     pub extra: &'static [&'static str],
+    /// Build for `sm_90a` where the target is `sm_90`: the module holds Hopper-only kernels
+    /// (`wgmma`) beside portable ones. Such a CUBIN loads on sm_90 devices only, which is the only
+    /// target it is built for; every other target gets the portable build.
+    pub sm90a: bool,
 }
 
 impl CompileOptions {
     /// Exact math, no extra flags.
-    pub const DEFAULT: CompileOptions = CompileOptions { fast_math: false, extra: &[] };
+    pub const DEFAULT: CompileOptions = CompileOptions { fast_math: false, extra: &[], sm90a: false };
     /// `--use_fast_math`.
-    pub const FAST_MATH: CompileOptions = CompileOptions { fast_math: true, extra: &[] };
+    pub const FAST_MATH: CompileOptions = CompileOptions { fast_math: true, extra: &[], sm90a: false };
+    /// Exact math, built for `sm_90a` on Hopper.
+    pub const SM90A: CompileOptions = CompileOptions { fast_math: false, extra: &[], sm90a: true };
 }
 
 /// One kernel module as the cache sees it: a name for logs and errors, the CUDA C source, the
@@ -123,6 +129,17 @@ impl<'a> KernelSource<'a> {
     /// Bytes of CUDA C NVRTC reads (source and headers).
     pub fn source_len(&self) -> usize {
         self.src.len() + self.headers.iter().map(|h| h.src.len()).sum::<usize>()
+    }
+
+    /// The architecture this source is built for when `arch` is asked: `sm_90a` for an `sm90a`
+    /// module on `sm_90`, else `arch` itself. Every compile path goes through it, so the cache key,
+    /// the log and the CUBIN agree.
+    pub fn target(&self, arch: Arch) -> Arch {
+        if self.options.sm90a && arch == Arch::SM90 {
+            arch.arch_specific()
+        } else {
+            arch
+        }
     }
 
     /// The expected NVRTC milliseconds: `cost_ms` where the module declares it, else a guess from
@@ -241,14 +258,32 @@ mod tests {
     fn options_are_exact_and_fast_math_only_when_asked() {
         let o = nvrtc_options(Arch::SM80, &KernelSource::new("k", ""));
         assert_eq!(o, ["--gpu-architecture=sm_80", "-std=c++17"]);
-        let k = KernelSource::new("k", "").with_options(CompileOptions { fast_math: true, extra: &["-lineinfo"] });
+        let k = KernelSource::new("k", "").with_options(CompileOptions {
+            fast_math: true,
+            extra: &["-lineinfo"],
+            sm90a: false,
+        });
         let o = nvrtc_options(Arch::SM90.arch_specific(), &k);
         assert_eq!(o, ["--gpu-architecture=sm_90a", "-std=c++17", "--use_fast_math", "-lineinfo"]);
     }
 
     #[test]
+    fn sm90a_modules_target_sm90a_on_hopper_only() {
+        let k = KernelSource::new("k", "").with_options(CompileOptions::SM90A);
+        assert_eq!(k.target(Arch::SM90), Arch::SM90.arch_specific());
+        assert_eq!(k.target(Arch::SM80), Arch::SM80);
+        assert_eq!(k.target(Arch::new(10, 0)), Arch::new(10, 0));
+        assert_eq!(KernelSource::new("k", "").target(Arch::SM90), Arch::SM90);
+        assert_eq!(nvrtc_options(k.target(Arch::SM90), &k)[0], "--gpu-architecture=sm_90a");
+    }
+
+    #[test]
     fn env_options_follow_the_module_flags() {
-        let k = KernelSource::new("k", "").with_options(CompileOptions { fast_math: false, extra: &["-lineinfo"] });
+        let k = KernelSource::new("k", "").with_options(CompileOptions {
+            fast_math: false,
+            extra: &["-lineinfo"],
+            sm90a: false,
+        });
         const D: &[Define] = &[Define::int("FG_X", 1)];
         let env = ["--Ofast-compile=min".to_string()];
         let o = options_with(Arch::SM90, &k.with_defines(D), &env);

@@ -101,6 +101,28 @@ static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_a
     fg_attn_dq<T, FG_ATTN_D>(dq_acc, dq, p);                                                               \
   }
 
+// Hopper kernels (attention_wgmma.cu): fg_attn_fwd_d{64,128}_wg_{bf16,f16}, fg_attn_bwd_d{64,128}_wg_{..},
+// blocks of FG_WG_FWD_THREADS / FG_WG_BWD_THREADS, grid (B * H, ceil(Tq / FG_WG_FWD_BQ)) and (B * H, ceil(Tk / FG_WG_BWD_BKV)),
+// dynamic shared memory FG_WG_FWD_SMEM(D) / FG_WG_BWD_SMEM(D) (cuda.rs `wg_tiles` mirrors them); no
+// dropout. Only in a module built for sm_90a: wgmma exists on no other target (bench/kernels/
+// attention_wgmma.sh's nvcc harness, built for sm_90a only, asks with -DFG_ATTN_WG_FORCE).
+#if (FG_ATTN_D == 64 || FG_ATTN_D == 128) && (defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(FG_ATTN_WG_FORCE))
+#define FG_ATTN_HAS_WG 1
+#include "attention_wgmma.cu"
+#define FG_ATTN_WG(SUF, T)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(FG_WG_FWD_THREADS, 3 - FG_WG_FWD_WGS) FG_ATTN_NAME(fg_attn_fwd_d, FG_ATTN_D, wg_##SUF)( \
+      const T* q, const T* k, const T* v, T* o, float* lse, FgAttnParams p) {                                \
+    fg_attn_fwd_wg<T, FG_ATTN_D>(q, k, v, o, lse, p);                                                        \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(FG_WG_BWD_THREADS, 3 - FG_WG_BWD_WGS) FG_ATTN_NAME(fg_attn_bwd_d, FG_ATTN_D, wg_##SUF)( \
+      const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, float* dq_acc,  \
+      T* dk, T* dv, FgAttnParams p) {                                                                        \
+    fg_attn_bwd_wg<T, FG_ATTN_D>(q, k, v, dout, lse, delta, dq_acc, dk, dv, p);                              \
+  }
+#else
+#define FG_ATTN_WG(SUF, T)
+#endif
+
 // One NVRTC module per head dim and dtype (`-D FG_ATTN_DTYPE`: 0 bf16, 1 f16, 2 f32; mod.rs
 // `attention_module!`): a head dim's twelve kernels in one module took 3-7 s of NVRTC; its three
 // dtypes compile in parallel, and a run compiles only the dtype it launches.
@@ -109,9 +131,11 @@ static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_a
 #elif FG_ATTN_DTYPE == 0
 FG_ATTN_TILES(bf16, __nv_bfloat16)
 FG_ATTN_COMMON(bf16, __nv_bfloat16)
+FG_ATTN_WG(bf16, __nv_bfloat16)
 #elif FG_ATTN_DTYPE == 1
 FG_ATTN_TILES(f16, __half)
 FG_ATTN_COMMON(f16, __half)
+FG_ATTN_WG(f16, __half)
 #elif FG_ATTN_DTYPE == 2
 FG_ATTN_COMMON(f32, float)
 

@@ -8,6 +8,7 @@ use crate::backend::BackendStorage;
 use crate::cuda::device::driver_err;
 use crate::cuda::launch::{cfg_1d, cfg_warp_rows, launch};
 use crate::cuda::modules::Module;
+use crate::cuda::nvrtc::Arch;
 use crate::cuda::{CudaDevice, CudaStorage};
 use crate::fused::FusedOutputs;
 use crate::{shape_err, DType, Error, Layout, Result, Shape};
@@ -103,6 +104,34 @@ fn tiles(d: usize, dtype: DType) -> Tiles {
         fwd_smem: (fwd_bq + 4 * fwd_bkv) * dp * 2,
         bwd_smem: (2 * bwd_bkv + 4 * bwd_bq) * dp * 2 + bwd_bkv * (bwd_bq + 8) * 2 + 4 * bwd_bq * 4,
     }
+}
+
+/// The Hopper kernels' shapes (attention_wgmma.cu `FG_WG_*`; change both together): blocks of two
+/// warpgroups; the forward takes 128 query rows a block and 64 keys a step, the backward 128 keys
+/// a block and 64 queries a step. Dynamic shared memory includes 1 KiB for aligning the base to
+/// the 128-byte swizzle's 1024-byte period.
+const WG_THREADS: u32 = 256;
+const WG_FWD_BQ: usize = 128;
+const WG_FWD_BKV: usize = 64;
+const WG_BWD_BKV: usize = 128;
+const WG_BWD_BQ: usize = 64;
+
+fn wg_fwd_smem(d: usize) -> usize {
+    (WG_FWD_BQ + 4 * WG_FWD_BKV) * d * 2 + 1024
+}
+
+fn wg_bwd_smem(d: usize) -> usize {
+    (2 * WG_BWD_BKV + 4 * WG_BWD_BQ) * d * 2 + WG_BWD_BKV * WG_BWD_BQ * 2 + 4 * WG_BWD_BQ * 4 + 1024
+}
+
+/// Whether this call runs the Hopper (`wgmma`) kernels: an sm_90 device, bf16 / f16, head dim 64
+/// or 128, no dropout, and not turned off ([`super::select::set_wgmma`]).
+fn wgmma(dev: &CudaDevice, pb: &Problem, dtype: DType) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16)
+        && matches!(pb.d, 64 | 128)
+        && pb.dropout.is_none()
+        && dev.arch == Arch::SM90
+        && super::select::wgmma_allowed()
 }
 
 /// The forward and backward kernels' names for this head dim, dtype and tiles.
@@ -255,10 +284,16 @@ pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Resul
         let (kp, ks, _kc) = operand(k.0, k.1, false, tc)?;
         let (vp, vs, _vc) = operand(v.0, v.1, false, tc)?;
         let p = AttnParams { q: qs, k: ks, v: vs, o: bthd_strides(tq, h, d), ..params(pb) };
-        let t = tiles(d, dtype);
-        let (name, _) = kernel_names(d, dtype, &t)?;
-        allow_smem(&dev, m, &name, t.fwd_smem)?;
-        let c = cfg((b * h, tq.div_ceil(t.fwd_bq)), if tc { 128 } else { 256 }, t.fwd_smem);
+        let (name, c) = if wgmma(&dev, pb, dtype) {
+            super::select::count(|c| c.wgmma_fwd += 1);
+            let smem = wg_fwd_smem(d);
+            (format!("fg_attn_fwd_d{d}_wg_{}", suffix(dtype)?), cfg((b * h, tq.div_ceil(WG_FWD_BQ)), WG_THREADS, smem))
+        } else {
+            let t = tiles(d, dtype);
+            let (name, _) = kernel_names(d, dtype, &t)?;
+            (name, cfg((b * h, tq.div_ceil(t.fwd_bq)), if tc { 128 } else { 256 }, t.fwd_smem))
+        };
+        allow_smem(&dev, m, &name, c.shared_mem_bytes as usize)?;
         launch!(dev, *m, name, c; qp, kp, vp, o.buf.ptr(), lse.buf.ptr(), p);
     }
     Ok(vec![(o, Shape::from(vec![b, tq, h, d])), (lse, Shape::from(vec![b, h, tq]))])
@@ -323,10 +358,15 @@ pub(super) fn backward(
             launch!(dev, *m, format!("fg_attn_bwd_pre_d{d}_{sfx}"), cfg_warp_rows(&dev, rows);
                 op, gp, delta.buf.ptr(), dq_acc.buf.ptr(), p);
         }
-        let t = tiles(d, dtype);
-        let (_, name) = kernel_names(d, dtype, &t)?;
-        allow_smem(&dev, m, &name, t.bwd_smem)?;
-        let c = cfg((b * h, tk.div_ceil(t.bwd_bkv)), 128, t.bwd_smem);
+        let (name, c) = if wgmma(&dev, pb, dtype) {
+            super::select::count(|c| c.wgmma_bwd += 1);
+            (format!("fg_attn_bwd_d{d}_wg_{sfx}"), cfg((b * h, tk.div_ceil(WG_BWD_BKV)), WG_THREADS, wg_bwd_smem(d)))
+        } else {
+            let t = tiles(d, dtype);
+            let (_, name) = kernel_names(d, dtype, &t)?;
+            (name, cfg((b * h, tk.div_ceil(t.bwd_bkv)), 128, t.bwd_smem))
+        };
+        allow_smem(&dev, m, &name, c.shared_mem_bytes as usize)?;
         launch!(dev, *m, name, c; qp, kp, vp, gp, lp, delta.buf.ptr(), dq_acc.buf.ptr(), out.ptrs[1], out.ptrs[2], p);
         if rows > 0 {
             let c = cfg_1d(&dev, rows * d);
@@ -392,6 +432,12 @@ mod tests {
                 let sfx = suffix(dtype).unwrap();
                 for name in [fwd, bwd, format!("fg_attn_bwd_pre_d{d}_{sfx}"), format!("fg_attn_dq_d{d}_{sfx}")] {
                     routes.push((name, m));
+                }
+                // The Hopper kernels: in the modules built for sm_90a (check_routes compiles for sm_90).
+                if matches!(d, 64 | 128) && dtype != DType::F32 {
+                    assert!(m.options.sm90a, "{} holds wgmma kernels: it must be built for sm_90a", m.name);
+                    routes.push((format!("fg_attn_fwd_d{d}_wg_{sfx}"), m));
+                    routes.push((format!("fg_attn_bwd_d{d}_wg_{sfx}"), m));
                 }
             }
         }

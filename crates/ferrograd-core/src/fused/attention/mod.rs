@@ -32,7 +32,7 @@ pub mod select;
 use super::{apply, apply_all, FusedCtx, FusedOp, FusedOutputs};
 use crate::cpu::CpuStorage;
 use crate::cuda::modules::headers::COMMON;
-use crate::cuda::modules::{Define, Header, Module};
+use crate::cuda::modules::{CompileOptions, Define, Header, Module};
 use crate::cuda::CudaStorage;
 use crate::rng::Rng;
 use crate::{shape_err, DType, Error, Layout, Result, Tensor};
@@ -72,6 +72,10 @@ pub const CUDA_HEAD_DIMS: [usize; 5] = [32, 64, 80, 96, 128];
 const ATTN_COMMON: Header = Header::new("attention_common.cuh", include_str!("attention_common.cuh"));
 const ATTN_TC: Header = Header::new("attention_tc.cu", include_str!("attention_tc.cu"));
 const ATTN_SIMT: Header = Header::new("attention_simt.cu", include_str!("attention_simt.cu"));
+/// The Hopper kernels (`wgmma`), built into the head dim 64 and 128 bf16 / f16 modules for
+/// sm_90a; `gen_wgmma.py` writes the `_ops.cuh` wrappers.
+const ATTN_WG: Header = Header::new("attention_wgmma.cu", include_str!("attention_wgmma.cu"));
+const ATTN_WG_OPS: Header = Header::new("attention_wgmma_ops.cuh", include_str!("attention_wgmma_ops.cuh"));
 
 /// One module per head dim and dtype (`-D FG_ATTN_D=<d> -D FG_ATTN_DTYPE=<0 bf16, 1 f16, 2 f32>`):
 /// a head dim's twelve kernels in one module took 3-7 s of NVRTC, the longest poles of a cold
@@ -79,10 +83,14 @@ const ATTN_SIMT: Header = Header::new("attention_simt.cu", include_str!("attenti
 /// dim and dtype it launches. `cuda.rs` `module` picks one.
 macro_rules! attention_module {
     ($id:ident, $name:literal, $d:literal, $dtype:literal, $ms:literal) => {
+        attention_module!($id, $name, $d, $dtype, $ms, CompileOptions::DEFAULT);
+    };
+    ($id:ident, $name:literal, $d:literal, $dtype:literal, $ms:literal, $opts:expr) => {
         /// The attention kernels compiled for one head dim and dtype.
         pub const $id: Module = Module::new($name, include_str!("attention.cu"))
-            .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT])
+            .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT, ATTN_WG, ATTN_WG_OPS])
             .with_defines(&[Define::int("FG_ATTN_D", $d), Define::int("FG_ATTN_DTYPE", $dtype)])
+            .with_options($opts)
             .with_cost_ms($ms);
     };
 }
@@ -90,8 +98,8 @@ macro_rules! attention_module {
 attention_module!(ATTENTION_D32_BF16, "attention_d32_bf16", 32, 0, 850);
 attention_module!(ATTENTION_D32_F16, "attention_d32_f16", 32, 1, 850);
 attention_module!(ATTENTION_D32_F32, "attention_d32_f32", 32, 2, 630);
-attention_module!(ATTENTION_D64_BF16, "attention_d64_bf16", 64, 0, 1000);
-attention_module!(ATTENTION_D64_F16, "attention_d64_f16", 64, 1, 1000);
+attention_module!(ATTENTION_D64_BF16, "attention_d64_bf16", 64, 0, 1500, CompileOptions::SM90A);
+attention_module!(ATTENTION_D64_F16, "attention_d64_f16", 64, 1, 1500, CompileOptions::SM90A);
 attention_module!(ATTENTION_D64_F32, "attention_d64_f32", 64, 2, 700);
 attention_module!(ATTENTION_D80_BF16, "attention_d80_bf16", 80, 0, 1200);
 attention_module!(ATTENTION_D80_F16, "attention_d80_f16", 80, 1, 1200);
@@ -99,8 +107,8 @@ attention_module!(ATTENTION_D80_F32, "attention_d80_f32", 80, 2, 750);
 attention_module!(ATTENTION_D96_BF16, "attention_d96_bf16", 96, 0, 1300);
 attention_module!(ATTENTION_D96_F16, "attention_d96_f16", 96, 1, 1300);
 attention_module!(ATTENTION_D96_F32, "attention_d96_f32", 96, 2, 800);
-attention_module!(ATTENTION_D128_BF16, "attention_d128_bf16", 128, 0, 1500);
-attention_module!(ATTENTION_D128_F16, "attention_d128_f16", 128, 1, 1500);
+attention_module!(ATTENTION_D128_BF16, "attention_d128_bf16", 128, 0, 2100, CompileOptions::SM90A);
+attention_module!(ATTENTION_D128_F16, "attention_d128_f16", 128, 1, 2100, CompileOptions::SM90A);
 attention_module!(ATTENTION_D128_F32, "attention_d128_f32", 128, 2, 850);
 
 /// The kernel modules (for `cuda::modules::ALL`), head dim by head dim as in [`CUDA_HEAD_DIMS`],

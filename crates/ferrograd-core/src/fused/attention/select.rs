@@ -17,6 +17,10 @@
 //! output and statistics of either forward. [`set_backend`] overrides the variable for the calling
 //! thread (the bench's `--backend`, tests). The choice in force is printed once per process, on
 //! the first CUDA call; [`counters_on_this_thread`] says what ran.
+//!
+//! Our kernels have a Hopper variant (`attention_wgmma.cu`: bf16 / f16, head dims 64 and 128, no
+//! dropout), used on sm_90 devices unless `FERROGRAD_ATTENTION_WGMMA=0` (or [`set_wgmma`] on the
+//! thread) keeps the mma.sync kernels, which run everywhere else.
 
 use crate::{Error, Result};
 use std::cell::Cell;
@@ -85,6 +89,24 @@ pub fn backend() -> Result<Backend> {
     }
 }
 
+thread_local! {
+    static WGMMA: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Whether our kernels may use their Hopper (`wgmma`) variants for calls on this thread:
+/// `Some(false)` keeps the mma.sync kernels (tests and benches compare the two on one GPU),
+/// `None` follows `FERROGRAD_ATTENTION_WGMMA` (`0` turns them off; on by default).
+pub fn set_wgmma(enabled: Option<bool>) {
+    WGMMA.with(|w| w.set(enabled));
+}
+
+/// Whether a call on this thread may use the Hopper kernels (where the device and case allow).
+pub(super) fn wgmma_allowed() -> bool {
+    static ENV: OnceLock<bool> = OnceLock::new();
+    let from_env = || *ENV.get_or_init(|| std::env::var("FERROGRAD_ATTENTION_WGMMA").map_or(true, |v| v.trim() != "0"));
+    WGMMA.with(|w| w.get()).unwrap_or_else(from_env)
+}
+
 /// Print `msg` on stderr the first time `key` is seen in this process.
 pub(super) fn log_once(key: &str, msg: impl FnOnce() -> String) {
     static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -130,9 +152,22 @@ pub struct Counters {
     pub math: u64,
     /// Calls that asked for cuDNN (auto or forced) and ran our kernels instead.
     pub cudnn_fallbacks: u64,
+    /// Of `flash_fwd`, the forwards run by the Hopper (`wgmma`) kernels.
+    pub wgmma_fwd: u64,
+    /// Of `flash_bwd`, the backwards run by the Hopper (`wgmma`) kernels.
+    pub wgmma_bwd: u64,
 }
 
-const ZERO: Counters = Counters { flash_fwd: 0, flash_bwd: 0, cudnn_fwd: 0, cudnn_bwd: 0, math: 0, cudnn_fallbacks: 0 };
+const ZERO: Counters = Counters {
+    flash_fwd: 0,
+    flash_bwd: 0,
+    cudnn_fwd: 0,
+    cudnn_bwd: 0,
+    math: 0,
+    cudnn_fallbacks: 0,
+    wgmma_fwd: 0,
+    wgmma_bwd: 0,
+};
 static COUNTERS: Mutex<Counters> = Mutex::new(ZERO);
 thread_local! {
     static HERE: Cell<Counters> = const { Cell::new(ZERO) };

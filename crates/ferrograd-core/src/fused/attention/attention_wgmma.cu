@@ -1,0 +1,464 @@
+// attention_wgmma.cu: the Hopper (sm_90a) forward and backward of attention, bf16 / f16, head dims
+// 64 and 128, without dropout: the same algorithm and ABI as attention_tc.cu (FgAttnParams, the
+// log-sum-exp, delta and dq_acc of attention_common.cuh), with every product on `wgmma.mma_async`
+// (a warpgroup of 4 warps issues one 64 x N x 16 product from shared-memory descriptors) instead
+// of mma.sync + ldmatrix. Why: on an H100/H200 the mma.sync kernels stop at 40-54% of cuDNN's
+// wgmma kernels at T = 4096 (BENCHMARKS.md, issue 12), bound by ldmatrix traffic (one ldmatrix per
+// two mma in the backward) and by 16-32 rows a warp; wgmma reads both operands straight from
+// shared memory and gives each warpgroup 64 rows.
+// Included by attention.cu only where the module is built for sm_90a (`__CUDA_ARCH_FEAT_SM90_ALL`);
+// cuda.rs picks these kernels on such a device when dropout is off and the head dim is 64 or 128.
+//
+// Shared memory: every operand tile is [rows][D] of 16-bit elements, stored as D / 64 "atoms" of
+// [rows][64] (128 bytes a row), each row's eight 16-byte chunks XOR-swizzled by (row % 8): the
+// 128-byte swizzle the wgmma descriptors describe (fg_wg_desc). The same tile serves as a K-major
+// operand (rows = M or N, contiguous = K: S = Q K^T) and as an MN-major one (rows = K, contiguous
+// = N: O = P V, the transposed B of the PTX ISA); the swizzle makes both conflict-free. Atom bases
+// are 1024-byte aligned (the swizzle is a function of the address bits).
+//
+// Forward: 2 warpgroups x 64 query rows (BQ = 128), K/V tiles of 128 keys, double-buffered with
+// cp.async. Per tile: S = Q K^T (SS), online softmax in registers (the exp2 domain, as
+// attention_tc.cu), O += P V with P re-packed from the S accumulators as the A operand (RS).
+// Backward: 2 warpgroups x 64 keys (BKV = 128) a block; per 64-query step S^T = K Q^T and
+// dP^T = V dO^T (SS), P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q (RS), dS^T to
+// shared memory, then dQ = dS K (SS, both operands transposed) with each warpgroup taking half of
+// the head dim, added into dq_acc with atomics (as attention_tc.cu).
+//
+// Measured and not kept (H100, bench/kernels/attention_wgmma.sh, 2026-11-24): one-warpgroup blocks
+// (two a multiprocessor) for the backward, 1.3-2.4x slower; walking the query blocks from a
+// different start in each block, level; 16-byte dQ atomics, level; software-pipelining the backward
+// (the next step's S^T, dP^T issued before this step's dQ atomics), 250 registers and 1.15x slower.
+// 64 keys a forward step beat 128 by 1.06-1.2x.
+//
+// Ordering rules kept here: (1) data written by threads (cp.async, st.shared) reaches wgmma (the
+// async proxy) only after `fence.proxy.async.shared::cta` and a barrier; (2) a wgmma's register
+// operands (accumulators, the A fragment) are not touched until `wgmma.wait_group` says it is
+// done, and `wgmma.fence` precedes the first wgmma after registers were written; (3) a tile is
+// refilled only after a barrier that every warpgroup reaches once its wgmma reading it completed.
+
+#include "attention_wgmma_ops.cuh"
+
+// Warpgroups a block (FG_WG_FWD_WGS, FG_WG_BWD_WGS: 1 or 2; one-warpgroup blocks are built for two
+// a multiprocessor) and key rows a forward step (FG_WG_FWD_BKV) are compile-time choices, measured in bench/kernels/attention_wgmma.sh (cuda.rs `wg_tiles`
+// mirrors them).
+#ifndef FG_WG_FWD_WGS
+#define FG_WG_FWD_WGS 2
+#endif
+#ifndef FG_WG_FWD_BKV
+#define FG_WG_FWD_BKV 64
+#endif
+#ifndef FG_WG_BWD_WGS
+#define FG_WG_BWD_WGS 2
+#endif
+#define FG_WG_FWD_THREADS (128 * FG_WG_FWD_WGS)
+#define FG_WG_BWD_THREADS (128 * FG_WG_BWD_WGS)
+
+// A shared-memory matrix descriptor: start address, leading / stride byte offsets, 128-byte swizzle.
+static __device__ __forceinline__ unsigned long long fg_wg_desc(unsigned int saddr, unsigned int lbo,
+                                                                 unsigned int sbo) {
+  return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
+         ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+// K-major: rows of the tile are M (or N), k16 step `kk` of a tile with `rows` rows.
+static __device__ __forceinline__ unsigned long long fg_wg_kmajor(unsigned int base, int rows, int kk) {
+  return fg_wg_desc(base + (unsigned int)((kk >> 2) * rows * 128 + (kk & 3) * 32), 16, 1024);
+}
+// MN-major: rows of the tile are K; k16 step `kk`, starting `col` elements into the contiguous dim.
+// LBO = the stride between 64-element atoms of the contiguous dim, SBO = between 8-row groups of K.
+static __device__ __forceinline__ unsigned long long fg_wg_mnmajor(unsigned int base, int rows, int kk, int col) {
+  const unsigned int start = base + (unsigned int)((col >> 6) * rows * 128 + (col & 63) * 2 + kk * 16 * 128);
+#ifdef FG_WG_MN_SWAP  // bench/kernels/attention_wgmma.sh's fallback build, should the reading above be wrong
+  return fg_wg_desc(start, 1024, (unsigned int)(rows * 128));
+#else
+  return fg_wg_desc(start, (unsigned int)(rows * 128), 1024);
+#endif
+}
+
+static __device__ __forceinline__ void fg_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void fg_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void fg_wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+static __device__ __forceinline__ void fg_proxy_fence() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving accesses of an accumulator across a wgmma wait (its registers
+// are written behind the compiler's back until then).
+template <int R>
+static __device__ __forceinline__ void fg_wg_pin(float (&d)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+template <typename T, int N, int TA, int TB>
+static __device__ __forceinline__ void fg_wg_ss(float (&d)[N / 8][4], unsigned long long da, unsigned long long db,
+                                                int scale_d) {
+  if constexpr (N == 32) FgWg<T>::template ss32<TA, TB>(d, da, db, scale_d);
+  else if constexpr (N == 64) FgWg<T>::template ss64<TA, TB>(d, da, db, scale_d);
+  else FgWg<T>::template ss128<TA, TB>(d, da, db, scale_d);
+}
+template <typename T, int N, int TB>
+static __device__ __forceinline__ void fg_wg_rs(float (&d)[N / 8][4], const unsigned int (&a)[4],
+                                                unsigned long long db, int scale_d) {
+  if constexpr (N == 32) FgWg<T>::template rs32<TB>(d, a, db, scale_d);
+  else if constexpr (N == 64) FgWg<T>::template rs64<TB>(d, a, db, scale_d);
+  else FgWg<T>::template rs128<TB>(d, a, db, scale_d);
+}
+
+// Rows [r0, r0 + ROWS) of a matrix of D contiguous elements (row stride `st`) into a swizzled tile
+// at `dst`; rows at or past `nrows` are zero-filled (and not read). All NTH threads of the block.
+template <typename T, int ROWS, int D, int NTH>
+static __device__ __forceinline__ void fg_wg_load(unsigned int dst, const T* __restrict__ src, long long st, int r0,
+                                                  int nrows) {
+  constexpr int CPR = D / 8, TOTAL = ROWS * CPR;
+  static_assert(TOTAL % NTH == 0, "whole rounds of 16-byte chunks");
+#pragma unroll
+  for (int k = 0; k < TOTAL / NTH; ++k) {
+    const int c = k * NTH + (int)threadIdx.x;
+    const int row = c / CPR, ch = c - row * CPR;
+    const bool valid = r0 + row < nrows;
+    const unsigned int off = (unsigned int)((ch >> 3) * ROWS * 128 + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
+    fg_cp16(dst + off, src + (long long)(valid ? r0 + row : 0) * st + ch * 8, valid);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------------------
+
+#define FG_WG_FWD_BQ (64 * FG_WG_FWD_WGS)
+
+template <typename T, int D>
+static __device__ __forceinline__ void fg_attn_fwd_wg(const T* __restrict__ q, const T* __restrict__ k,
+                                                      const T* __restrict__ v, T* __restrict__ o,
+                                                      float* __restrict__ lse, const FgAttnParams& p) {
+  typedef FgTc<T> M;
+  constexpr int BQ = FG_WG_FWD_BQ, BKV = FG_WG_FWD_BKV, NT = BKV / 8, DT = D / 8, SZ = 2, NTH = FG_WG_FWD_THREADS;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wg = warp >> 2, wrow = wg * 64 + (warp & 3) * 16;  // this warp's first row in the Q tile
+  const unsigned int bh = blockIdx.x, b = bh / p.H, h = bh - b * p.H;
+  const int Tq = (int)p.Tq, Tk = (int)p.Tk;
+  const int nqb = (Tq + BQ - 1) / BQ;
+  const int i0 = (nqb - 1 - (int)blockIdx.y) * BQ;  // the longest (causal) blocks start first
+  const T* qg = q + (long long)b * p.q.b + (long long)h * p.q.h;
+  const T* kg = k + (long long)b * p.k.b + (long long)h * p.k.h;
+  const T* vg = v + (long long)b * p.v.b + (long long)h * p.v.h;
+
+  const unsigned int base = (fg_smem_addr(fg_smem) + 1023u) & ~1023u;
+  const unsigned int qs = base, ks = qs + BQ * D * SZ, vs = ks + 2 * BKV * D * SZ;
+
+  const int kv_end = p.causal ? min(Tk, i0 + BQ) : Tk;
+  const int nkv = (kv_end + BKV - 1) / BKV;
+
+  fg_wg_load<T, BQ, D, NTH>(qs, qg, p.q.t, i0, Tq);
+  if (nkv > 0) {
+    fg_wg_load<T, BKV, D, NTH>(ks, kg, p.k.t, 0, Tk);
+    fg_wg_load<T, BKV, D, NTH>(vs, vg, p.v.t, 0, Tk);
+  }
+  fg_cp_commit();
+
+  float acc[DT][4];
+  float mrow[2] = {-FG_INF_F, -FG_INF_F}, lrow[2] = {0.f, 0.f};
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
+
+  for (int jb = 0; jb < nkv; ++jb) {
+    const int stage = jb & 1;
+    fg_cp_wait<0>();
+    fg_proxy_fence();
+    __syncthreads();  // tile jb is in; every warpgroup is done with tile jb - 1 (the other stage)
+    if (jb + 1 < nkv) {
+      fg_wg_load<T, BKV, D, NTH>(ks + (stage ^ 1) * BKV * D * SZ, kg, p.k.t, (jb + 1) * BKV, Tk);
+      fg_wg_load<T, BKV, D, NTH>(vs + (stage ^ 1) * BKV * D * SZ, vg, p.v.t, (jb + 1) * BKV, Tk);
+    }
+    fg_cp_commit();
+    const unsigned int kst = ks + stage * BKV * D * SZ, vst = vs + stage * BKV * D * SZ;
+
+    // S = Q K^T: this warpgroup's 64 query rows against the tile's 128 keys.
+    float s[NT][4];
+    fg_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      fg_wg_ss<T, BKV, 0, 0>(s, fg_wg_kmajor(qs + wg * 64 * 128, BQ, kk), fg_wg_kmajor(kst, BKV, kk), kk > 0);
+    fg_wg_commit();
+    fg_wg_wait<0>();
+    fg_wg_pin(s);
+
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale_log2;
+    const int j0 = jb * BKV;
+    if (j0 + BKV > Tk || (p.causal && j0 + BKV - 1 > i0 + wg * 64)) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + nt * 8 + 2 * t + (e & 1);
+          const int i = i0 + wrow + g + (e >> 1) * 8;
+          if (j >= Tk || (p.causal && j > i)) s[nt][e] = -FG_INF_F;
+        }
+    }
+
+    // Online softmax (attention_tc.cu's, one 16-row m-tile a warp).
+    float alpha[2], mref[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = -FG_INF_F;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hh], s[nt][2 * hh + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(FG_FULL, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(FG_FULL, mx, 2));
+      const float mnew = fmaxf(mrow[hh], mx);
+      mref[hh] = mnew == -FG_INF_F ? 0.f : mnew;
+      alpha[hh] = fg_exp2(mrow[hh] - mref[hh]);
+      mrow[hh] = mnew;
+    }
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[dt][e] *= alpha[e >> 1];
+    unsigned int pa[BKV / 16][4];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float ls = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 2 * hh; e < 2 * hh + 2; ++e) {
+          const float pv = fg_exp2(s[nt][e] - mref[hh]);
+          s[nt][e] = pv;
+          ls += pv;
+        }
+      lrow[hh] = lrow[hh] * alpha[hh] + ls;
+    }
+#pragma unroll
+    for (int kc = 0; kc < BKV / 16; ++kc) {
+      pa[kc][0] = M::pack(s[2 * kc][0], s[2 * kc][1]);
+      pa[kc][1] = M::pack(s[2 * kc][2], s[2 * kc][3]);
+      pa[kc][2] = M::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+      pa[kc][3] = M::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+    }
+
+    // O += P V (V's rows are the contraction: MN-major B).
+    fg_wg_fence();
+#pragma unroll
+    for (int kc = 0; kc < BKV / 16; ++kc) fg_wg_rs<T, D, 1>(acc, pa[kc], fg_wg_mnmajor(vst, BKV, kc, 0), 1);
+    fg_wg_commit();
+    fg_wg_wait<0>();
+    fg_wg_pin(acc);
+  }
+  fg_cp_wait<0>();
+
+  // Normalise, write the log-sum-exp and O (4-byte pairs straight from the accumulators).
+  T* og = o + (long long)b * p.o.b + (long long)h * p.o.h;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = lrow[hh];
+    l += __shfl_xor_sync(FG_FULL, l, 1);
+    l += __shfl_xor_sync(FG_FULL, l, 2);
+    const float inv = p.rp_keep / l;
+    const int row = i0 + wrow + g + hh * 8;
+    if (row < Tq) {
+      T* orow = og + (long long)row * p.o.t + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt)
+        *reinterpret_cast<unsigned int*>(orow + dt * 8) = M::pack(acc[dt][2 * hh] * inv, acc[dt][2 * hh + 1] * inv);
+      if (t == 0) lse[(unsigned long long)bh * Tq + row] = (mrow[hh] + log2f(l)) * FG_ATTN_LN2;
+    }
+  }
+}
+
+// Dynamic shared memory of the forward (bytes, with 1 KiB for the alignment of the base).
+#define FG_WG_FWD_SMEM(D) ((FG_WG_FWD_BQ + 4 * FG_WG_FWD_BKV) * (D) * 2 + 1024)
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------------
+
+#define FG_WG_BWD_BKV (64 * FG_WG_BWD_WGS)
+#define FG_WG_BWD_BQ 64
+
+template <typename T, int D>
+static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, const T* __restrict__ k,
+                                                      const T* __restrict__ v, const T* __restrict__ dout,
+                                                      const float* __restrict__ lse,
+                                                      const float* __restrict__ delta, float* __restrict__ dq_acc,
+                                                      T* __restrict__ dk, T* __restrict__ dv,
+                                                      const FgAttnParams& p) {
+  typedef FgTc<T> M;
+  // dQ = dS K: each warpgroup takes DH columns of the head dim.
+  constexpr int BKV = FG_WG_BWD_BKV, BQ = FG_WG_BWD_BQ, NQ = BQ / 8, DT = D / 8, SZ = 2, DH = D / FG_WG_BWD_WGS,
+                NTH = FG_WG_BWD_THREADS;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wg = warp >> 2, wkv = wg * 64 + (warp & 3) * 16;  // this warp's first key row in the block
+  const unsigned int bh = blockIdx.x, b = bh / p.H, h = bh - b * p.H;
+  const int Tq = (int)p.Tq, Tk = (int)p.Tk;
+  const int j0 = (int)blockIdx.y * BKV;
+  const T* qg = q + (long long)b * p.q.b + (long long)h * p.q.h;
+  const T* kg = k + (long long)b * p.k.b + (long long)h * p.k.h;
+  const T* vg = v + (long long)b * p.v.b + (long long)h * p.v.h;
+  const T* og = dout + (long long)b * p.dout.b + (long long)h * p.dout.h;
+  const float* lseg = lse + (unsigned long long)bh * Tq;
+  const float* dlg = delta + (unsigned long long)bh * Tq;
+
+  // K, V [BKV][D]; Q, dO [2][BQ][D]; dS^T [BKV][BQ]; then log2(e) * lse and delta, [2][BQ] each.
+  const unsigned int base = (fg_smem_addr(fg_smem) + 1023u) & ~1023u;
+  const unsigned int ks = base, vs = ks + BKV * D * SZ, qs = vs + BKV * D * SZ, os = qs + 2 * BQ * D * SZ,
+                     sts = os + 2 * BQ * D * SZ;
+  float* lse2s = reinterpret_cast<float*>(fg_smem + (sts + BKV * BQ * SZ - fg_smem_addr(fg_smem)));  // byte offset
+  float* dls = lse2s + 2 * BQ;
+
+  const int nqb = (Tq + BQ - 1) / BQ;
+  const int ib0 = p.causal ? j0 / BQ : 0;  // query blocks before this one see none of these keys
+  const int nit = nqb > ib0 ? nqb - ib0 : 0;
+
+  auto load_q = [&](int it, int stage) {
+    const int i0 = (ib0 + it) * BQ;
+    fg_wg_load<T, BQ, D, NTH>(qs + stage * BQ * D * SZ, qg, p.q.t, i0, Tq);
+    fg_wg_load<T, BQ, D, NTH>(os + stage * BQ * D * SZ, og, p.dout.t, i0, Tq);
+    for (int r = tid; r < BQ; r += NTH) {
+      const int i = i0 + r;
+      lse2s[stage * BQ + r] = i < Tq ? lseg[i] * FG_ATTN_LOG2E : FG_INF_F;
+      dls[stage * BQ + r] = i < Tq ? dlg[i] : 0.f;
+    }
+  };
+
+  fg_wg_load<T, BKV, D, NTH>(ks, kg, p.k.t, j0, Tk);
+  fg_wg_load<T, BKV, D, NTH>(vs, vg, p.v.t, j0, Tk);
+  if (nit > 0) load_q(0, 0);
+  fg_cp_commit();
+
+  float dka[DT][4], dva[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dka[dt][e] = dva[dt][e] = 0.f;
+
+  for (int it = 0; it < nit; ++it) {
+    const int stage = it & 1;
+    const int i0 = (ib0 + it) * BQ;
+    fg_cp_wait<0>();
+    fg_proxy_fence();
+    __syncthreads();  // this step's Q / dO are in; every warpgroup is done with the other stage and dS^T
+    if (it + 1 < nit) load_q(it + 1, stage ^ 1);
+    fg_cp_commit();
+    const unsigned int qst = qs + stage * BQ * D * SZ, ost = os + stage * BQ * D * SZ;
+    const float* l2 = lse2s + stage * BQ;
+    const float* dl = dls + stage * BQ;
+
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BQ queries.
+    float sa[NQ][4], dpa[NQ][4];
+    fg_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      fg_wg_ss<T, BQ, 0, 0>(sa, fg_wg_kmajor(ks + wg * 64 * 128, BKV, kk), fg_wg_kmajor(qst, BQ, kk), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      fg_wg_ss<T, BQ, 0, 0>(dpa, fg_wg_kmajor(vs + wg * 64 * 128, BKV, kk), fg_wg_kmajor(ost, BQ, kk), kk > 0);
+    fg_wg_commit();
+    fg_wg_wait<0>();
+    fg_wg_pin(sa);
+    fg_wg_pin(dpa);
+
+    // P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta). Element e of n-tile nt: key
+    // wkv + g + 8 (e >> 1), query nt * 8 + 2 t + (e & 1).
+    const bool need_mask = j0 + BKV > Tk || (p.causal && j0 + BKV - 1 > i0);
+#pragma unroll
+    for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ql = nt * 8 + 2 * t + (e & 1);
+        const int kv = j0 + wkv + g + (e >> 1) * 8;
+        float pv = fg_exp2(fmaf(sa[nt][e], p.scale_log2, -l2[ql]));
+        if (need_mask && (kv >= Tk || (p.causal && kv > i0 + ql))) pv = 0.f;
+        dpa[nt][e] = pv * (dpa[nt][e] - dl[ql]);
+        sa[nt][e] = pv;
+      }
+    unsigned int pa[BQ / 16][4], da[BQ / 16][4];
+#pragma unroll
+    for (int qc = 0; qc < BQ / 16; ++qc) {
+      pa[qc][0] = M::pack(sa[2 * qc][0], sa[2 * qc][1]);
+      pa[qc][1] = M::pack(sa[2 * qc][2], sa[2 * qc][3]);
+      pa[qc][2] = M::pack(sa[2 * qc + 1][0], sa[2 * qc + 1][1]);
+      pa[qc][3] = M::pack(sa[2 * qc + 1][2], sa[2 * qc + 1][3]);
+      da[qc][0] = M::pack(dpa[2 * qc][0], dpa[2 * qc][1]);
+      da[qc][1] = M::pack(dpa[2 * qc][2], dpa[2 * qc][3]);
+      da[qc][2] = M::pack(dpa[2 * qc + 1][0], dpa[2 * qc + 1][1]);
+      da[qc][3] = M::pack(dpa[2 * qc + 1][2], dpa[2 * qc + 1][3]);
+    }
+
+    // dS^T to shared memory (swizzled [key][query], one 64-query atom) for dQ = dS K.
+#pragma unroll
+    for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = wkv + g + hh * 8;
+        const unsigned int addr = sts + (unsigned int)(r * 128 + ((nt ^ (r & 7)) << 4) + t * 4);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(M::pack(dpa[nt][2 * hh], dpa[nt][2 * hh + 1]))
+                     : "memory");
+      }
+
+    // dV += P^T dO and dK += dS^T Q (the softmax scale goes on dK at the end).
+    fg_wg_fence();
+#pragma unroll
+    for (int qc = 0; qc < BQ / 16; ++qc) fg_wg_rs<T, D, 1>(dva, pa[qc], fg_wg_mnmajor(ost, BQ, qc, 0), 1);
+#pragma unroll
+    for (int qc = 0; qc < BQ / 16; ++qc) fg_wg_rs<T, D, 1>(dka, da[qc], fg_wg_mnmajor(qst, BQ, qc, 0), 1);
+    fg_wg_commit();
+
+    fg_proxy_fence();
+    __syncthreads();  // all 128 keys' dS^T are in shared memory
+
+    // dQ[:, this warpgroup's columns] = dS K: A = dS^T (keys x queries: transposed), B = K (keys x
+    // head dim: transposed).
+    float dqa[DH / 8][4];
+#pragma unroll
+    for (int kc = 0; kc < BKV / 16; ++kc)
+      fg_wg_ss<T, DH, 1, 1>(dqa, fg_wg_mnmajor(sts, BKV, kc, 0), fg_wg_mnmajor(ks, BKV, kc, wg * DH), kc > 0);
+    fg_wg_commit();
+    fg_wg_wait<0>();
+    fg_wg_pin(dqa);
+    fg_wg_pin(dva);
+    fg_wg_pin(dka);
+
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = i0 + (warp & 3) * 16 + g + hh * 8;
+      if (row < Tq) {
+        float* dst = dq_acc + ((unsigned long long)bh * Tq + row) * D + wg * DH + 2 * t;
+#pragma unroll
+        for (int dt = 0; dt < DH / 8; ++dt)
+          atomicAdd(reinterpret_cast<float2*>(dst + dt * 8),
+                    make_float2(p.scale * dqa[dt][2 * hh], p.scale * dqa[dt][2 * hh + 1]));
+      }
+    }
+  }
+  fg_cp_wait<0>();
+
+  // dK (times the scale) and dV, 4-byte pairs straight from the accumulators.
+  T* dkg = dk + (long long)b * p.dk.b + (long long)h * p.dk.h;
+  T* dvg = dv + (long long)b * p.dv.b + (long long)h * p.dv.h;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = j0 + wkv + g + hh * 8;
+    if (row < Tk) {
+      T* krow = dkg + (long long)row * p.dk.t + 2 * t;
+      T* vrow = dvg + (long long)row * p.dv.t + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        *reinterpret_cast<unsigned int*>(krow + dt * 8) =
+            M::pack(p.scale * dka[dt][2 * hh], p.scale * dka[dt][2 * hh + 1]);
+        *reinterpret_cast<unsigned int*>(vrow + dt * 8) = M::pack(dva[dt][2 * hh], dva[dt][2 * hh + 1]);
+      }
+    }
+  }
+}
+
+#define FG_WG_BWD_SMEM(D) ((2 * FG_WG_BWD_BKV + 4 * FG_WG_BWD_BQ) * (D) * 2 + FG_WG_BWD_BKV * FG_WG_BWD_BQ * 2 + \
+                           4 * FG_WG_BWD_BQ * 4 + 1024)
