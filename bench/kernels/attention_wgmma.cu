@@ -2,7 +2,8 @@
 // (attention_tc.cu, checked against float64 by the test suite) on the same inputs, bf16: O, the
 // log-sum-exp, dQ, dK, dV compared; then both timed, TFLOP/s as FlashAttention counts them
 // (forward 4 B H T^2 D, halved when causal; backward 2.5x that). Outputs are poisoned (NaN)
-// before every kernel. Built and run by bench/kernels/attention_wgmma.sh, once per head dim.
+// before every kernel. Built and run by bench/kernels/attention_wgmma.sh, once per head dim;
+// `attention_wgmma_d64 check` runs the comparisons without the timed sizes (for compute-sanitizer).
 #include "common.cuh"
 #include "attention.cu"
 #include <cstdio>
@@ -19,6 +20,13 @@ typedef __nv_bfloat16 T;
 #define K_DQ FG_ATTN_NAME(fg_attn_dq_d, FG_ATTN_D, bf16)
 #define K_FWD_WG FG_ATTN_NAME(fg_attn_fwd_d, FG_ATTN_D, wg_bf16)
 #define K_BWD_WG FG_ATTN_NAME(fg_attn_bwd_d, FG_ATTN_D, wg_bf16)
+#ifndef FG_WG_DQ_RED
+#define K_PRE_WG FG_ATTN_NAME(fg_attn_bwd_pre_d, FG_ATTN_D, wg_bf16)
+#define K_DQ_WG FG_ATTN_NAME(fg_attn_dq_d, FG_ATTN_D, wg_bf16)
+#else
+#define K_PRE_WG K_PRE
+#define K_DQ_WG K_DQ
+#endif
 
 #define CK(x)                                                                            \
   do {                                                                                   \
@@ -68,10 +76,12 @@ static void fwd(bool wg, const Bufs& b, const FgAttnParams& p, T* o, float* lse)
 static void bwd(bool wg, const Bufs& b, const FgAttnParams& p, T* dq, T* dk, T* dv) {
   const int BH = p.B * p.H;
   const size_t rows = (size_t)BH * p.Tq;
-  K_PRE<<<(unsigned)((rows + 7) / 8), 256>>>(b.o_ref, b.dout, b.delta, b.dq_acc, p);
+  if (wg) K_PRE_WG<<<(unsigned)((rows + 7) / 8), 256>>>(b.o_ref, b.dout, b.delta, b.dq_acc, p);
+  else K_PRE<<<(unsigned)((rows + 7) / 8), 256>>>(b.o_ref, b.dout, b.delta, b.dq_acc, p);
   if (wg) K_BWD_WG<<<dim3(BH, (p.Tk + FG_WG_BWD_BKV - 1) / FG_WG_BWD_BKV), FG_WG_BWD_THREADS, BWD_WG_SMEM>>>(b.q, b.k, b.v, b.dout, b.lse_ref, b.delta, b.dq_acc, dk, dv, p);
   else K_BWD_TC<<<dim3(BH, (p.Tk + 63) / 64), 128, BWD_TC_SMEM>>>(b.q, b.k, b.v, b.dout, b.lse_ref, b.delta, b.dq_acc, dk, dv, p);
-  K_DQ<<<1024, 256>>>(b.dq_acc, dq, p);
+  if (wg) K_DQ_WG<<<1024, 256>>>(b.dq_acc, dq, p);
+  else K_DQ<<<1024, 256>>>(b.dq_acc, dq, p);
 }
 
 static float bf(T x) { return __bfloat162float(x); }
@@ -119,14 +129,16 @@ int main(int argc, char** argv) {
                        {1, 1, 129, 0, 0}, {1, 1, 1, 0, 0},   {4, 16, 1024, 0, 1}, {4, 16, 1024, 1, 1},
                        {4, 16, 2048, 0, 1}, {4, 16, 4096, 0, 1}, {4, 16, 4096, 1, 1}};
   int bad = 0;
+  const bool check_only = argc > 1 && strcmp(argv[1], "check") == 0;
   for (const C& c : cs) {
+    if (check_only && c.time) continue;
     const size_t n = (size_t)c.B * c.T * c.H * D, rows = (size_t)c.B * c.H * c.T;
     Bufs b;
     T** tb[] = {&b.q, &b.k, &b.v, &b.dout, &b.o_ref, &b.o_wg, &b.dq_ref, &b.dk_ref, &b.dv_ref, &b.dq_wg, &b.dk_wg, &b.dv_wg};
     for (T** x : tb) CK(cudaMalloc(x, n * 2));
     float** fb[] = {&b.lse_ref, &b.lse_wg, &b.delta};
     for (float** x : fb) CK(cudaMalloc(x, rows * 4));
-    CK(cudaMalloc(&b.dq_acc, rows * D * 4));
+    CK(cudaMalloc(&b.dq_acc, (size_t)c.B * c.H * ((c.T + 63) / 64 * 64) * D * 4));  // the Hopper layout's padding
     fill_rand<<<512, 256>>>(b.q, n, 1u);
     fill_rand<<<512, 256>>>(b.k, n, 2u);
     fill_rand<<<512, 256>>>(b.v, n, 3u);

@@ -271,7 +271,9 @@ fn wgmma_case(
 
 /// On an sm_90 GPU the Hopper kernels run by default for bf16 / f16 at head dims 64 and 128 and
 /// agree with the float64 op and with the mma.sync kernels: lengths below, at and past a block,
-/// Tq != Tk both ways (causal is top-left), q / k / v as strided views of one QKV buffer.
+/// Tq != Tk both ways (causal is top-left), one query, q / k / v as strided views of one QKV
+/// buffer. (No single-key case: there dQ is exactly 0 in float64 and rounding's 1e-8 has no
+/// relative error to compare.)
 /// Dropout keeps the mma.sync kernels.
 #[test]
 fn cuda_wgmma_kernels_match_float64_and_the_mma_kernels() -> Result<()> {
@@ -286,10 +288,16 @@ fn cuda_wgmma_kernels_match_float64_and_the_mma_kernels() -> Result<()> {
     for dtype in [DType::BF16, DType::F16] {
         for d in [64, 128] {
             for causal in [false, true] {
-                for (i, &(b, h, tq, tk)) in
-                    [(2, 3, 129, 129), (1, 2, 300, 300), (2, 2, 77, 45), (1, 2, 45, 77), (1, 1, 1, 1), (1, 2, 520, 520)]
-                        .iter()
-                        .enumerate()
+                for (i, &(b, h, tq, tk)) in [
+                    (2, 3, 129, 129),
+                    (1, 2, 300, 300),
+                    (2, 2, 77, 45),
+                    (1, 2, 45, 77),
+                    (1, 2, 1, 77),
+                    (1, 2, 520, 520),
+                ]
+                .iter()
+                .enumerate()
                 {
                     let fused = tq == tk && i % 2 == 0;
                     n += 1;

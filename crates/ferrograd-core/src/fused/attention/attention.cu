@@ -29,8 +29,10 @@ static __device__ __forceinline__ void fg_attn_bwd_pre(const T* __restrict__ o, 
     for (int d = lane; d < D; d += 32) s += fg_to_acc(orow[d * p.o.d]) * fg_to_acc(drow[d * p.dout.d]);
     s = fg_warp_reduce(s, FgSum());
     if (lane == 0) delta[r] = s;
-    float* qa = dq_acc + r * D;
-    for (int d = lane; d < D; d += 32) qa[d] = 0.f;
+    if (dq_acc) {  // the Hopper backward zeroes its own (padded) layout
+      float* qa = dq_acc + r * D;
+      for (int d = lane; d < D; d += 32) qa[d] = 0.f;
+    }
   }
 }
 
@@ -118,6 +120,15 @@ static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_a
       const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, float* dq_acc,  \
       T* dk, T* dv, FgAttnParams p) {                                                                        \
     fg_attn_bwd_wg<T, FG_ATTN_D>(q, k, v, dout, lse, delta, dq_acc, dk, dv, p);                              \
+  }                                                                                                          \
+  FG_KERNEL FG_ATTN_NAME(fg_attn_bwd_pre_d, FG_ATTN_D, wg_##SUF)(const T* o, const T* dout, float* delta,        \
+                                                                float* dq_acc, FgAttnParams p) {             \
+    fg_attn_bwd_pre<T, FG_ATTN_D>(o, dout, delta, nullptr, p);                                               \
+    const unsigned long long n = (unsigned long long)p.B * p.H * ((p.Tq + 63ull) / 64 * 64) * FG_ATTN_D;     \
+    FG_GRID_STRIDE(e, n) dq_acc[e] = 0.f;                                                                    \
+  }                                                                                                          \
+  FG_KERNEL FG_ATTN_NAME(fg_attn_dq_d, FG_ATTN_D, wg_##SUF)(const float* dq_acc, T* dq, FgAttnParams p) {        \
+    fg_attn_dq_wg<T, FG_ATTN_D>(dq_acc, dq, p);                                                              \
   }
 #else
 #define FG_ATTN_WG(SUF, T)

@@ -22,13 +22,18 @@
 // Backward: 2 warpgroups x 64 keys (BKV = 128) a block; per 64-query step S^T = K Q^T and
 // dP^T = V dO^T (SS), P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q (RS), dS^T to
 // shared memory, then dQ = dS K (SS, both operands transposed) with each warpgroup taking half of
-// the head dim, added into dq_acc with atomics (as attention_tc.cu).
+// the head dim, staged in shared memory and added into dq_acc by one bulk asynchronous reduction
+// a step (dq_acc's tile layout: fg_wg_dq_pos).
 //
 // Measured and not kept (H100, bench/kernels/attention_wgmma.sh, 2026-11-24): one-warpgroup blocks
 // (two a multiprocessor) for the backward, 1.3-2.4x slower; walking the query blocks from a
 // different start in each block, level; 16-byte dQ atomics, level; software-pipelining the backward
-// (the next step's S^T, dP^T issued before this step's dQ atomics), 250 registers and 1.15x slower.
-// 64 keys a forward step beat 128 by 1.06-1.2x.
+// (the next step's S^T, dP^T issued before this step's dQ atomics), 250 registers and 1.15x slower;
+// a bulk reduction per dQ row (256 bytes) instead of per tile, level at d = 128 and 1.24x slower at
+// d = 64. Kept: 64 keys a forward step (1.06-1.2x over 128); the tile-wide bulk reduction of dQ
+// (d = 128, T = 4096: backward 4.32 -> 3.90 ms against red.global.add; level at d = 64, where
+// leaving the reduction out entirely would still save 0.7 of 2.64 ms: dQ's traffic, 64 x D floats
+// per 128 keys per 64 queries, is what bounds this backward).
 //
 // Ordering rules kept here: (1) data written by threads (cp.async, st.shared) reaches wgmma (the
 // async proxy) only after `fence.proxy.async.shared::cta` and a barrier; (2) a wgmma's register
@@ -284,6 +289,39 @@ static __device__ __forceinline__ void fg_attn_fwd_wg(const T* __restrict__ q, c
 #define FG_WG_BWD_BKV (64 * FG_WG_BWD_WGS)
 #define FG_WG_BWD_BQ 64
 
+// dq_acc of the Hopper backward: [B * H][Tqp][D] f32 with Tqp = Tq rounded up to 64, each 64-row
+// tile stored in the order the dQ accumulators come out of the wgmma fragments (warpgroup, warp,
+// n8 chunk, row half, lane, pair), so that staging a tile in shared memory is conflict-free
+// (a warp writes 256 contiguous bytes) and the tile goes to global memory as ONE bulk reduction
+// (cp.reduce.async.bulk .add.f32, as FlashAttention-3 does). Per-thread red.global.add of the
+// row-major layout held this backward at ~1 TB/s of dQ traffic, a third of its time at d = 128,
+// T = 4096 (measured by leaving the reduction out: 4.48 -> 3.05 ms). fg_attn_dq_wg undoes the
+// order. Element (r, c) of a tile: warpgroup c / DH, warp r / 16, chunk (c % DH) / 8, half
+// (r / 8) % 2, lane 4 (r % 8) + (c % 8) / 2, pair c % 2.
+template <int D>
+static __device__ __forceinline__ int fg_wg_dq_pos(int wg, int w4, int dt, int hh, int lane) {
+  constexpr int DH = D / FG_WG_BWD_WGS;
+  return (((wg * 4 + w4) * (DH / 8) + dt) * 2 + hh) * 64 + lane * 2;
+}
+
+template <typename T, int D>
+static __device__ __forceinline__ void fg_attn_dq_wg(const float* __restrict__ dq_acc, T* __restrict__ dq,
+                                                     const FgAttnParams& p) {
+  constexpr int DH = D / FG_WG_BWD_WGS;
+  const unsigned long long tqp = ((unsigned long long)p.Tq + 63) / 64 * 64;
+  const unsigned long long n = (unsigned long long)p.B * p.H * p.Tq * D;
+  FG_GRID_STRIDE(e, n) {
+    const unsigned long long r = e / D, c = e - r * D;
+    const unsigned long long bh = r / p.Tq, i = r - bh * p.Tq;
+    const unsigned long long b = bh / p.H, h = bh - b * p.H;
+    const int ri = (int)(i & 63), ci = (int)c, wg = ci / DH, cc = ci - wg * DH;
+    const int lane = (ri & 7) * 4 + ((cc & 7) >> 1);
+    const unsigned long long tile = (bh * tqp + (i & ~63ull)) * D;
+    const float v = dq_acc[tile + fg_wg_dq_pos<D>(wg, ri >> 4, cc >> 3, (ri >> 3) & 1, lane) + (cc & 1)];
+    dq[b * p.dq.b + h * p.dq.h + i * p.dq.t + c * p.dq.d] = fg_from_acc<T>(v);
+  }
+}
+
 template <typename T, int D>
 static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, const T* __restrict__ k,
                                                       const T* __restrict__ v, const T* __restrict__ dout,
@@ -317,6 +355,25 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
   const int nqb = (Tq + BQ - 1) / BQ;
   const int ib0 = p.causal ? j0 / BQ : 0;  // query blocks before this one see none of these keys
   const int nit = nqb > ib0 ? nqb - ib0 : 0;
+#ifndef FG_WG_DQ_RED
+  // dQ staging: two 64 x D f32 tiles in fragment order (fg_wg_dq_pos), one per step parity.
+  float* dqst = dls + 2 * BQ;
+  const unsigned long long tqp = ((unsigned long long)Tq + BQ - 1) / BQ * BQ;  // dq_acc's padded rows
+  // One thread hands the tile staged by step `it` to the bulk engine; every thread staged its
+  // part before the barrier that precedes this call. Before the other buffer is staged again (at
+  // the end of the next step, after its middle barrier) the reduction issued one step earlier must
+  // have read it: `wait_group.read 1`.
+  auto reduce_dq = [&](int it) {
+    if (tid == 0) {
+      float* dst = dq_acc + ((unsigned long long)bh * tqp + (unsigned long long)(ib0 + it) * BQ) * D;
+      asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                   "r"(fg_smem_addr(dqst + (it & 1) * BQ * D)), "n"(BQ * D * 4)
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+    }
+  };
+#endif
 
   auto load_q = [&](int it, int stage) {
     const int i0 = (ib0 + it) * BQ;
@@ -346,6 +403,9 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
     fg_cp_wait<0>();
     fg_proxy_fence();
     __syncthreads();  // this step's Q / dO are in; every warpgroup is done with the other stage and dS^T
+#ifndef FG_WG_DQ_RED
+    if (it > 0) reduce_dq(it - 1);
+#endif
     if (it + 1 < nit) load_q(it + 1, stage ^ 1);
     fg_cp_commit();
     const unsigned int qst = qs + stage * BQ * D * SZ, ost = os + stage * BQ * D * SZ;
@@ -427,6 +487,20 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
     fg_wg_pin(dva);
     fg_wg_pin(dka);
 
+#ifndef FG_WG_DQ_RED
+    // dQ goes out as one bulk asynchronous reduction of the whole 64 x D tile (see the header):
+    // staged in fragment order, reduced after the next barrier, double-buffered.
+    {
+      float* stg = dqst + (it & 1) * BQ * D;
+#pragma unroll
+      for (int dt = 0; dt < DH / 8; ++dt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          *reinterpret_cast<float2*>(stg + fg_wg_dq_pos<D>(wg, warp & 3, dt, hh, lane)) =
+              make_float2(p.scale * dqa[dt][2 * hh], p.scale * dqa[dt][2 * hh + 1]);
+      fg_proxy_fence();
+    }
+#else
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int row = i0 + (warp & 3) * 16 + g + hh * 8;
@@ -438,8 +512,16 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
                     make_float2(p.scale * dqa[dt][2 * hh], p.scale * dqa[dt][2 * hh + 1]));
       }
     }
+#endif
   }
   fg_cp_wait<0>();
+#ifndef FG_WG_DQ_RED
+  if (nit > 0) {
+    __syncthreads();  // the last step's tile is staged
+    reduce_dq(nit - 1);
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  }
+#endif
 
   // dK (times the scale) and dV, 4-byte pairs straight from the accumulators.
   T* dkg = dk + (long long)b * p.dk.b + (long long)h * p.dk.h;
@@ -461,4 +543,4 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
 }
 
 #define FG_WG_BWD_SMEM(D) ((2 * FG_WG_BWD_BKV + 4 * FG_WG_BWD_BQ) * (D) * 2 + FG_WG_BWD_BKV * FG_WG_BWD_BQ * 2 + \
-                           4 * FG_WG_BWD_BQ * 4 + 1024)
+                           4 * FG_WG_BWD_BQ * 4 + 2 * FG_WG_BWD_BQ * (D) * 4 + 1024)

@@ -120,8 +120,13 @@ fn wg_fwd_smem(d: usize) -> usize {
     (WG_FWD_BQ + 4 * WG_FWD_BKV) * d * 2 + 1024
 }
 
+/// K, V, two stages of Q and dO, dS^T, log-sum-exp and delta, two dQ tiles (f32), alignment.
 fn wg_bwd_smem(d: usize) -> usize {
-    (2 * WG_BWD_BKV + 4 * WG_BWD_BQ) * d * 2 + WG_BWD_BKV * WG_BWD_BQ * 2 + 4 * WG_BWD_BQ * 4 + 1024
+    (2 * WG_BWD_BKV + 4 * WG_BWD_BQ) * d * 2
+        + WG_BWD_BKV * WG_BWD_BQ * 2
+        + 4 * WG_BWD_BQ * 4
+        + 2 * WG_BWD_BQ * d * 4
+        + 1024
 }
 
 /// Whether this call runs the Hopper (`wgmma`) kernels: an sm_90 device, bf16 / f16, head dim 64
@@ -341,8 +346,12 @@ pub(super) fn backward(
         let (op, os, _oc) = operand(o.0, o.1, true, false)?;
         let (gp, gs, _gc) = operand(dout.0, dout.1, true, tc)?;
         let rows = b * h * tq;
+        let wg = wgmma(&dev, pb, dtype);
+        // The Hopper backward's dq_acc: rows padded to whole 64-row tiles, each tile in fragment
+        // order (attention_wgmma.cu `fg_wg_dq_pos`); its own helpers zero and convert it.
+        let (acc_rows, helper) = if wg { (b * h * tq.div_ceil(WG_BWD_BQ) * WG_BWD_BQ, "_wg") } else { (rows, "") };
         let delta = CudaStorage::uninit(&dev, rows, DType::F32)?;
-        let dq_acc = CudaStorage::uninit(&dev, rows * d, DType::F32)?;
+        let dq_acc = CudaStorage::uninit(&dev, acc_rows * d, DType::F32)?;
         let p = AttnParams {
             q: qs,
             k: ks,
@@ -355,10 +364,10 @@ pub(super) fn backward(
             ..params(pb)
         };
         if rows > 0 {
-            launch!(dev, *m, format!("fg_attn_bwd_pre_d{d}_{sfx}"), cfg_warp_rows(&dev, rows);
+            launch!(dev, *m, format!("fg_attn_bwd_pre_d{d}{helper}_{sfx}"), cfg_warp_rows(&dev, rows);
                 op, gp, delta.buf.ptr(), dq_acc.buf.ptr(), p);
         }
-        let (name, c) = if wgmma(&dev, pb, dtype) {
+        let (name, c) = if wg {
             super::select::count(|c| c.wgmma_bwd += 1);
             (format!("fg_attn_bwd_d{d}_wg_{sfx}"), cfg((b * h, tk.div_ceil(WG_BWD_BKV)), WG_THREADS, wg_bwd_smem(d)))
         } else {
@@ -370,7 +379,7 @@ pub(super) fn backward(
         launch!(dev, *m, name, c; qp, kp, vp, gp, lp, delta.buf.ptr(), dq_acc.buf.ptr(), out.ptrs[1], out.ptrs[2], p);
         if rows > 0 {
             let c = cfg_1d(&dev, rows * d);
-            launch!(dev, *m, format!("fg_attn_dq_d{d}_{sfx}"), c; dq_acc.buf.ptr(), out.ptrs[0], p);
+            launch!(dev, *m, format!("fg_attn_dq_d{d}{helper}_{sfx}"), c; dq_acc.buf.ptr(), out.ptrs[0], p);
         }
     }
     Ok(out.outs)
@@ -436,8 +445,9 @@ mod tests {
                 // The Hopper kernels: in the modules built for sm_90a (check_routes compiles for sm_90).
                 if matches!(d, 64 | 128) && dtype != DType::F32 {
                     assert!(m.options.sm90a, "{} holds wgmma kernels: it must be built for sm_90a", m.name);
-                    routes.push((format!("fg_attn_fwd_d{d}_wg_{sfx}"), m));
-                    routes.push((format!("fg_attn_bwd_d{d}_wg_{sfx}"), m));
+                    for stem in ["fwd", "bwd", "bwd_pre", "dq"] {
+                        routes.push((format!("fg_attn_{stem}_d{d}_wg_{sfx}"), m));
+                    }
                 }
             }
         }
