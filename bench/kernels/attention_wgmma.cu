@@ -45,6 +45,7 @@ __global__ void fill_rand(T* x, size_t n, unsigned seed) {
   }
 }
 
+#define HB_BKV FG_WG_BWD_BKVD(D)
 static const int FWD_TC_SMEM = (128 + 4 * 64) * (D + 8) * 2;
 static const int BWD_TC_SMEM = (2 * 64 + 4 * 32) * (D + 8) * 2 + 64 * (32 + 8) * 2 + 4 * 32 * 4;
 static const int FWD_WG_SMEM = FG_WG_FWD_SMEM(D);
@@ -78,7 +79,7 @@ static void bwd(bool wg, const Bufs& b, const FgAttnParams& p, T* dq, T* dk, T* 
   const size_t rows = (size_t)BH * p.Tq;
   if (wg) K_PRE_WG<<<(unsigned)((rows + 7) / 8), 256>>>(b.o_ref, b.dout, b.delta, b.dq_acc, p);
   else K_PRE<<<(unsigned)((rows + 7) / 8), 256>>>(b.o_ref, b.dout, b.delta, b.dq_acc, p);
-  if (wg) K_BWD_WG<<<dim3(BH, (p.Tk + FG_WG_BWD_BKV - 1) / FG_WG_BWD_BKV), FG_WG_BWD_THREADS, BWD_WG_SMEM>>>(b.q, b.k, b.v, b.dout, b.lse_ref, b.delta, b.dq_acc, dk, dv, p);
+  if (wg) K_BWD_WG<<<dim3(BH, (p.Tk + HB_BKV - 1) / HB_BKV), FG_WG_BWD_THREADS, BWD_WG_SMEM>>>(b.q, b.k, b.v, b.dout, b.lse_ref, b.delta, b.dq_acc, dk, dv, p);
   else K_BWD_TC<<<dim3(BH, (p.Tk + 63) / 64), 128, BWD_TC_SMEM>>>(b.q, b.k, b.v, b.dout, b.lse_ref, b.delta, b.dq_acc, dk, dv, p);
   if (wg) K_DQ_WG<<<1024, 256>>>(b.dq_acc, dq, p);
   else K_DQ<<<1024, 256>>>(b.dq_acc, dq, p);

@@ -104,7 +104,7 @@ static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_a
   }
 
 // Hopper kernels (attention_wgmma.cu): fg_attn_fwd_d{64,128}_wg_{bf16,f16}, fg_attn_bwd_d{64,128}_wg_{..},
-// blocks of FG_WG_FWD_THREADS / FG_WG_BWD_THREADS, grid (B * H, ceil(Tq / FG_WG_FWD_BQ)) and (B * H, ceil(Tk / FG_WG_BWD_BKV)),
+// blocks of FG_WG_FWD_THREADS / FG_WG_BWD_THREADS, grid (B * H, ceil(Tq / FG_WG_FWD_BQ)) and (B * H, ceil(Tk / FG_WG_BWD_BKVD(D))),
 // dynamic shared memory FG_WG_FWD_SMEM(D) / FG_WG_BWD_SMEM(D) (cuda.rs `wg_tiles` mirrors them); no
 // dropout. Only in a module built for sm_90a: wgmma exists on no other target (bench/kernels/
 // attention_wgmma.sh's nvcc harness, built for sm_90a only, asks with -DFG_ATTN_WG_FORCE).

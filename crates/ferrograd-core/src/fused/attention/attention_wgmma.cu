@@ -19,7 +19,8 @@
 // Forward: 2 warpgroups x 64 query rows (BQ = 128), K/V tiles of 128 keys, double-buffered with
 // cp.async. Per tile: S = Q K^T (SS), online softmax in registers (the exp2 domain, as
 // attention_tc.cu), O += P V with P re-packed from the S accumulators as the A operand (RS).
-// Backward: 2 warpgroups x 64 keys (BKV = 128) a block; per 64-query step S^T = K Q^T and
+// Backward: 2 warpgroups x 64 keys (BKV = 128) a block at d = 128, x 128 keys (two 64-key m-tiles
+// each, BKV = 256) at d = 64; per 64-query step and m-tile S^T = K Q^T and
 // dP^T = V dO^T (SS), P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q (RS), dS^T to
 // shared memory, then dQ = dS K (SS, both operands transposed) with each warpgroup taking half of
 // the head dim, staged in shared memory and added into dq_acc by one bulk asynchronous reduction
@@ -33,7 +34,9 @@
 // d = 64. Kept: 64 keys a forward step (1.06-1.2x over 128); the tile-wide bulk reduction of dQ
 // (d = 128, T = 4096: backward 4.32 -> 3.90 ms against red.global.add; level at d = 64, where
 // leaving the reduction out entirely would still save 0.7 of 2.64 ms: dQ's traffic, 64 x D floats
-// per 128 keys per 64 queries, is what bounds this backward).
+// per block of keys per 64 queries, is what bounds this backward); so at d = 64 a warpgroup owns
+// two m-tiles (256 keys a block: half the traffic; T = 4096 backward 2.64 -> 1.92 ms, at 255
+// registers with 28 bytes spilled). d = 128 cannot: its dK and dV alone are 128 registers an m-tile.
 //
 // Ordering rules kept here: (1) data written by threads (cp.async, st.shared) reaches wgmma (the
 // async proxy) only after `fence.proxy.async.shared::cta` and a barrier; (2) a wgmma's register
@@ -286,7 +289,14 @@ static __device__ __forceinline__ void fg_attn_fwd_wg(const T* __restrict__ q, c
 // Backward
 // ---------------------------------------------------------------------------------------------
 
-#define FG_WG_BWD_BKV (64 * FG_WG_BWD_WGS)
+// 64-key m-tiles a warpgroup owns in the backward: two at d = 64 (dQ's reduction traffic per key
+// halves), one at d = 128 (registers).
+#ifndef FG_WG_BWD_MT1
+#define FG_WG_BWD_MT(D) ((D) <= 64 ? 2 : 1)
+#else
+#define FG_WG_BWD_MT(D) 1
+#endif
+#define FG_WG_BWD_BKVD(D) (64 * FG_WG_BWD_WGS * FG_WG_BWD_MT(D))
 #define FG_WG_BWD_BQ 64
 
 // dq_acc of the Hopper backward: [B * H][Tqp][D] f32 with Tqp = Tq rounded up to 64, each 64-row
@@ -331,10 +341,10 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
                                                       const FgAttnParams& p) {
   typedef FgTc<T> M;
   // dQ = dS K: each warpgroup takes DH columns of the head dim.
-  constexpr int BKV = FG_WG_BWD_BKV, BQ = FG_WG_BWD_BQ, NQ = BQ / 8, DT = D / 8, SZ = 2, DH = D / FG_WG_BWD_WGS,
+  constexpr int MT = FG_WG_BWD_MT(D), BKV = FG_WG_BWD_BKVD(D), BQ = FG_WG_BWD_BQ, NQ = BQ / 8, DT = D / 8, SZ = 2, DH = D / FG_WG_BWD_WGS,
                 NTH = FG_WG_BWD_THREADS;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int wg = warp >> 2, wkv = wg * 64 + (warp & 3) * 16;  // this warp's first key row in the block
+  const int wg = warp >> 2;
   const unsigned int bh = blockIdx.x, b = bh / p.H, h = bh - b * p.H;
   const int Tq = (int)p.Tq, Tk = (int)p.Tk;
   const int j0 = (int)blockIdx.y * BKV;
@@ -391,11 +401,13 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
   if (nit > 0) load_q(0, 0);
   fg_cp_commit();
 
-  float dka[DT][4], dva[DT][4];
+  float dka[MT][DT][4], dva[MT][DT][4];
 #pragma unroll
-  for (int dt = 0; dt < DT; ++dt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dka[dt][e] = dva[dt][e] = 0.f;
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dka[mt][dt][e] = dva[mt][dt][e] = 0.f;
 
   for (int it = 0; it < nit; ++it) {
     const int stage = it & 1;
@@ -412,15 +424,19 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
     const float* l2 = lse2s + stage * BQ;
     const float* dl = dls + stage * BQ;
 
-    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BQ queries.
+    const bool need_mask = j0 + BKV > Tk || (p.causal && j0 + BKV - 1 > i0);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+    // S^T = K Q^T and dP^T = V dO^T for this m-tile's 64 keys x BQ queries.
+    const int mrow = (wg * MT + mt) * 64, wkv = mrow + (warp & 3) * 16;  // this warp's first key row
     float sa[NQ][4], dpa[NQ][4];
     fg_wg_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      fg_wg_ss<T, BQ, 0, 0>(sa, fg_wg_kmajor(ks + wg * 64 * 128, BKV, kk), fg_wg_kmajor(qst, BQ, kk), kk > 0);
+      fg_wg_ss<T, BQ, 0, 0>(sa, fg_wg_kmajor(ks + mrow * 128, BKV, kk), fg_wg_kmajor(qst, BQ, kk), kk > 0);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      fg_wg_ss<T, BQ, 0, 0>(dpa, fg_wg_kmajor(vs + wg * 64 * 128, BKV, kk), fg_wg_kmajor(ost, BQ, kk), kk > 0);
+      fg_wg_ss<T, BQ, 0, 0>(dpa, fg_wg_kmajor(vs + mrow * 128, BKV, kk), fg_wg_kmajor(ost, BQ, kk), kk > 0);
     fg_wg_commit();
     fg_wg_wait<0>();
     fg_wg_pin(sa);
@@ -428,7 +444,6 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
 
     // P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta). Element e of n-tile nt: key
     // wkv + g + 8 (e >> 1), query nt * 8 + 2 t + (e & 1).
-    const bool need_mask = j0 + BKV > Tk || (p.causal && j0 + BKV - 1 > i0);
 #pragma unroll
     for (int nt = 0; nt < NQ; ++nt)
 #pragma unroll
@@ -467,13 +482,14 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
     // dV += P^T dO and dK += dS^T Q (the softmax scale goes on dK at the end).
     fg_wg_fence();
 #pragma unroll
-    for (int qc = 0; qc < BQ / 16; ++qc) fg_wg_rs<T, D, 1>(dva, pa[qc], fg_wg_mnmajor(ost, BQ, qc, 0), 1);
+    for (int qc = 0; qc < BQ / 16; ++qc) fg_wg_rs<T, D, 1>(dva[mt], pa[qc], fg_wg_mnmajor(ost, BQ, qc, 0), 1);
 #pragma unroll
-    for (int qc = 0; qc < BQ / 16; ++qc) fg_wg_rs<T, D, 1>(dka, da[qc], fg_wg_mnmajor(qst, BQ, qc, 0), 1);
+    for (int qc = 0; qc < BQ / 16; ++qc) fg_wg_rs<T, D, 1>(dka[mt], da[qc], fg_wg_mnmajor(qst, BQ, qc, 0), 1);
     fg_wg_commit();
+    }
 
     fg_proxy_fence();
-    __syncthreads();  // all 128 keys' dS^T are in shared memory
+    __syncthreads();  // all BKV keys' dS^T are in shared memory
 
     // dQ[:, this warpgroup's columns] = dS K: A = dS^T (keys x queries: transposed), B = K (keys x
     // head dim: transposed).
@@ -484,8 +500,11 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
     fg_wg_commit();
     fg_wg_wait<0>();
     fg_wg_pin(dqa);
-    fg_wg_pin(dva);
-    fg_wg_pin(dka);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      fg_wg_pin(dva[mt]);
+      fg_wg_pin(dka[mt]);
+    }
 
 #ifndef FG_WG_DQ_RED
     // dQ goes out as one bulk asynchronous reduction of the whole 64 x D tile (see the header):
@@ -527,20 +546,22 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
   T* dkg = dk + (long long)b * p.dk.b + (long long)h * p.dk.h;
   T* dvg = dv + (long long)b * p.dv.b + (long long)h * p.dv.h;
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int row = j0 + wkv + g + hh * 8;
-    if (row < Tk) {
-      T* krow = dkg + (long long)row * p.dk.t + 2 * t;
-      T* vrow = dvg + (long long)row * p.dv.t + 2 * t;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        *reinterpret_cast<unsigned int*>(krow + dt * 8) =
-            M::pack(p.scale * dka[dt][2 * hh], p.scale * dka[dt][2 * hh + 1]);
-        *reinterpret_cast<unsigned int*>(vrow + dt * 8) = M::pack(dva[dt][2 * hh], dva[dt][2 * hh + 1]);
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = j0 + (wg * MT + mt) * 64 + (warp & 3) * 16 + g + hh * 8;
+      if (row < Tk) {
+        T* krow = dkg + (long long)row * p.dk.t + 2 * t;
+        T* vrow = dvg + (long long)row * p.dv.t + 2 * t;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          *reinterpret_cast<unsigned int*>(krow + dt * 8) =
+              M::pack(p.scale * dka[mt][dt][2 * hh], p.scale * dka[mt][dt][2 * hh + 1]);
+          *reinterpret_cast<unsigned int*>(vrow + dt * 8) = M::pack(dva[mt][dt][2 * hh], dva[mt][dt][2 * hh + 1]);
+        }
       }
     }
-  }
 }
 
-#define FG_WG_BWD_SMEM(D) ((2 * FG_WG_BWD_BKV + 4 * FG_WG_BWD_BQ) * (D) * 2 + FG_WG_BWD_BKV * FG_WG_BWD_BQ * 2 + \
+#define FG_WG_BWD_SMEM(D) ((2 * FG_WG_BWD_BKVD(D) + 4 * FG_WG_BWD_BQ) * (D) * 2 + FG_WG_BWD_BKVD(D) * FG_WG_BWD_BQ * 2 + \
                            4 * FG_WG_BWD_BQ * 4 + 2 * FG_WG_BWD_BQ * (D) * 4 + 1024)

@@ -107,14 +107,23 @@ fn tiles(d: usize, dtype: DType) -> Tiles {
 }
 
 /// The Hopper kernels' shapes (attention_wgmma.cu `FG_WG_*`; change both together): blocks of two
-/// warpgroups; the forward takes 128 query rows a block and 64 keys a step, the backward 128 keys
-/// a block and 64 queries a step. Dynamic shared memory includes 1 KiB for aligning the base to
-/// the 128-byte swizzle's 1024-byte period.
+/// warpgroups; the forward takes 128 query rows a block and 64 keys a step, the backward
+/// [`wg_bwd_bkv`] keys a block and 64 queries a step. Dynamic shared memory includes 1 KiB for
+/// aligning the base to the 128-byte swizzle's 1024-byte period.
 const WG_THREADS: u32 = 256;
 const WG_FWD_BQ: usize = 128;
 const WG_FWD_BKV: usize = 64;
-const WG_BWD_BKV: usize = 128;
 const WG_BWD_BQ: usize = 64;
+
+/// Keys a backward block owns (`FG_WG_BWD_BKVD`): two 64-key m-tiles a warpgroup at d = 64, one
+/// at d = 128.
+fn wg_bwd_bkv(d: usize) -> usize {
+    if d <= 64 {
+        256
+    } else {
+        128
+    }
+}
 
 fn wg_fwd_smem(d: usize) -> usize {
     (WG_FWD_BQ + 4 * WG_FWD_BKV) * d * 2 + 1024
@@ -122,11 +131,8 @@ fn wg_fwd_smem(d: usize) -> usize {
 
 /// K, V, two stages of Q and dO, dS^T, log-sum-exp and delta, two dQ tiles (f32), alignment.
 fn wg_bwd_smem(d: usize) -> usize {
-    (2 * WG_BWD_BKV + 4 * WG_BWD_BQ) * d * 2
-        + WG_BWD_BKV * WG_BWD_BQ * 2
-        + 4 * WG_BWD_BQ * 4
-        + 2 * WG_BWD_BQ * d * 4
-        + 1024
+    let bkv = wg_bwd_bkv(d);
+    (2 * bkv + 4 * WG_BWD_BQ) * d * 2 + bkv * WG_BWD_BQ * 2 + 4 * WG_BWD_BQ * 4 + 2 * WG_BWD_BQ * d * 4 + 1024
 }
 
 /// Whether this call runs the Hopper (`wgmma`) kernels: an sm_90 device, bf16 / f16, head dim 64
@@ -369,7 +375,7 @@ pub(super) fn backward(
         }
         let (name, c) = if wg {
             super::select::count(|c| c.wgmma_bwd += 1);
-            (format!("fg_attn_bwd_d{d}_wg_{sfx}"), cfg((b * h, tk.div_ceil(WG_BWD_BKV)), WG_THREADS, wg_bwd_smem(d)))
+            (format!("fg_attn_bwd_d{d}_wg_{sfx}"), cfg((b * h, tk.div_ceil(wg_bwd_bkv(d))), WG_THREADS, wg_bwd_smem(d)))
         } else {
             let t = tiles(d, dtype);
             let (_, name) = kernel_names(d, dtype, &t)?;
