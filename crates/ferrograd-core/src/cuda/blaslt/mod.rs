@@ -359,12 +359,37 @@ fn launch(
 /// heuristic's first choice, and no wait for the GPU).
 fn autotune() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
+    if UNTUNED.with(|t| t.get() > 0) {
+        return false;
+    }
     TUNING.with(|t| t.get() > 0)
         || *ON.get_or_init(|| std::env::var("FERROGRAD_CUBLASLT_AUTOTUNE").is_ok_and(|v| v.trim() == "1"))
 }
 
 thread_local! {
     static TUNING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    static UNTUNED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Ends a [`without_tuning`] scope when dropped.
+#[must_use = "tuning is back when the guard is dropped"]
+pub struct NoTuneScope(());
+
+impl Drop for NoTuneScope {
+    fn drop(&mut self) {
+        UNTUNED.with(|t| t.set(t.get().saturating_sub(1)));
+    }
+}
+
+/// Until the guard is dropped, plans this thread creates keep the heuristic's first choice, even
+/// inside a [`tune_new_plans`] scope or with `FERROGRAD_CUBLASLT_AUTOTUNE=1`. Timing picks the
+/// fastest candidate, which can differ from run to run and from an untuned plan of the same
+/// problem (different rounding: results equal to the last bit only for the same algorithm); a
+/// comparison that needs bit-identical products, such as graph replay against eager steps, runs
+/// inside this scope.
+pub fn without_tuning() -> NoTuneScope {
+    UNTUNED.with(|t| t.set(t.get() + 1));
+    NoTuneScope(())
 }
 
 /// Ends a [`tune_new_plans`] scope when dropped.

@@ -263,3 +263,19 @@ fn tune_scopes_nest_and_end() {
     }
     assert_eq!(super::autotune(), outside);
 }
+
+/// `without_tuning` wins over `tune_new_plans` (and the variable) on its thread until it drops.
+#[test]
+fn untuned_scope_overrides_tuning_scopes() {
+    let outside = super::autotune();
+    let _t = super::tune_new_plans();
+    {
+        let _u = super::without_tuning();
+        assert!(!super::autotune());
+        let _inner = super::tune_new_plans();
+        assert!(!super::autotune(), "a tuning scope inside does not turn it back on");
+    }
+    assert!(super::autotune(), "the tuning scope is in force again");
+    drop(_t);
+    assert_eq!(super::autotune(), outside);
+}
