@@ -127,6 +127,11 @@ pub const ALL: &[&Module] = &[
     crate::fused::attention::MODULES[12],
     crate::fused::attention::MODULES[13],
     crate::fused::attention::MODULES[14],
+    // The Hopper (wgmma) parts: d 64 / 128, bf16 / f16, built for sm_90a.
+    crate::fused::attention::WG_MODULES[0],
+    crate::fused::attention::WG_MODULES[1],
+    crate::fused::attention::WG_MODULES[2],
+    crate::fused::attention::WG_MODULES[3],
     // src/fused/selective_scan: forward per dtype, backward per dtype and chunk length.
     crate::fused::selective_scan::MODULES[0],
     crate::fused::selective_scan::MODULES[1],
@@ -142,7 +147,7 @@ pub const ALL: &[&Module] = &[
 /// `ferrograd_models::MODULES`), into the on-disk cache, all in parallel (`ferrograd kernels
 /// --precompile`).
 pub fn precompile(arch: super::nvrtc::Arch, extra: &[&Module]) -> crate::Result<super::nvrtc::PrecompileReport> {
-    let sources: Vec<_> = ALL.iter().chain(extra).map(|m| m.source()).collect();
+    let sources: Vec<_> = ALL.iter().chain(extra).map(|m| m.source()).filter(|k| k.needed_for(arch)).collect();
     Ok(super::nvrtc::precompile(arch, &sources)?)
 }
 
@@ -186,6 +191,9 @@ mod tests {
         let include = find_cuda_include().unwrap_or_else(|e| panic!("{e}"));
         for m in ALL {
             for arch in [Arch::SM80, Arch::SM90] {
+                if !m.source().needed_for(arch) {
+                    continue; // Hopper-only (wgmma): built for sm_90a, never loaded elsewhere
+                }
                 let cubin =
                     compile_cubin(&m.source(), arch, &include).unwrap_or_else(|e| panic!("{} for {arch}: {e}", m.name));
                 assert!(cubin.len() > 1000, "{} for {arch}: {} bytes", m.name, cubin.len());
@@ -224,6 +232,7 @@ mod tests {
     fn every_part_of_a_split_module_is_registered() {
         let parts = crate::fused::attention::MODULES
             .iter()
+            .chain(&crate::fused::attention::WG_MODULES)
             .chain(&crate::fused::selective_scan::MODULES)
             .chain(&crate::fused::linear::MODULES);
         for m in parts.chain(&[&BINARY, &BINARY_HALF, &BINARY_REST]) {

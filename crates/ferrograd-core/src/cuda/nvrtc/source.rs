@@ -72,9 +72,9 @@ pub struct CompileOptions {
     pub fast_math: bool,
     /// Extra NVRTC flags, e.g. `-lineinfo` for profiling.
     pub extra: &'static [&'static str],
-    /// Build for `sm_90a` where the target is `sm_90`: the module holds Hopper-only kernels
-    /// (`wgmma`) beside portable ones. Such a CUBIN loads on sm_90 devices only, which is the only
-    /// target it is built for; every other target gets the portable build.
+    /// A Hopper-only module (`wgmma` kernels): built for `sm_90a` where the target is `sm_90`, and
+    /// needed on no other target (a launch picks it on sm_90 devices only; `kernels --precompile`
+    /// for another architecture skips it). An `sm_90a` CUBIN loads on sm_90 devices alone.
     pub sm90a: bool,
 }
 
@@ -129,6 +129,11 @@ impl<'a> KernelSource<'a> {
     /// Bytes of CUDA C NVRTC reads (source and headers).
     pub fn source_len(&self) -> usize {
         self.src.len() + self.headers.iter().map(|h| h.src.len()).sum::<usize>()
+    }
+
+    /// Whether a build for `arch` is of any use: a Hopper-only module is not, elsewhere.
+    pub fn needed_for(&self, arch: Arch) -> bool {
+        !self.options.sm90a || (arch.major() == 9 && arch.minor() == 0)
     }
 
     /// The architecture this source is built for when `arch` is asked: `sm_90a` for an `sm90a`
@@ -275,6 +280,8 @@ mod tests {
         assert_eq!(k.target(Arch::new(10, 0)), Arch::new(10, 0));
         assert_eq!(KernelSource::new("k", "").target(Arch::SM90), Arch::SM90);
         assert_eq!(nvrtc_options(k.target(Arch::SM90), &k)[0], "--gpu-architecture=sm_90a");
+        assert!(k.needed_for(Arch::SM90) && k.needed_for(Arch::SM90.arch_specific()) && !k.needed_for(Arch::SM80));
+        assert!(KernelSource::new("k", "").needed_for(Arch::SM80));
     }
 
     #[test]

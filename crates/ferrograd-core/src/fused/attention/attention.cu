@@ -106,13 +106,16 @@ static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_a
 // Hopper kernels (attention_wgmma.cu): fg_attn_fwd_d{64,128}_wg_{bf16,f16}, fg_attn_bwd_d{64,128}_wg_{..},
 // blocks of FG_WG_FWD_THREADS / FG_WG_BWD_THREADS, grid (B * H, ceil(Tq / FG_WG_FWD_BQ)) and (B * H, ceil(Tk / FG_WG_BWD_BKVD(D))),
 // dynamic shared memory FG_WG_FWD_SMEM(D) / FG_WG_BWD_SMEM(D) (cuda.rs `wg_tiles` mirrors them); no
-// dropout. Only in a module built for sm_90a: wgmma exists on no other target (bench/kernels/
+// dropout. They are their own modules (`-D FG_ATTN_WG_PART`, mod.rs `attention_wg_module!`, built for
+// sm_90a and only for sm_90 devices): apart from the mma.sync kernels they compile in parallel, and a
+// run without dropout compiles only them. wgmma exists on no other target (bench/kernels/
 // attention_wgmma.sh's nvcc harness, built for sm_90a only, asks with -DFG_ATTN_WG_FORCE).
-#if (FG_ATTN_D == 64 || FG_ATTN_D == 128) && (defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(FG_ATTN_WG_FORCE))
+#if defined(FG_ATTN_WG_FORCE) || \
+    (defined(FG_ATTN_WG_PART) && (FG_ATTN_D == 64 || FG_ATTN_D == 128) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
 #define FG_ATTN_HAS_WG 1
 #include "attention_wgmma.cu"
 #define FG_ATTN_WG(SUF, T)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(FG_WG_FWD_THREADS, 3 - FG_WG_FWD_WGS) FG_ATTN_NAME(fg_attn_fwd_d, FG_ATTN_D, wg_##SUF)( \
+  extern "C" __global__ void __launch_bounds__(FG_WG_FWD_THREADS, FG_WG_FWD_WGS == 1 ? 2 : 1) FG_ATTN_NAME(fg_attn_fwd_d, FG_ATTN_D, wg_##SUF)( \
       const T* q, const T* k, const T* v, T* o, float* lse, FgAttnParams p) {                                \
     fg_attn_fwd_wg<T, FG_ATTN_D>(q, k, v, o, lse, p);                                                        \
   }                                                                                                          \
@@ -139,10 +142,16 @@ static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_a
 // dtypes compile in parallel, and a run compiles only the dtype it launches.
 #if !defined(FG_ATTN_DTYPE)
 #error "FG_ATTN_DTYPE comes from Rust (src/fused/attention/mod.rs)"
+#elif defined(FG_ATTN_WG_PART) && FG_ATTN_DTYPE == 0
+FG_ATTN_WG(bf16, __nv_bfloat16)
+#elif defined(FG_ATTN_WG_PART) && FG_ATTN_DTYPE == 1
+FG_ATTN_WG(f16, __half)
+#elif defined(FG_ATTN_WG_PART)
+#error "the Hopper part is built for FG_ATTN_DTYPE 0 (bf16) and 1 (f16)"
 #elif FG_ATTN_DTYPE == 0
 FG_ATTN_TILES(bf16, __nv_bfloat16)
 FG_ATTN_COMMON(bf16, __nv_bfloat16)
-FG_ATTN_WG(bf16, __nv_bfloat16)
+FG_ATTN_WG(bf16, __nv_bfloat16)  // only with FG_ATTN_WG_FORCE: the harness builds both families in one unit
 #elif FG_ATTN_DTYPE == 1
 FG_ATTN_TILES(f16, __half)
 FG_ATTN_COMMON(f16, __half)

@@ -3,7 +3,7 @@
 //! conversion). Everything is enqueued on `CudaDevice::stream()` with no host synchronization, so
 //! a training step that uses attention can be captured as a CUDA graph.
 
-use super::{Problem, CUDA_HEAD_DIMS, MODULES, OP};
+use super::{Problem, CUDA_HEAD_DIMS, MODULES, OP, WG_MODULES};
 use crate::backend::BackendStorage;
 use crate::cuda::device::driver_err;
 use crate::cuda::launch::{cfg_1d, cfg_warp_rows, launch};
@@ -106,13 +106,21 @@ fn tiles(d: usize, dtype: DType) -> Tiles {
     }
 }
 
-/// The Hopper kernels' shapes (attention_wgmma.cu `FG_WG_*`; change both together): blocks of two
-/// warpgroups; the forward takes 128 query rows a block and 64 keys a step, the backward
-/// [`wg_bwd_bkv`] keys a block and 64 queries a step. Dynamic shared memory includes 1 KiB for
-/// aligning the base to the 128-byte swizzle's 1024-byte period.
-const WG_THREADS: u32 = 256;
-const WG_FWD_BQ: usize = 128;
+/// The Hopper kernels' shapes (attention_wgmma.cu `FG_WG_*`; change both together): the forward
+/// takes 64 query rows a warpgroup ([`wg_fwd_warpgroups`]) and 64 keys a step; the backward, two
+/// warpgroups, [`wg_bwd_bkv`] keys a block and 64 queries a step. Dynamic shared memory includes
+/// 1 KiB for aligning the base to the 128-byte swizzle's 1024-byte period.
+const WG_BWD_THREADS: u32 = 256;
 const WG_FWD_BKV: usize = 64;
+
+/// Warpgroups of a forward block (`FG_WG_FWD_WGS`): three at d = 128, two at d = 64.
+fn wg_fwd_warpgroups(d: usize) -> usize {
+    if d > 64 {
+        3
+    } else {
+        2
+    }
+}
 const WG_BWD_BQ: usize = 64;
 
 /// Keys a backward block owns (`FG_WG_BWD_BKVD`): two 64-key m-tiles a warpgroup at d = 64, one
@@ -126,13 +134,25 @@ fn wg_bwd_bkv(d: usize) -> usize {
 }
 
 fn wg_fwd_smem(d: usize) -> usize {
-    (WG_FWD_BQ + 4 * WG_FWD_BKV) * d * 2 + 1024
+    (64 * wg_fwd_warpgroups(d) + 4 * WG_FWD_BKV) * d * 2 + 1024
 }
 
 /// K, V, two stages of Q and dO, dS^T, log-sum-exp and delta, two dQ tiles (f32), alignment.
 fn wg_bwd_smem(d: usize) -> usize {
     let bkv = wg_bwd_bkv(d);
     (2 * bkv + 4 * WG_BWD_BQ) * d * 2 + bkv * WG_BWD_BQ * 2 + 4 * WG_BWD_BQ * 4 + 2 * WG_BWD_BQ * d * 4 + 1024
+}
+
+/// The module of the Hopper kernels for head dim `d` (64 or 128) and `dtype` (bf16, f16).
+fn wg_module(d: usize, dtype: DType) -> Result<&'static Module> {
+    let i = match (d, dtype) {
+        (64, DType::BF16) => 0,
+        (64, DType::F16) => 1,
+        (128, DType::BF16) => 2,
+        (128, DType::F16) => 3,
+        _ => return Err(shape_err!(OP, "no Hopper attention kernels for head dim {d} and {dtype}")),
+    };
+    Ok(WG_MODULES[i])
 }
 
 /// Whether this call runs the Hopper (`wgmma`) kernels: an sm_90 device, bf16 / f16, head dim 64
@@ -284,8 +304,9 @@ type Operand<'a> = (&'a CudaStorage, &'a Layout);
 /// Outputs: O `[B, Tq, H, D]`, the log-sum-exp `[B, H, Tq]` (f32).
 pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Result<FusedOutputs<CudaStorage>> {
     let dtype = q.0.dtype();
-    let m = module(pb.d, dtype)?;
     let dev = q.0.dev().clone();
+    let wg = wgmma(&dev, pb, dtype);
+    let m = if wg { wg_module(pb.d, dtype)? } else { module(pb.d, dtype)? };
     let Problem { b, h, tq, d, .. } = *pb;
     let o = CudaStorage::uninit(&dev, b * tq * h * d, dtype)?;
     let lse = CudaStorage::uninit(&dev, b * h * tq, DType::F32)?;
@@ -295,10 +316,11 @@ pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Resul
         let (kp, ks, _kc) = operand(k.0, k.1, false, tc)?;
         let (vp, vs, _vc) = operand(v.0, v.1, false, tc)?;
         let p = AttnParams { q: qs, k: ks, v: vs, o: bthd_strides(tq, h, d), ..params(pb) };
-        let (name, c) = if wgmma(&dev, pb, dtype) {
+        let (name, c) = if wg {
             super::select::count(|c| c.wgmma_fwd += 1);
-            let smem = wg_fwd_smem(d);
-            (format!("fg_attn_fwd_d{d}_wg_{}", suffix(dtype)?), cfg((b * h, tq.div_ceil(WG_FWD_BQ)), WG_THREADS, smem))
+            let (wgs, smem) = (wg_fwd_warpgroups(d), wg_fwd_smem(d));
+            let c = cfg((b * h, tq.div_ceil(64 * wgs)), 128 * wgs as u32, smem);
+            (format!("fg_attn_fwd_d{d}_wg_{}", suffix(dtype)?), c)
         } else {
             let t = tiles(d, dtype);
             let (name, _) = kernel_names(d, dtype, &t)?;
@@ -339,8 +361,10 @@ pub(super) fn backward(
     packed: bool,
 ) -> Result<FusedOutputs<CudaStorage>> {
     let dtype = q.0.dtype();
-    let (sfx, m) = (suffix(dtype)?, module(pb.d, dtype)?);
     let dev = q.0.dev().clone();
+    let wg = wgmma(&dev, pb, dtype);
+    let sfx = suffix(dtype)?;
+    let m = if wg { wg_module(pb.d, dtype)? } else { module(pb.d, dtype)? };
     let Problem { b, h, tq, tk, d, .. } = *pb;
     let (lp, _lse) = lse_ptr(lse)?;
     let out = grad_out(&dev, pb, dtype, packed)?;
@@ -352,7 +376,6 @@ pub(super) fn backward(
         let (op, os, _oc) = operand(o.0, o.1, true, false)?;
         let (gp, gs, _gc) = operand(dout.0, dout.1, true, tc)?;
         let rows = b * h * tq;
-        let wg = wgmma(&dev, pb, dtype);
         // The Hopper backward's dq_acc: rows padded to whole 64-row tiles, each tile in fragment
         // order (attention_wgmma.cu `fg_wg_dq_pos`); its own helpers zero and convert it.
         let (acc_rows, helper) = if wg { (b * h * tq.div_ceil(WG_BWD_BQ) * WG_BWD_BQ, "_wg") } else { (rows, "") };
@@ -375,7 +398,10 @@ pub(super) fn backward(
         }
         let (name, c) = if wg {
             super::select::count(|c| c.wgmma_bwd += 1);
-            (format!("fg_attn_bwd_d{d}_wg_{sfx}"), cfg((b * h, tk.div_ceil(wg_bwd_bkv(d))), WG_THREADS, wg_bwd_smem(d)))
+            (
+                format!("fg_attn_bwd_d{d}_wg_{sfx}"),
+                cfg((b * h, tk.div_ceil(wg_bwd_bkv(d))), WG_BWD_THREADS, wg_bwd_smem(d)),
+            )
         } else {
             let t = tiles(d, dtype);
             let (_, name) = kernel_names(d, dtype, &t)?;
@@ -448,16 +474,18 @@ mod tests {
                 for name in [fwd, bwd, format!("fg_attn_bwd_pre_d{d}_{sfx}"), format!("fg_attn_dq_d{d}_{sfx}")] {
                     routes.push((name, m));
                 }
-                // The Hopper kernels: in the modules built for sm_90a (check_routes compiles for sm_90).
+                // The Hopper kernels: their own modules, built for sm_90a (check_routes compiles for sm_90).
                 if matches!(d, 64 | 128) && dtype != DType::F32 {
-                    assert!(m.options.sm90a, "{} holds wgmma kernels: it must be built for sm_90a", m.name);
+                    let w = wg_module(d, dtype).unwrap();
+                    assert!(w.options.sm90a && !m.options.sm90a, "{}: only the wgmma part is Hopper-only", w.name);
                     for stem in ["fwd", "bwd", "bwd_pre", "dq"] {
-                        routes.push((format!("fg_attn_{stem}_d{d}_wg_{sfx}"), m));
+                        routes.push((format!("fg_attn_{stem}_d{d}_wg_{sfx}"), w));
                     }
                 }
             }
         }
         assert!(module(48, DType::F32).is_err() && module(64, DType::F64).is_err());
-        crate::cuda::modules::check_routes(&MODULES, &routes);
+        let parts: Vec<&Module> = MODULES.iter().chain(WG_MODULES.iter()).copied().collect();
+        crate::cuda::modules::check_routes(&parts, &routes);
     }
 }

@@ -83,14 +83,30 @@ const ATTN_WG_OPS: Header = Header::new("attention_wgmma_ops.cuh", include_str!(
 /// dim and dtype it launches. `cuda.rs` `module` picks one.
 macro_rules! attention_module {
     ($id:ident, $name:literal, $d:literal, $dtype:literal, $ms:literal) => {
-        attention_module!($id, $name, $d, $dtype, $ms, CompileOptions::DEFAULT);
-    };
-    ($id:ident, $name:literal, $d:literal, $dtype:literal, $ms:literal, $opts:expr) => {
-        /// The attention kernels compiled for one head dim and dtype.
+        /// The attention kernels compiled for one head dim and dtype (the Hopper headers are
+        /// declared because `attention.cu` names them, under a condition these modules never meet).
         pub const $id: Module = Module::new($name, include_str!("attention.cu"))
             .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT, ATTN_WG, ATTN_WG_OPS])
             .with_defines(&[Define::int("FG_ATTN_D", $d), Define::int("FG_ATTN_DTYPE", $dtype)])
-            .with_options($opts)
+            .with_cost_ms($ms);
+    };
+}
+
+/// The Hopper kernels of one head dim and dtype (`-D FG_ATTN_WG_PART`): a module of their own,
+/// built for sm_90a and only for sm_90 (`CompileOptions::SM90A`), so they compile beside the
+/// mma.sync module instead of after it (in one module the d128 part was a cold precompile's
+/// longest pole, 6.6 s) and a run without dropout compiles only them.
+macro_rules! attention_wg_module {
+    ($id:ident, $name:literal, $d:literal, $dtype:literal, $ms:literal) => {
+        /// The Hopper (wgmma) attention kernels of one head dim and dtype.
+        pub const $id: Module = Module::new($name, include_str!("attention.cu"))
+            .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT, ATTN_WG, ATTN_WG_OPS])
+            .with_defines(&[
+                Define::int("FG_ATTN_D", $d),
+                Define::int("FG_ATTN_DTYPE", $dtype),
+                Define::int("FG_ATTN_WG_PART", 1),
+            ])
+            .with_options(CompileOptions::SM90A)
             .with_cost_ms($ms);
     };
 }
@@ -98,8 +114,8 @@ macro_rules! attention_module {
 attention_module!(ATTENTION_D32_BF16, "attention_d32_bf16", 32, 0, 850);
 attention_module!(ATTENTION_D32_F16, "attention_d32_f16", 32, 1, 850);
 attention_module!(ATTENTION_D32_F32, "attention_d32_f32", 32, 2, 630);
-attention_module!(ATTENTION_D64_BF16, "attention_d64_bf16", 64, 0, 1500, CompileOptions::SM90A);
-attention_module!(ATTENTION_D64_F16, "attention_d64_f16", 64, 1, 1500, CompileOptions::SM90A);
+attention_module!(ATTENTION_D64_BF16, "attention_d64_bf16", 64, 0, 1000);
+attention_module!(ATTENTION_D64_F16, "attention_d64_f16", 64, 1, 1000);
 attention_module!(ATTENTION_D64_F32, "attention_d64_f32", 64, 2, 700);
 attention_module!(ATTENTION_D80_BF16, "attention_d80_bf16", 80, 0, 1200);
 attention_module!(ATTENTION_D80_F16, "attention_d80_f16", 80, 1, 1200);
@@ -107,8 +123,16 @@ attention_module!(ATTENTION_D80_F32, "attention_d80_f32", 80, 2, 750);
 attention_module!(ATTENTION_D96_BF16, "attention_d96_bf16", 96, 0, 1300);
 attention_module!(ATTENTION_D96_F16, "attention_d96_f16", 96, 1, 1300);
 attention_module!(ATTENTION_D96_F32, "attention_d96_f32", 96, 2, 800);
-attention_module!(ATTENTION_D128_BF16, "attention_d128_bf16", 128, 0, 2100, CompileOptions::SM90A);
-attention_module!(ATTENTION_D128_F16, "attention_d128_f16", 128, 1, 2100, CompileOptions::SM90A);
+attention_module!(ATTENTION_D128_BF16, "attention_d128_bf16", 128, 0, 1500);
+attention_module!(ATTENTION_D128_F16, "attention_d128_f16", 128, 1, 1500);
+attention_wg_module!(ATTENTION_D64_BF16_WG, "attention_d64_bf16_wg", 64, 0, 1300);
+attention_wg_module!(ATTENTION_D64_F16_WG, "attention_d64_f16_wg", 64, 1, 1300);
+attention_wg_module!(ATTENTION_D128_BF16_WG, "attention_d128_bf16_wg", 128, 0, 1300);
+attention_wg_module!(ATTENTION_D128_F16_WG, "attention_d128_f16_wg", 128, 1, 1300);
+
+/// The Hopper parts, as d64 bf16, d64 f16, d128 bf16, d128 f16 (`cuda.rs` `wg_module`).
+pub const WG_MODULES: [&Module; 4] =
+    [&ATTENTION_D64_BF16_WG, &ATTENTION_D64_F16_WG, &ATTENTION_D128_BF16_WG, &ATTENTION_D128_F16_WG];
 attention_module!(ATTENTION_D128_F32, "attention_d128_f32", 128, 2, 850);
 
 /// The kernel modules (for `cuda::modules::ALL`), head dim by head dim as in [`CUDA_HEAD_DIMS`],
