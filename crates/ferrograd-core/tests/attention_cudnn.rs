@@ -105,6 +105,53 @@ fn delta(before: Counters) -> Counters {
     }
 }
 
+/// One problem's inputs: q, k, v (separate `[B, H, T, D]` tensors, or the strided views of one
+/// `[B, T, 3, H, D]` buffer moved to the device whole, so the kernels read strides) and the output
+/// weights `w` on `dev`, with the float64 CPU op's output and gradients of `sum(out * w)`.
+struct Problem {
+    what: String,
+    x: Vec<Tensor>,
+    w: Tensor,
+    reference: (Tensor, Vec<Tensor>),
+}
+
+fn problem(
+    dev: Device,
+    rng: &mut Rng,
+    dtype: DType,
+    dims: (usize, usize, usize, usize, usize),
+    fused_qkv: bool,
+    causal: bool,
+) -> Result<Problem> {
+    let (b, h, tq, tk, d) = dims;
+    let what = format!("{dtype} B={b} H={h} Tq={tq} Tk={tk} D={d} causal={causal} fused_qkv={fused_qkv}");
+    let x: Vec<Tensor> = if fused_qkv {
+        assert_eq!(tq, tk);
+        qkv_views(&randn(rng, &[b, tq, 3, h, d], dtype))
+    } else {
+        vec![randn(rng, &[b, h, tq, d], dtype), randn(rng, &[b, h, tk, d], dtype), randn(rng, &[b, h, tk, d], dtype)]
+    };
+    let w = randn(rng, &[b, h, tq, d], dtype);
+    let r: Vec<Tensor> = x.iter().map(|t| t.to_dtype(DType::F64).unwrap()).collect();
+    let reference = run(Backend::Flash, Backend::Flash, &r, &w.to_dtype(DType::F64)?, causal)?;
+    let gx: Vec<Tensor> = if fused_qkv {
+        let qkv = Tensor::stack(&[x[0].transpose(1, 2)?, x[1].transpose(1, 2)?, x[2].transpose(1, 2)?], 2)?;
+        qkv_views(&qkv.to_device(dev)?)
+    } else {
+        x.iter().map(|t| t.to_device(dev).unwrap()).collect()
+    };
+    Ok(Problem { what, x: gx, w: w.to_device(dev)?, reference })
+}
+
+/// Relative errors of an output and its three gradients against another run's (the same order).
+fn errors(a: &(Tensor, Vec<Tensor>), b: &(Tensor, Vec<Tensor>)) -> Result<Vec<f64>> {
+    let mut e = vec![rel_err(&a.0.to_dtype(DType::F64)?, &b.0.to_dtype(DType::F64)?)];
+    for (x, y) in a.1.iter().zip(&b.1) {
+        e.push(rel_err(&x.to_dtype(DType::F64)?, &y.to_dtype(DType::F64)?));
+    }
+    Ok(e)
+}
+
 /// One problem: cuDNN forward + backward, our kernels' forward + backward, and the two crossed
 /// (one's forward with the other's backward: the saved statistics are shared), each against the
 /// float64 CPU op; cuDNN against our kernels directly. `Err` with every number on failure.
@@ -116,25 +163,7 @@ fn case(
     fused_qkv: bool,
     causal: bool,
 ) -> Result<String> {
-    let (b, h, tq, tk, d) = dims;
-    let what = format!("{dtype} B={b} H={h} Tq={tq} Tk={tk} D={d} causal={causal} fused_qkv={fused_qkv}");
-    let x: Vec<Tensor> = if fused_qkv {
-        assert_eq!(tq, tk);
-        qkv_views(&randn(rng, &[b, tq, 3, h, d], dtype))
-    } else {
-        vec![randn(rng, &[b, h, tq, d], dtype), randn(rng, &[b, h, tk, d], dtype), randn(rng, &[b, h, tk, d], dtype)]
-    };
-    let w = randn(rng, &[b, h, tq, d], dtype);
-    let r: Vec<Tensor> = x.iter().map(|t| t.to_dtype(DType::F64).unwrap()).collect();
-    let (ro, rg) = run(Backend::Flash, Backend::Flash, &r, &w.to_dtype(DType::F64)?, causal)?;
-    let gx: Vec<Tensor> = if fused_qkv {
-        // Move the buffer and take the views on the device, so the kernels read strides.
-        let qkv = Tensor::stack(&[x[0].transpose(1, 2)?, x[1].transpose(1, 2)?, x[2].transpose(1, 2)?], 2)?;
-        qkv_views(&qkv.to_device(dev)?)
-    } else {
-        x.iter().map(|t| t.to_device(dev).unwrap()).collect()
-    };
-    let gw = w.to_device(dev)?;
+    let Problem { what, x: gx, w: gw, reference } = problem(dev, rng, dtype, dims, fused_qkv, causal)?;
     let (tf, tb) = tol(dtype);
     let mut lines = vec![];
     let mut ok = true;
@@ -156,21 +185,25 @@ fn case(
                 cudnn::last_plan_error().unwrap_or_else(|| "nothing".into())
             )));
         }
-        let e: Vec<f64> = std::iter::once(rel_err(&o.to_dtype(DType::F64)?, &ro))
-            .chain(g.iter().zip(&rg).map(|(a, r)| rel_err(&a.to_dtype(DType::F64).unwrap(), r)))
-            .collect();
+        let e = errors(&(o.clone(), g.clone()), &reference)?;
         ok &= e[0] < tf && e[1..].iter().all(|x| *x < tb);
-        lines.push(format!("{fwd:?}/{bwd:?}: o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", e[0], e[1], e[2], e[3]));
+        lines.push(format!("{fwd:?}/{bwd:?}: {}", show(&e)));
         results.push((o, g));
     }
     // cuDNN against our kernels, directly.
-    let (c, f) = (&results[0], &results[1]);
-    let mut e = vec![rel_err(&c.0.to_dtype(DType::F64)?, &f.0.to_dtype(DType::F64)?)];
-    for (a, b) in c.1.iter().zip(&f.1) {
-        e.push(rel_err(&a.to_dtype(DType::F64)?, &b.to_dtype(DType::F64)?));
-    }
+    let e = errors(&results[0], &results[1])?;
     ok &= e[0] < 2.0 * tf && e[1..].iter().all(|x| *x < 2.0 * tb);
-    lines.push(format!("cudnn vs flash: o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", e[0], e[1], e[2], e[3]));
+    lines.push(format!("cudnn vs flash: {}", show(&e)));
+    verdict(&what, &lines, ok, dtype)
+}
+
+fn show(e: &[f64]) -> String {
+    format!("o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", e[0], e[1], e[2], e[3])
+}
+
+/// The case's line, printed; `Err` with it when a tolerance was missed.
+fn verdict(what: &str, lines: &[String], ok: bool, dtype: DType) -> Result<String> {
+    let (tf, tb) = tol(dtype);
     let line = format!("{what}: {}", lines.join("; "));
     println!("{line}");
     if ok {
@@ -215,23 +248,7 @@ fn wgmma_case(
     fused_qkv: bool,
     causal: bool,
 ) -> Result<String> {
-    let (b, h, tq, tk, d) = dims;
-    let what = format!("{dtype} B={b} H={h} Tq={tq} Tk={tk} D={d} causal={causal} fused_qkv={fused_qkv}");
-    let x: Vec<Tensor> = if fused_qkv {
-        qkv_views(&randn(rng, &[b, tq, 3, h, d], dtype))
-    } else {
-        vec![randn(rng, &[b, h, tq, d], dtype), randn(rng, &[b, h, tk, d], dtype), randn(rng, &[b, h, tk, d], dtype)]
-    };
-    let w = randn(rng, &[b, h, tq, d], dtype);
-    let r: Vec<Tensor> = x.iter().map(|t| t.to_dtype(DType::F64).unwrap()).collect();
-    let (ro, rg) = run(Backend::Flash, Backend::Flash, &r, &w.to_dtype(DType::F64)?, causal)?;
-    let gx: Vec<Tensor> = if fused_qkv {
-        let qkv = Tensor::stack(&[x[0].transpose(1, 2)?, x[1].transpose(1, 2)?, x[2].transpose(1, 2)?], 2)?;
-        qkv_views(&qkv.to_device(dev)?)
-    } else {
-        x.iter().map(|t| t.to_device(dev).unwrap()).collect()
-    };
-    let gw = w.to_device(dev)?;
+    let Problem { what, x: gx, w: gw, reference } = problem(dev, rng, dtype, dims, fused_qkv, causal)?;
     let (tf, tb) = tol(dtype);
     let (mut lines, mut ok, mut results) = (vec![], true, vec![]);
     for wg in [true, false] {
@@ -240,33 +257,20 @@ fn wgmma_case(
         let out = run(Backend::Flash, Backend::Flash, &gx, &gw, causal);
         let ran = delta(before);
         set_wgmma(None);
-        let (o, g) = out?;
+        let out = out?;
         let n = u64::from(wg);
         if (ran.flash_fwd, ran.flash_bwd, ran.wgmma_fwd, ran.wgmma_bwd) != (1, 1, n, n) {
             return Err(Error::InvalidArgument(format!("{what}: wgmma {wg}: ran {ran:?}")));
         }
-        let e: Vec<f64> = std::iter::once(rel_err(&o.to_dtype(DType::F64)?, &ro))
-            .chain(g.iter().zip(&rg).map(|(a, r)| rel_err(&a.to_dtype(DType::F64).unwrap(), r)))
-            .collect();
+        let e = errors(&out, &reference)?;
         ok &= e[0] < tf && e[1..].iter().all(|x| *x < tb);
-        let name = if wg { "wgmma" } else { "mma" };
-        lines.push(format!("{name}: o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", e[0], e[1], e[2], e[3]));
-        results.push((o, g));
+        lines.push(format!("{}: {}", if wg { "wgmma" } else { "mma" }, show(&e)));
+        results.push(out);
     }
-    let (a, m) = (&results[0], &results[1]);
-    let mut e = vec![rel_err(&a.0.to_dtype(DType::F64)?, &m.0.to_dtype(DType::F64)?)];
-    for (x, y) in a.1.iter().zip(&m.1) {
-        e.push(rel_err(&x.to_dtype(DType::F64)?, &y.to_dtype(DType::F64)?));
-    }
+    let e = errors(&results[0], &results[1])?;
     ok &= e[0] < 2.0 * tf && e[1..].iter().all(|x| *x < 2.0 * tb);
-    lines.push(format!("wgmma vs mma: o {:.2e} dq {:.2e} dk {:.2e} dv {:.2e}", e[0], e[1], e[2], e[3]));
-    let line = format!("{what}: {}", lines.join("; "));
-    println!("{line}");
-    if ok {
-        Ok(line)
-    } else {
-        Err(Error::InvalidArgument(format!("{line} (tolerances {tf:.0e} / {tb:.0e} against f64)")))
-    }
+    lines.push(format!("wgmma vs mma: {}", show(&e)));
+    verdict(&what, &lines, ok, dtype)
 }
 
 /// On an sm_90 GPU the Hopper kernels run by default for bf16 / f16 at head dims 64 and 128 and

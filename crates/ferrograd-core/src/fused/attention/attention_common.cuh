@@ -241,6 +241,18 @@ static __device__ __forceinline__ void fg_attn_load(unsigned int dst, const T* _
   }
 }
 
+// The backward's per-step row statistics of queries [i0, i0 + BQ) of one head, into shared memory
+// by the block's NTH threads: log2(e) * lse (+inf past Tq, so that P = 0 there) and delta (0 there).
+template <int BQ, int NTH>
+static __device__ __forceinline__ void fg_attn_stage_stats(float* lse2, float* dl, const float* __restrict__ lseg,
+                                                           const float* __restrict__ dlg, int i0, int Tq) {
+  for (int r = (int)threadIdx.x; r < BQ; r += NTH) {
+    const int i = i0 + r;
+    lse2[r] = i < Tq ? lseg[i] * FG_ATTN_LOG2E : FG_INF_F;
+    dl[r] = i < Tq ? dlg[i] : 0.f;
+  }
+}
+
 // Copy ROWS x D of shared memory (row stride DP) to global rows [r0, ...) below `nrows`, 16 bytes a
 // lane, by one warp.
 template <typename T, int ROWS, int D, int DP>

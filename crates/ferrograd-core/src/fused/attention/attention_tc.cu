@@ -287,11 +287,7 @@ static __device__ __forceinline__ void fg_attn_bwd_tc(const T* __restrict__ q, c
     const int i0 = (ib0 + it) * BQ;
     fg_attn_load<T, BQ, D, DP>(qs + stage * BQ * DP * SZ, qg, p.q.t, i0, Tq);
     fg_attn_load<T, BQ, D, DP>(os + stage * BQ * DP * SZ, og, p.dout.t, i0, Tq);
-    for (int r = tid; r < BQ; r += FG_ATTN_THREADS) {
-      const int i = i0 + r;
-      lse2s[stage * BQ + r] = i < Tq ? lseg[i] * FG_ATTN_LOG2E : FG_INF_F;
-      dls[stage * BQ + r] = i < Tq ? dlg[i] : 0.f;
-    }
+    fg_attn_stage_stats<BQ, FG_ATTN_THREADS>(lse2s + stage * BQ, dls + stage * BQ, lseg, dlg, i0, Tq);
   };
 
   fg_attn_load<T, BKV, D, DP>(ks, kg, p.k.t, j0, Tk);

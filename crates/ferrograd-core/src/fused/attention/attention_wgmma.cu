@@ -393,11 +393,7 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
     const int i0 = (ib0 + it) * BQ;
     fg_wg_load<T, BQ, D, NTH>(qs + stage * BQ * D * SZ, qg, p.q.t, i0, Tq);
     fg_wg_load<T, BQ, D, NTH>(os + stage * BQ * D * SZ, og, p.dout.t, i0, Tq);
-    for (int r = tid; r < BQ; r += NTH) {
-      const int i = i0 + r;
-      lse2s[stage * BQ + r] = i < Tq ? lseg[i] * FG_ATTN_LOG2E : FG_INF_F;
-      dls[stage * BQ + r] = i < Tq ? dlg[i] : 0.f;
-    }
+    fg_attn_stage_stats<BQ, NTH>(lse2s + stage * BQ, dls + stage * BQ, lseg, dlg, i0, Tq);
   };
 
   fg_wg_load<T, BKV, D, NTH>(ks, kg, p.k.t, j0, Tk);
