@@ -4,7 +4,7 @@
 # a Hopper GPU machine (needs nvcc): bash bench/kernels/attention_wgmma.sh
 # EXTRA="-DFG_WG_MN_SWAP" builds the other reading of the MN-major descriptor's offsets.
 set -uo pipefail
-A=crates/ferrograd-core/src/fused/attention
+A=${ATTN_DIR:-crates/ferrograd-core/src/fused/attention}  # ATTN_DIR: a scratch copy to try a change
 rc=0
 for d in ${HEAD_DIMS:-64 128}; do
   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I "$A" -I crates/ferrograd-core/kernels/include -DFG_MAX_DIMS=8 -DFG_ATTN_WG_FORCE ${EXTRA:-} \
