@@ -20,13 +20,8 @@ typedef __nv_bfloat16 T;
 #define K_DQ FG_ATTN_NAME(fg_attn_dq_d, FG_ATTN_D, bf16)
 #define K_FWD_WG FG_ATTN_NAME(fg_attn_fwd_d, FG_ATTN_D, wg_bf16)
 #define K_BWD_WG FG_ATTN_NAME(fg_attn_bwd_d, FG_ATTN_D, wg_bf16)
-#ifndef FG_WG_DQ_RED
 #define K_PRE_WG FG_ATTN_NAME(fg_attn_bwd_pre_d, FG_ATTN_D, wg_bf16)
 #define K_DQ_WG FG_ATTN_NAME(fg_attn_dq_d, FG_ATTN_D, wg_bf16)
-#else
-#define K_PRE_WG K_PRE
-#define K_DQ_WG K_DQ
-#endif
 
 #define CK(x)                                                                            \
   do {                                                                                   \

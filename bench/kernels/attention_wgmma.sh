@@ -2,7 +2,7 @@
 # The sm_90a (wgmma) attention kernels against the mma.sync ones, head dims 64 and 128, bf16:
 # outputs compared, both timed (bench/kernels/attention_wgmma.cu). Run from the repository root on
 # a Hopper GPU machine (needs nvcc): bash bench/kernels/attention_wgmma.sh
-# EXTRA="-DFG_WG_MN_SWAP" builds the other reading of the MN-major descriptor's offsets.
+# EXTRA="-D..." passes a define (e.g. -DFG_WG_FWD_BKV=128 for another tile) to both builds.
 set -uo pipefail
 A=${ATTN_DIR:-crates/ferrograd-core/src/fused/attention}  # ATTN_DIR: a scratch copy to try a change
 rc=0

@@ -133,7 +133,7 @@ impl<'a> KernelSource<'a> {
 
     /// Whether a build for `arch` is of any use: a Hopper-only module is not, elsewhere.
     pub fn needed_for(&self, arch: Arch) -> bool {
-        !self.options.sm90a || (arch.major() == 9 && arch.minor() == 0)
+        !self.options.sm90a || arch.number() == 90
     }
 
     /// The architecture this source is built for when `arch` is asked: `sm_90a` for an `sm90a`

@@ -79,11 +79,7 @@ static __device__ __forceinline__ unsigned long long fg_wg_kmajor(unsigned int b
 // LBO = the stride between 64-element atoms of the contiguous dim, SBO = between 8-row groups of K.
 static __device__ __forceinline__ unsigned long long fg_wg_mnmajor(unsigned int base, int rows, int kk, int col) {
   const unsigned int start = base + (unsigned int)((col >> 6) * rows * 128 + (col & 63) * 2 + kk * 16 * 128);
-#ifdef FG_WG_MN_SWAP  // bench/kernels/attention_wgmma.sh's fallback build, should the reading above be wrong
-  return fg_wg_desc(start, 1024, (unsigned int)(rows * 128));
-#else
   return fg_wg_desc(start, (unsigned int)(rows * 128), 1024);
-#endif
 }
 
 static __device__ __forceinline__ void fg_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -295,11 +291,7 @@ static __device__ __forceinline__ void fg_attn_fwd_wg(const T* __restrict__ q, c
 
 // 64-key m-tiles a warpgroup owns in the backward: two at d = 64 (dQ's reduction traffic per key
 // halves), one at d = 128 (registers).
-#ifndef FG_WG_BWD_MT1
 #define FG_WG_BWD_MT(D) ((D) <= 64 ? 2 : 1)
-#else
-#define FG_WG_BWD_MT(D) 1
-#endif
 #define FG_WG_BWD_BKVD(D) (64 * FG_WG_BWD_WGS * FG_WG_BWD_MT(D))
 #define FG_WG_BWD_BQ 64
 
@@ -369,7 +361,6 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
   const int nqb = (Tq + BQ - 1) / BQ;
   const int ib0 = p.causal ? j0 / BQ : 0;  // query blocks before this one see none of these keys
   const int nit = nqb > ib0 ? nqb - ib0 : 0;
-#ifndef FG_WG_DQ_RED
   // dQ staging: two 64 x D f32 tiles in fragment order (fg_wg_dq_pos), one per step parity.
   float* dqst = dls + 2 * BQ;
   const unsigned long long tqp = ((unsigned long long)Tq + BQ - 1) / BQ * BQ;  // dq_acc's padded rows
@@ -387,7 +378,6 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
       asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
     }
   };
-#endif
 
   auto load_q = [&](int it, int stage) {
     const int i0 = (ib0 + it) * BQ;
@@ -415,9 +405,7 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
     fg_cp_wait<0>();
     fg_proxy_fence();
     __syncthreads();  // this step's Q / dO are in; every warpgroup is done with the other stage and dS^T
-#ifndef FG_WG_DQ_RED
     if (it > 0) reduce_dq(it - 1);
-#endif
     if (it + 1 < nit) load_q(it + 1, stage ^ 1);
     fg_cp_commit();
     const unsigned int qst = qs + stage * BQ * D * SZ, ost = os + stage * BQ * D * SZ;
@@ -506,7 +494,6 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
       fg_wg_pin(dka[mt]);
     }
 
-#ifndef FG_WG_DQ_RED
     // dQ goes out as one bulk asynchronous reduction of the whole 64 x D tile (see the header):
     // staged in fragment order, reduced after the next barrier, double-buffered.
     {
@@ -519,28 +506,13 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
               make_float2(p.scale * dqa[dt][2 * hh], p.scale * dqa[dt][2 * hh + 1]);
       fg_proxy_fence();
     }
-#else
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = i0 + (warp & 3) * 16 + g + hh * 8;
-      if (row < Tq) {
-        float* dst = dq_acc + ((unsigned long long)bh * Tq + row) * D + wg * DH + 2 * t;
-#pragma unroll
-        for (int dt = 0; dt < DH / 8; ++dt)
-          atomicAdd(reinterpret_cast<float2*>(dst + dt * 8),
-                    make_float2(p.scale * dqa[dt][2 * hh], p.scale * dqa[dt][2 * hh + 1]));
-      }
-    }
-#endif
   }
   fg_cp_wait<0>();
-#ifndef FG_WG_DQ_RED
   if (nit > 0) {
     __syncthreads();  // the last step's tile is staged
     reduce_dq(nit - 1);
     if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
-#endif
 
   // dK (times the scale) and dV, 4-byte pairs straight from the accumulators.
   T* dkg = dk + (long long)b * p.dk.b + (long long)h * p.dk.h;

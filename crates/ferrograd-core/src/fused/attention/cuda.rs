@@ -112,6 +112,7 @@ fn tiles(d: usize, dtype: DType) -> Tiles {
 /// 1 KiB for aligning the base to the 128-byte swizzle's 1024-byte period.
 const WG_BWD_THREADS: u32 = 256;
 const WG_FWD_BKV: usize = 64;
+const WG_BWD_BQ: usize = 64;
 
 /// Warpgroups of a forward block (`FG_WG_FWD_WGS`): three at d = 128, two at d = 64.
 fn wg_fwd_warpgroups(d: usize) -> usize {
@@ -121,7 +122,6 @@ fn wg_fwd_warpgroups(d: usize) -> usize {
         2
     }
 }
-const WG_BWD_BQ: usize = 64;
 
 /// Keys a backward block owns (`FG_WG_BWD_BKVD`): two 64-key m-tiles a warpgroup at d = 64, one
 /// at d = 128.
