@@ -31,7 +31,13 @@
 // different start in each block, level; 16-byte dQ atomics, level; software-pipelining the backward
 // (the next step's S^T, dP^T issued before this step's dQ atomics), 250 registers and 1.15x slower;
 // a bulk reduction per dQ row (256 bytes) instead of per tile, level at d = 128 and 1.24x slower at
-// d = 64. Kept: 64 keys a forward step (1.06-1.2x over 128); the tile-wide bulk reduction of dQ
+// d = 64; a warp-specialized forward (one producer warp loading K / V by cp.async into a 3-5 stage
+// ring handed over by mbarriers, the warpgroups never meeting at a block barrier), 0.95x at d = 128
+// and 0.78-0.91x at d = 64 even with the producer's address math hoisted (a warp issuing 16-byte
+// copies cannot feed three warpgroups; TMA is what would); backward blocks in clusters of two
+// adding their dQ tiles through distributed shared memory (one bulk reduction of half a tile per
+// block: half the traffic), 1.28-1.36x slower at d = 128 (3.86 -> 4.95 ms at T = 4096) and 1.3-1.46x
+// at d = 64 (the pair waits for each other every step and the remote reads sit in the step). Kept: 64 keys a forward step (1.06-1.2x over 128); the tile-wide bulk reduction of dQ
 // (d = 128, T = 4096: backward 4.32 -> 3.90 ms against red.global.add; level at d = 64, where
 // leaving the reduction out entirely would still save 0.7 of 2.64 ms: dQ's traffic, 64 x D floats
 // per block of keys per 64 queries, is what bounds this backward); so at d = 64 a warpgroup owns
@@ -139,6 +145,93 @@ static __device__ __forceinline__ void fg_wg_load(unsigned int dst, const T* __r
 
 #define FG_WG_FWD_BQ (64 * FG_WG_FWD_WGS)
 
+// One key tile of the forward's online softmax on S (a warpgroup's 64 rows x BKV keys from the
+// wgmma accumulators): scale into the exp2 domain, mask (keys past Tk, causal), update the row
+// max / sum and rescale O's accumulators; S becomes P. `r` is this thread's first row in the
+// query block (the second is r + 8).
+template <typename T, int D, int BKV>
+static __device__ __forceinline__ void fg_attn_wg_softmax_step(float (&s)[BKV / 8][4], float (&acc)[D / 8][4],
+                                                               float (&mrow)[2], float (&lrow)[2],
+                                                               const FgAttnParams& p, int i0, int j0, int r, int wg,
+                                                               int t) {
+  constexpr int NT = BKV / 8, DT = D / 8;
+  const int Tk = (int)p.Tk;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale_log2;
+  if (j0 + BKV > Tk || (p.causal && j0 + BKV - 1 > i0 + wg * 64)) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = j0 + nt * 8 + 2 * t + (e & 1);
+        const int i = i0 + r + (e >> 1) * 8;
+        if (j >= Tk || (p.causal && j > i)) s[nt][e] = -FG_INF_F;
+      }
+  }
+  // Online softmax (attention_tc.cu's, one 16-row m-tile a warp).
+  float alpha[2], mref[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float mx = -FG_INF_F;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hh], s[nt][2 * hh + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(FG_FULL, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(FG_FULL, mx, 2));
+    const float mnew = fmaxf(mrow[hh], mx);
+    mref[hh] = mnew == -FG_INF_F ? 0.f : mnew;
+    alpha[hh] = fg_exp2(mrow[hh] - mref[hh]);
+    mrow[hh] = mnew;
+  }
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[dt][e] *= alpha[e >> 1];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float ls = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 2 * hh; e < 2 * hh + 2; ++e) {
+        const float pv = fg_exp2(s[nt][e] - mref[hh]);
+        s[nt][e] = pv;
+        ls += pv;
+      }
+    lrow[hh] = lrow[hh] * alpha[hh] + ls;
+  }
+}
+
+// The forward's epilogue: normalise, write the log-sum-exp and O (4-byte pairs straight from the
+// accumulators). `row` is this thread's first query row (the second is row + 8).
+template <typename T, int D>
+static __device__ __forceinline__ void fg_attn_wg_fwd_store(T* __restrict__ o, float* __restrict__ lse,
+                                                            const float (&acc)[D / 8][4], const float (&mrow)[2],
+                                                            const float (&lrow)[2], const FgAttnParams& p,
+                                                            unsigned int bh, unsigned int b, unsigned int h, int row0,
+                                                            int t) {
+  typedef FgTc<T> M;
+  constexpr int DT = D / 8;
+  const int Tq = (int)p.Tq;
+  T* og = o + (long long)b * p.o.b + (long long)h * p.o.h;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = lrow[hh];
+    l += __shfl_xor_sync(FG_FULL, l, 1);
+    l += __shfl_xor_sync(FG_FULL, l, 2);
+    const float inv = p.rp_keep / l;
+    const int row = row0 + hh * 8;
+    if (row < Tq) {
+      T* orow = og + (long long)row * p.o.t + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt)
+        *reinterpret_cast<unsigned int*>(orow + dt * 8) = M::pack(acc[dt][2 * hh] * inv, acc[dt][2 * hh + 1] * inv);
+      if (t == 0) lse[(unsigned long long)bh * Tq + row] = (mrow[hh] + log2f(l)) * FG_ATTN_LN2;
+    }
+  }
+}
+
 template <typename T, int D>
 static __device__ __forceinline__ void fg_attn_fwd_wg(const T* __restrict__ q, const T* __restrict__ k,
                                                       const T* __restrict__ v, T* __restrict__ o,
@@ -197,54 +290,8 @@ static __device__ __forceinline__ void fg_attn_fwd_wg(const T* __restrict__ q, c
     fg_wg_wait<0>();
     fg_wg_pin(s);
 
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale_log2;
-    const int j0 = jb * BKV;
-    if (j0 + BKV > Tk || (p.causal && j0 + BKV - 1 > i0 + wg * 64)) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = j0 + nt * 8 + 2 * t + (e & 1);
-          const int i = i0 + wrow + g + (e >> 1) * 8;
-          if (j >= Tk || (p.causal && j > i)) s[nt][e] = -FG_INF_F;
-        }
-    }
-
-    // Online softmax (attention_tc.cu's, one 16-row m-tile a warp).
-    float alpha[2], mref[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float mx = -FG_INF_F;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hh], s[nt][2 * hh + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(FG_FULL, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(FG_FULL, mx, 2));
-      const float mnew = fmaxf(mrow[hh], mx);
-      mref[hh] = mnew == -FG_INF_F ? 0.f : mnew;
-      alpha[hh] = fg_exp2(mrow[hh] - mref[hh]);
-      mrow[hh] = mnew;
-    }
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[dt][e] *= alpha[e >> 1];
+    fg_attn_wg_softmax_step<T, D, BKV>(s, acc, mrow, lrow, p, i0, jb * BKV, wrow + g, wg, t);
     unsigned int pa[BKV / 16][4];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float ls = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 2 * hh; e < 2 * hh + 2; ++e) {
-          const float pv = fg_exp2(s[nt][e] - mref[hh]);
-          s[nt][e] = pv;
-          ls += pv;
-        }
-      lrow[hh] = lrow[hh] * alpha[hh] + ls;
-    }
 #pragma unroll
     for (int kc = 0; kc < BKV / 16; ++kc) {
       pa[kc][0] = M::pack(s[2 * kc][0], s[2 * kc][1]);
@@ -263,23 +310,7 @@ static __device__ __forceinline__ void fg_attn_fwd_wg(const T* __restrict__ q, c
   }
   fg_cp_wait<0>();
 
-  // Normalise, write the log-sum-exp and O (4-byte pairs straight from the accumulators).
-  T* og = o + (long long)b * p.o.b + (long long)h * p.o.h;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float l = lrow[hh];
-    l += __shfl_xor_sync(FG_FULL, l, 1);
-    l += __shfl_xor_sync(FG_FULL, l, 2);
-    const float inv = p.rp_keep / l;
-    const int row = i0 + wrow + g + hh * 8;
-    if (row < Tq) {
-      T* orow = og + (long long)row * p.o.t + 2 * t;
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt)
-        *reinterpret_cast<unsigned int*>(orow + dt * 8) = M::pack(acc[dt][2 * hh] * inv, acc[dt][2 * hh + 1] * inv);
-      if (t == 0) lse[(unsigned long long)bh * Tq + row] = (mrow[hh] + log2f(l)) * FG_ATTN_LN2;
-    }
-  }
+  fg_attn_wg_fwd_store<T, D>(o, lse, acc, mrow, lrow, p, bh, b, h, i0 + wrow + g, t);
 }
 
 // Dynamic shared memory of the forward (bytes, with 1 KiB for the alignment of the base).
