@@ -11,6 +11,9 @@
 #include <cstring>
 #include <vector>
 #include <cmath>
+#if FG_WG_FWD_TMA
+#include <cuda.h>
+#endif
 
 typedef __nv_bfloat16 T;
 #define D FG_ATTN_D
@@ -64,9 +67,33 @@ static FgAttnParams params(int B, int H, int Tn, bool causal) {
   return p;
 }
 
+#if FG_WG_FWD_TMA
+// The tensor map of a [B][T][H][D]-strided bf16 tensor, boxes of 64 columns x FG_WG_FWD_BKV rows,
+// 128-byte swizzle (what cuda.rs builds for the kernel).
+static FgTmap tmap(const T* x, const FgStride4& st, const FgAttnParams& p, int rows) {
+  FgTmap m;
+  cuuint64_t dims[4] = {D, p.Tk, p.H, p.B};
+  cuuint64_t strides[3] = {(cuuint64_t)st.t * 2, (cuuint64_t)st.h * 2, (cuuint64_t)st.b * 2};
+  cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, es[4] = {1, 1, 1, 1};
+  CUresult r = cuTensorMapEncodeTiled(reinterpret_cast<CUtensorMap*>(&m), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)x, dims, strides, box, es,
+                                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) { printf("cuTensorMapEncodeTiled: %d\n", (int)r); exit(1); }
+  return m;
+}
+#endif
+
 static void fwd(bool wg, const Bufs& b, const FgAttnParams& p, T* o, float* lse) {
   const int BH = p.B * p.H;
+#if FG_WG_FWD_TMA
+  if (wg) {
+    const FgTmap tk = tmap(b.k, p.k, p, FG_WG_FWD_BKV), tv = tmap(b.v, p.v, p, FG_WG_FWD_BKV);
+    K_FWD_WG<<<dim3(BH, (p.Tq + FG_WG_FWD_BQ - 1) / FG_WG_FWD_BQ), FG_WG_FWD_THREADS, FWD_WG_SMEM>>>(b.q, tk, tv, o, lse, p);
+    return;
+  }
+#else
   if (wg) K_FWD_WG<<<dim3(BH, (p.Tq + FG_WG_FWD_BQ - 1) / FG_WG_FWD_BQ), FG_WG_FWD_THREADS, FWD_WG_SMEM>>>(b.q, b.k, b.v, o, lse, p);
+#endif
   else K_FWD_TC<<<dim3(BH, (p.Tq + 127) / 128), 128, FWD_TC_SMEM>>>(b.q, b.k, b.v, o, lse, p);
 }
 static void bwd(bool wg, const Bufs& b, const FgAttnParams& p, T* dq, T* dk, T* dv) {

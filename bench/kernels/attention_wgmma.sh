@@ -12,7 +12,7 @@ build() {  # build NAME D [defines...]
   local name=$1 d=$2
   shift 2
   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I "$A" -I crates/ferrograd-core/kernels/include -DFG_MAX_DIMS=8 -DFG_ATTN_WG_FORCE ${EXTRA:-} \
-    "$@" -DFG_ATTN_D="$d" -DFG_ATTN_DTYPE=0 -o "/tmp/attention_wgmma_$name" bench/kernels/attention_wgmma.cu
+    "$@" -DFG_ATTN_D="$d" -DFG_ATTN_DTYPE=0 -o "/tmp/attention_wgmma_$name" bench/kernels/attention_wgmma.cu -lcuda
 }
 rc=0
 if [ -n "${VARIANTS:-}" ]; then

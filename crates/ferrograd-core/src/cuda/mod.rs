@@ -36,6 +36,7 @@ pub mod storage;
 pub mod stream;
 pub mod sync;
 mod timer;
+pub mod tma;
 pub mod transfer;
 
 pub use buffer::set_poison_allocations;

@@ -114,10 +114,17 @@ static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_a
     (defined(FG_ATTN_WG_PART) && (FG_ATTN_D == 64 || FG_ATTN_D == 128) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
 #define FG_ATTN_HAS_WG 1
 #include "attention_wgmma.cu"
+#if FG_WG_FWD_TMA
+#define FG_WG_FWD_ARGS(T) const T* q, const __grid_constant__ FgTmap tk, const __grid_constant__ FgTmap tv, T* o, float* lse, FgAttnParams p
+#define FG_WG_FWD_CALL(T) fg_attn_fwd_wg_tma<T, FG_ATTN_D>(q, tk, tv, o, lse, p)
+#else
+#define FG_WG_FWD_ARGS(T) const T* q, const T* k, const T* v, T* o, float* lse, FgAttnParams p
+#define FG_WG_FWD_CALL(T) fg_attn_fwd_wg<T, FG_ATTN_D>(q, k, v, o, lse, p)
+#endif
 #define FG_ATTN_WG(SUF, T)                                                                                   \
   extern "C" __global__ void __launch_bounds__(FG_WG_FWD_THREADS, FG_WG_FWD_WGS == 1 ? 2 : 1) FG_ATTN_NAME(fg_attn_fwd_d, FG_ATTN_D, wg_##SUF)( \
-      const T* q, const T* k, const T* v, T* o, float* lse, FgAttnParams p) {                                \
-    fg_attn_fwd_wg<T, FG_ATTN_D>(q, k, v, o, lse, p);                                                        \
+      FG_WG_FWD_ARGS(T)) {                                                                                   \
+    FG_WG_FWD_CALL(T);                                                                                       \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(FG_WG_BWD_THREADS, 3 - FG_WG_BWD_WGS) FG_ATTN_NAME(fg_attn_bwd_d, FG_ATTN_D, wg_##SUF)( \
       const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, float* dq_acc,  \

@@ -16,9 +16,12 @@
 // = N: O = P V, the transposed B of the PTX ISA); the swizzle makes both conflict-free. Atom bases
 // are 1024-byte aligned (the swizzle is a function of the address bits).
 //
-// Forward: 2 warpgroups x 64 query rows (BQ = 128), K/V tiles of 128 keys, double-buffered with
-// cp.async. Per tile: S = Q K^T (SS), online softmax in registers (the exp2 domain, as
-// attention_tc.cu), O += P V with P re-packed from the S accumulators as the A operand (RS).
+// Forward: warpgroups of 64 query rows (2 at d = 64, 3 at d = 128), K/V tiles of 64 keys. Per
+// tile: S = Q K^T (SS), online softmax in registers (the exp2 domain, as attention_tc.cu),
+// O += P V with P re-packed from the S accumulators as the A operand (RS). At d = 64 every thread
+// loads the next tile by cp.async (double-buffered) between block barriers; at d = 128 a producer
+// warp loads them by TMA into a four-stage ring handed over by mbarriers (fg_attn_fwd_wg_tma), so
+// the warpgroups never wait for each other.
 // Backward: 2 warpgroups x 64 keys (BKV = 128) a block at d = 128, x 128 keys (two 64-key m-tiles
 // each, BKV = 256) at d = 64; per 64-query step and m-tile S^T = K Q^T and
 // dP^T = V dO^T (SS), P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q (RS), dS^T to
@@ -34,10 +37,11 @@
 // d = 64; a warp-specialized forward (one producer warp loading K / V by cp.async into a 3-5 stage
 // ring handed over by mbarriers, the warpgroups never meeting at a block barrier), 0.95x at d = 128
 // and 0.78-0.91x at d = 64 even with the producer's address math hoisted (a warp issuing 16-byte
-// copies cannot feed three warpgroups; TMA is what would); backward blocks in clusters of two
+// copies cannot feed three warpgroups; the TMA producer does: 1.21x at d = 128); backward blocks in clusters of two
 // adding their dQ tiles through distributed shared memory (one bulk reduction of half a tile per
 // block: half the traffic), 1.28-1.36x slower at d = 128 (3.86 -> 4.95 ms at T = 4096) and 1.3-1.46x
-// at d = 64 (the pair waits for each other every step and the remote reads sit in the step). Kept: 64 keys a forward step (1.06-1.2x over 128); the tile-wide bulk reduction of dQ
+// at d = 64 (the pair waits for each other every step and the remote reads sit in the step).
+// Kept: 64 keys a forward step (1.06-1.2x over 128); the tile-wide bulk reduction of dQ
 // (d = 128, T = 4096: backward 4.32 -> 3.90 ms against red.global.add; level at d = 64, where
 // leaving the reduction out entirely would still save 0.7 of 2.64 ms: dQ's traffic, 64 x D floats
 // per block of keys per 64 queries, is what bounds this backward); so at d = 64 a warpgroup owns
@@ -45,7 +49,8 @@
 // registers with 28 bytes spilled). d = 128 cannot: its dK and dV alone are 128 registers an m-tile.
 //
 // Ordering rules kept here: (1) data written by threads (cp.async, st.shared) reaches wgmma (the
-// async proxy) only after `fence.proxy.async.shared::cta` and a barrier; (2) a wgmma's register
+// async proxy) only after `fence.proxy.async.shared::cta` and a barrier (TMA writes are in the
+// async proxy already: their mbarrier's completion is enough); (2) a wgmma's register
 // operands (accumulators, the A fragment) are not touched until `wgmma.wait_group` says it is
 // done, and `wgmma.fence` precedes the first wgmma after registers were written; (3) a tile is
 // refilled only after a barrier that every warpgroup reaches once its wgmma reading it completed.
@@ -68,7 +73,22 @@
 #ifndef FG_WG_BWD_WGS
 #define FG_WG_BWD_WGS 2
 #endif
-#define FG_WG_FWD_THREADS (128 * FG_WG_FWD_WGS)
+// The forward's K / V tiles by TMA (tensor maps from the host, one producer warp, a ring of
+// FG_WG_FWD_STAGES stages handed over by mbarriers) instead of cp.async from every thread between
+// block barriers: at d = 128, T = 4096, 434 -> 527 TFLOP/s (causal 396 -> 479); at d = 64 1.02x at
+// T = 4096 but 0.92x at T = 1024 and 2048 (three warpgroups; two: 0.87-0.89x), so d = 64 keeps
+// the cp.async kernel.
+#ifndef FG_WG_FWD_TMA
+#if FG_ATTN_D > 64
+#define FG_WG_FWD_TMA 1
+#else
+#define FG_WG_FWD_TMA 0
+#endif
+#endif
+#ifndef FG_WG_FWD_STAGES
+#define FG_WG_FWD_STAGES 4  // cuda.rs WG_FWD_STAGES mirrors it; 3 and 5 measured within 1%
+#endif
+#define FG_WG_FWD_THREADS (128 * FG_WG_FWD_WGS + 32 * FG_WG_FWD_TMA)
 #define FG_WG_BWD_THREADS (128 * FG_WG_BWD_WGS)
 
 // A shared-memory matrix descriptor: start address, leading / stride byte offsets, 128-byte swizzle.
@@ -313,258 +333,141 @@ static __device__ __forceinline__ void fg_attn_fwd_wg(const T* __restrict__ q, c
   fg_attn_wg_fwd_store<T, D>(o, lse, acc, mrow, lrow, p, bh, b, h, i0 + wrow + g, t);
 }
 
-// Dynamic shared memory of the forward (bytes, with 1 KiB for the alignment of the base).
-#define FG_WG_FWD_SMEM(D) ((FG_WG_FWD_BQ + 4 * FG_WG_FWD_BKV) * (D) * 2 + 1024)
+#if FG_WG_FWD_TMA
+// A CUtensorMap (cuda.h's is 64-byte aligned and 128 bytes; NVRTC has no cuda.h): built on the
+// host by cuTensorMapEncodeTiled, passed by value as a __grid_constant__ parameter.
+struct alignas(64) FgTmap {
+  unsigned long long v[16];
+};
 
-// ---------------------------------------------------------------------------------------------
-// Backward
-// ---------------------------------------------------------------------------------------------
-
-// 64-key m-tiles a warpgroup owns in the backward: two at d = 64 (dQ's reduction traffic per key
-// halves), one at d = 128 (registers).
-#define FG_WG_BWD_MT(D) ((D) <= 64 ? 2 : 1)
-#define FG_WG_BWD_BKVD(D) (64 * FG_WG_BWD_WGS * FG_WG_BWD_MT(D))
-#define FG_WG_BWD_BQ 64
-
-// dq_acc of the Hopper backward: [B * H][Tqp][D] f32 with Tqp = Tq rounded up to 64, each 64-row
-// tile stored in the order the dQ accumulators come out of the wgmma fragments (warpgroup, warp,
-// n8 chunk, row half, lane, pair), so that staging a tile in shared memory is conflict-free
-// (a warp writes 256 contiguous bytes) and the tile goes to global memory as ONE bulk reduction
-// (cp.reduce.async.bulk .add.f32, as FlashAttention-3 does). Per-thread red.global.add of the
-// row-major layout held this backward at ~1 TB/s of dQ traffic, a third of its time at d = 128,
-// T = 4096 (measured by leaving the reduction out: 4.48 -> 3.05 ms). fg_attn_dq_wg undoes the
-// order. Element (r, c) of a tile: warpgroup c / DH, warp r / 16, chunk (c % DH) / 8, half
-// (r / 8) % 2, lane 4 (r % 8) + (c % 8) / 2, pair c % 2.
-template <int D>
-static __device__ __forceinline__ int fg_wg_dq_pos(int wg, int w4, int dt, int hh, int lane) {
-  constexpr int DH = D / FG_WG_BWD_WGS;
-  return (((wg * 4 + w4) * (DH / 8) + dt) * 2 + hh) * 64 + lane * 2;
+static __device__ __forceinline__ void fg_mbar_init(unsigned int bar, unsigned int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void fg_mbar_arrive(unsigned int bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ void fg_mbar_expect_tx(unsigned int bar, unsigned int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void fg_mbar_wait(unsigned int bar, unsigned int parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "FG_MBAR_WAIT_%=:\n"
+      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra FG_MBAR_WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Box (64 columns, rows) of a [B][H][T][D] (any strides) tensor at (col, row, h, b) into `dst`,
+// 128-byte swizzled: exactly the layout of one atom of fg_wg_load's tiles.
+static __device__ __forceinline__ void fg_tma_load4(unsigned int dst, const FgTmap& map, int col, int row, int h, int b,
+                                                    unsigned int bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(&map)), "r"(col), "r"(row), "r"(h), "r"(b), "r"(bar)
+      : "memory");
 }
 
+// The forward with K / V from TMA: warps 0 .. 4 WGS - 1 compute as fg_attn_fwd_wg does, lane 0 of
+// the last warp loads. Tile jb goes to stage jb % S: `full[s]` (the producer's expect_tx; TMA's
+// bytes complete it) opens it, `empty[s]` (one arrival a consumer warp after its last wgmma
+// reading the stage) gives it back. The warpgroups never meet at a block barrier.
 template <typename T, int D>
-static __device__ __forceinline__ void fg_attn_dq_wg(const float* __restrict__ dq_acc, T* __restrict__ dq,
-                                                     const FgAttnParams& p) {
-  constexpr int DH = D / FG_WG_BWD_WGS;
-  const unsigned long long tqp = ((unsigned long long)p.Tq + 63) / 64 * 64;
-  const unsigned long long n = (unsigned long long)p.B * p.H * p.Tq * D;
-  FG_GRID_STRIDE(e, n) {
-    const unsigned long long r = e / D, c = e - r * D;
-    const unsigned long long bh = r / p.Tq, i = r - bh * p.Tq;
-    const unsigned long long b = bh / p.H, h = bh - b * p.H;
-    const int ri = (int)(i & 63), ci = (int)c, wg = ci / DH, cc = ci - wg * DH;
-    const int lane = (ri & 7) * 4 + ((cc & 7) >> 1);
-    const unsigned long long tile = (bh * tqp + (i & ~63ull)) * D;
-    const float v = dq_acc[tile + fg_wg_dq_pos<D>(wg, ri >> 4, cc >> 3, (ri >> 3) & 1, lane) + (cc & 1)];
-    dq[b * p.dq.b + h * p.dq.h + i * p.dq.t + c * p.dq.d] = fg_from_acc<T>(v);
-  }
-}
-
-template <typename T, int D>
-static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, const T* __restrict__ k,
-                                                      const T* __restrict__ v, const T* __restrict__ dout,
-                                                      const float* __restrict__ lse,
-                                                      const float* __restrict__ delta, float* __restrict__ dq_acc,
-                                                      T* __restrict__ dk, T* __restrict__ dv,
-                                                      const FgAttnParams& p) {
+static __device__ __forceinline__ void fg_attn_fwd_wg_tma(const T* __restrict__ q, const FgTmap& tk, const FgTmap& tv,
+                                                          T* __restrict__ o, float* __restrict__ lse,
+                                                          const FgAttnParams& p) {
   typedef FgTc<T> M;
-  // dQ = dS K: each warpgroup takes DH columns of the head dim.
-  constexpr int MT = FG_WG_BWD_MT(D), BKV = FG_WG_BWD_BKVD(D), BQ = FG_WG_BWD_BQ, NQ = BQ / 8, DT = D / 8, SZ = 2, DH = D / FG_WG_BWD_WGS,
-                NTH = FG_WG_BWD_THREADS;
+  constexpr int BQ = FG_WG_FWD_BQ, BKV = FG_WG_FWD_BKV, DT = D / 8, SZ = 2, NC = 128 * FG_WG_FWD_WGS,
+                S = FG_WG_FWD_STAGES;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int wg = warp >> 2;
+  const int wg = warp >> 2, wrow = wg * 64 + (warp & 3) * 16;
   const unsigned int bh = blockIdx.x, b = bh / p.H, h = bh - b * p.H;
   const int Tq = (int)p.Tq, Tk = (int)p.Tk;
-  const int j0 = (int)blockIdx.y * BKV;
-  const T* qg = q + (long long)b * p.q.b + (long long)h * p.q.h;
-  const T* kg = k + (long long)b * p.k.b + (long long)h * p.k.h;
-  const T* vg = v + (long long)b * p.v.b + (long long)h * p.v.h;
-  const T* og = dout + (long long)b * p.dout.b + (long long)h * p.dout.h;
-  const float* lseg = lse + (unsigned long long)bh * Tq;
-  const float* dlg = delta + (unsigned long long)bh * Tq;
-
-  // K, V [BKV][D]; Q, dO [2][BQ][D]; dS^T [BKV][BQ]; then log2(e) * lse and delta, [2][BQ] each.
-  const unsigned int base = (fg_smem_addr(fg_smem) + 1023u) & ~1023u;
-  const unsigned int ks = base, vs = ks + BKV * D * SZ, qs = vs + BKV * D * SZ, os = qs + 2 * BQ * D * SZ,
-                     sts = os + 2 * BQ * D * SZ;
-  float* lse2s = reinterpret_cast<float*>(fg_smem + (sts + BKV * BQ * SZ - fg_smem_addr(fg_smem)));  // byte offset
-  float* dls = lse2s + 2 * BQ;
-
   const int nqb = (Tq + BQ - 1) / BQ;
-  const int ib0 = p.causal ? j0 / BQ : 0;  // query blocks before this one see none of these keys
-  const int nit = nqb > ib0 ? nqb - ib0 : 0;
-  // dQ staging: two 64 x D f32 tiles in fragment order (fg_wg_dq_pos), one per step parity.
-  float* dqst = dls + 2 * BQ;
-  const unsigned long long tqp = ((unsigned long long)Tq + BQ - 1) / BQ * BQ;  // dq_acc's padded rows
-  // One thread hands the tile staged by step `it` to the bulk engine; every thread staged its
-  // part before the barrier that precedes this call. Before the other buffer is staged again (at
-  // the end of the next step, after its middle barrier) the reduction issued one step earlier must
-  // have read it: `wait_group.read 1`.
-  auto reduce_dq = [&](int it) {
-    if (tid == 0) {
-      float* dst = dq_acc + ((unsigned long long)bh * tqp + (unsigned long long)(ib0 + it) * BQ) * D;
-      asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-                   "r"(fg_smem_addr(dqst + (it & 1) * BQ * D)), "n"(BQ * D * 4)
-                   : "memory");
-      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-      asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+  const int i0 = (nqb - 1 - (int)blockIdx.y) * BQ;
+  const T* qg = q + (long long)b * p.q.b + (long long)h * p.q.h;
+
+  const unsigned int base = (fg_smem_addr(fg_smem) + 1023u) & ~1023u;
+  const unsigned int qs = base, ks = qs + BQ * D * SZ, vs = ks + S * BKV * D * SZ;
+  const unsigned int full = vs + S * BKV * D * SZ, empty = full + 8 * S;
+  const int kv_end = p.causal ? min(Tk, i0 + BQ) : Tk;
+  const int nkv = (kv_end + BKV - 1) / BKV;
+
+  if (tid == 0) {
+    for (int st = 0; st < S; ++st) {
+      fg_mbar_init(full + 8 * st, 1);
+      fg_mbar_init(empty + 8 * st, 4 * FG_WG_FWD_WGS);
     }
-  };
-
-  auto load_q = [&](int it, int stage) {
-    const int i0 = (ib0 + it) * BQ;
-    fg_wg_load<T, BQ, D, NTH>(qs + stage * BQ * D * SZ, qg, p.q.t, i0, Tq);
-    fg_wg_load<T, BQ, D, NTH>(os + stage * BQ * D * SZ, og, p.dout.t, i0, Tq);
-    fg_attn_stage_stats<BQ, NTH>(lse2s + stage * BQ, dls + stage * BQ, lseg, dlg, i0, Tq);
-  };
-
-  fg_wg_load<T, BKV, D, NTH>(ks, kg, p.k.t, j0, Tk);
-  fg_wg_load<T, BKV, D, NTH>(vs, vg, p.v.t, j0, Tk);
-  if (nit > 0) load_q(0, 0);
-  fg_cp_commit();
-
-  float dka[MT][DT][4], dva[MT][DT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dka[mt][dt][e] = dva[mt][dt][e] = 0.f;
-
-  for (int it = 0; it < nit; ++it) {
-    const int stage = it & 1;
-    const int i0 = (ib0 + it) * BQ;
-    fg_cp_wait<0>();
-    fg_proxy_fence();
-    __syncthreads();  // this step's Q / dO are in; every warpgroup is done with the other stage and dS^T
-    if (it > 0) reduce_dq(it - 1);
-    if (it + 1 < nit) load_q(it + 1, stage ^ 1);
-    fg_cp_commit();
-    const unsigned int qst = qs + stage * BQ * D * SZ, ost = os + stage * BQ * D * SZ;
-    const float* l2 = lse2s + stage * BQ;
-    const float* dl = dls + stage * BQ;
-
-    const bool need_mask = j0 + BKV > Tk || (p.causal && j0 + BKV - 1 > i0);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-    // S^T = K Q^T and dP^T = V dO^T for this m-tile's 64 keys x BQ queries.
-    const int mrow = (wg * MT + mt) * 64, wkv = mrow + (warp & 3) * 16;  // this warp's first key row
-    float sa[NQ][4], dpa[NQ][4];
-    fg_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      fg_wg_ss<T, BQ, 0, 0>(sa, fg_wg_kmajor(ks + mrow * 128, BKV, kk), fg_wg_kmajor(qst, BQ, kk), kk > 0);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      fg_wg_ss<T, BQ, 0, 0>(dpa, fg_wg_kmajor(vs + mrow * 128, BKV, kk), fg_wg_kmajor(ost, BQ, kk), kk > 0);
-    fg_wg_commit();
-    fg_wg_wait<0>();
-    fg_wg_pin(sa);
-    fg_wg_pin(dpa);
-
-    // P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta). Element e of n-tile nt: key
-    // wkv + g + 8 (e >> 1), query nt * 8 + 2 t + (e & 1).
-#pragma unroll
-    for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ql = nt * 8 + 2 * t + (e & 1);
-        const int kv = j0 + wkv + g + (e >> 1) * 8;
-        float pv = fg_exp2(fmaf(sa[nt][e], p.scale_log2, -l2[ql]));
-        if (need_mask && (kv >= Tk || (p.causal && kv > i0 + ql))) pv = 0.f;
-        dpa[nt][e] = pv * (dpa[nt][e] - dl[ql]);
-        sa[nt][e] = pv;
-      }
-    unsigned int pa[BQ / 16][4], da[BQ / 16][4];
-#pragma unroll
-    for (int qc = 0; qc < BQ / 16; ++qc) {
-      pa[qc][0] = M::pack(sa[2 * qc][0], sa[2 * qc][1]);
-      pa[qc][1] = M::pack(sa[2 * qc][2], sa[2 * qc][3]);
-      pa[qc][2] = M::pack(sa[2 * qc + 1][0], sa[2 * qc + 1][1]);
-      pa[qc][3] = M::pack(sa[2 * qc + 1][2], sa[2 * qc + 1][3]);
-      da[qc][0] = M::pack(dpa[2 * qc][0], dpa[2 * qc][1]);
-      da[qc][1] = M::pack(dpa[2 * qc][2], dpa[2 * qc][3]);
-      da[qc][2] = M::pack(dpa[2 * qc + 1][0], dpa[2 * qc + 1][1]);
-      da[qc][3] = M::pack(dpa[2 * qc + 1][2], dpa[2 * qc + 1][3]);
-    }
-
-    // dS^T to shared memory (swizzled [key][query], one 64-query atom) for dQ = dS K.
-#pragma unroll
-    for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = wkv + g + hh * 8;
-        const unsigned int addr = sts + (unsigned int)(r * 128 + ((nt ^ (r & 7)) << 4) + t * 4);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(M::pack(dpa[nt][2 * hh], dpa[nt][2 * hh + 1]))
-                     : "memory");
-      }
-
-    // dV += P^T dO and dK += dS^T Q (the softmax scale goes on dK at the end).
-    fg_wg_fence();
-#pragma unroll
-    for (int qc = 0; qc < BQ / 16; ++qc) fg_wg_rs<T, D, 1>(dva[mt], pa[qc], fg_wg_mnmajor(ost, BQ, qc, 0), 1);
-#pragma unroll
-    for (int qc = 0; qc < BQ / 16; ++qc) fg_wg_rs<T, D, 1>(dka[mt], da[qc], fg_wg_mnmajor(qst, BQ, qc, 0), 1);
-    fg_wg_commit();
-    }
-
-    fg_proxy_fence();
-    __syncthreads();  // all BKV keys' dS^T are in shared memory
-
-    // dQ[:, this warpgroup's columns] = dS K: A = dS^T (keys x queries: transposed), B = K (keys x
-    // head dim: transposed).
-    float dqa[DH / 8][4];
-#pragma unroll
-    for (int kc = 0; kc < BKV / 16; ++kc)
-      fg_wg_ss<T, DH, 1, 1>(dqa, fg_wg_mnmajor(sts, BKV, kc, 0), fg_wg_mnmajor(ks, BKV, kc, wg * DH), kc > 0);
-    fg_wg_commit();
-    fg_wg_wait<0>();
-    fg_wg_pin(dqa);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      fg_wg_pin(dva[mt]);
-      fg_wg_pin(dka[mt]);
-    }
-
-    // dQ goes out as one bulk asynchronous reduction of the whole 64 x D tile (see the header):
-    // staged in fragment order, reduced after the next barrier, double-buffered.
-    {
-      float* stg = dqst + (it & 1) * BQ * D;
-#pragma unroll
-      for (int dt = 0; dt < DH / 8; ++dt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-          *reinterpret_cast<float2*>(stg + fg_wg_dq_pos<D>(wg, warp & 3, dt, hh, lane)) =
-              make_float2(p.scale * dqa[dt][2 * hh], p.scale * dqa[dt][2 * hh + 1]);
-      fg_proxy_fence();
-    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  fg_cp_wait<0>();
-  if (nit > 0) {
-    __syncthreads();  // the last step's tile is staged
-    reduce_dq(nit - 1);
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-  }
+  __syncthreads();
 
-  // dK (times the scale) and dV, 4-byte pairs straight from the accumulators.
-  T* dkg = dk + (long long)b * p.dk.b + (long long)h * p.dk.h;
-  T* dvg = dv + (long long)b * p.dv.b + (long long)h * p.dv.h;
+  if (warp == 4 * FG_WG_FWD_WGS) {  // the producer
+    if (lane == 0) {
+      for (int jb = 0; jb < nkv; ++jb) {
+        const int st = jb % S;
+        if (jb >= S) fg_mbar_wait(empty + 8 * st, (unsigned int)((jb / S - 1) & 1));
+        const unsigned int fb = full + 8 * st;
+        fg_mbar_expect_tx(fb, 2u * BKV * D * SZ);
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = j0 + (wg * MT + mt) * 64 + (warp & 3) * 16 + g + hh * 8;
-      if (row < Tk) {
-        T* krow = dkg + (long long)row * p.dk.t + 2 * t;
-        T* vrow = dvg + (long long)row * p.dv.t + 2 * t;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          *reinterpret_cast<unsigned int*>(krow + dt * 8) =
-              M::pack(p.scale * dka[mt][dt][2 * hh], p.scale * dka[mt][dt][2 * hh + 1]);
-          *reinterpret_cast<unsigned int*>(vrow + dt * 8) = M::pack(dva[mt][dt][2 * hh], dva[mt][dt][2 * hh + 1]);
+        for (int a = 0; a < D / 64; ++a) {
+          fg_tma_load4(ks + st * BKV * D * SZ + a * BKV * 128, tk, a * 64, jb * BKV, (int)h, (int)b, fb);
+          fg_tma_load4(vs + st * BKV * D * SZ + a * BKV * 128, tv, a * 64, jb * BKV, (int)h, (int)b, fb);
         }
       }
     }
-}
+    return;
+  }
 
-#define FG_WG_BWD_SMEM(D) ((2 * FG_WG_BWD_BKVD(D) + 4 * FG_WG_BWD_BQ) * (D) * 2 + FG_WG_BWD_BKVD(D) * FG_WG_BWD_BQ * 2 + \
-                           4 * FG_WG_BWD_BQ * 4 + 2 * FG_WG_BWD_BQ * (D) * 4 + 1024)
+  fg_wg_load<T, BQ, D, NC>(qs, qg, p.q.t, i0, Tq);
+  fg_cp_commit();
+  fg_cp_wait<0>();
+  fg_proxy_fence();
+  asm volatile("bar.sync 1, %0;\n" ::"n"(NC) : "memory");  // Q is in (the consumers only)
+
+  float acc[DT][4];
+  float mrow[2] = {-FG_INF_F, -FG_INF_F}, lrow[2] = {0.f, 0.f};
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
+
+  for (int jb = 0; jb < nkv; ++jb) {
+    const int stage = jb % S;
+    fg_mbar_wait(full + 8 * stage, (unsigned int)((jb / S) & 1));
+    const unsigned int kst = ks + stage * BKV * D * SZ, vst = vs + stage * BKV * D * SZ;
+    float s[BKV / 8][4];
+    fg_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      fg_wg_ss<T, BKV, 0, 0>(s, fg_wg_kmajor(qs + wg * 64 * 128, BQ, kk), fg_wg_kmajor(kst, BKV, kk), kk > 0);
+    fg_wg_commit();
+    fg_wg_wait<0>();
+    fg_wg_pin(s);
+    fg_attn_wg_softmax_step<T, D, BKV>(s, acc, mrow, lrow, p, i0, jb * BKV, wrow + g, wg, t);
+    unsigned int pa[BKV / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < BKV / 16; ++kc) {
+      pa[kc][0] = M::pack(s[2 * kc][0], s[2 * kc][1]);
+      pa[kc][1] = M::pack(s[2 * kc][2], s[2 * kc][3]);
+      pa[kc][2] = M::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+      pa[kc][3] = M::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+    }
+    fg_wg_fence();
+#pragma unroll
+    for (int kc = 0; kc < BKV / 16; ++kc) fg_wg_rs<T, D, 1>(acc, pa[kc], fg_wg_mnmajor(vst, BKV, kc, 0), 1);
+    fg_wg_commit();
+    fg_wg_wait<0>();
+    fg_wg_pin(acc);
+    __syncwarp();
+    if (lane == 0) fg_mbar_arrive(empty + 8 * stage);
+  }
+  fg_attn_wg_fwd_store<T, D>(o, lse, acc, mrow, lrow, p, bh, b, h, i0 + wrow + g, t);
+}
+#define FG_WG_FWD_SMEM(D) ((FG_WG_FWD_BQ + 2 * FG_WG_FWD_STAGES * FG_WG_FWD_BKV) * (D) * 2 + 1024 + 16 * FG_WG_FWD_STAGES)
+#else
+// Dynamic shared memory of the forward (bytes, with 1 KiB for the alignment of the base).
+#define FG_WG_FWD_SMEM(D) ((FG_WG_FWD_BQ + 4 * FG_WG_FWD_BKV) * (D) * 2 + 1024)
+#endif
+
+#include "attention_wgmma_bwd.cu"

@@ -9,6 +9,7 @@ use crate::cuda::device::driver_err;
 use crate::cuda::launch::{cfg_1d, cfg_warp_rows, launch};
 use crate::cuda::modules::Module;
 use crate::cuda::nvrtc::Arch;
+use crate::cuda::tma::{self, TensorMap};
 use crate::cuda::{CudaDevice, CudaStorage};
 use crate::fused::FusedOutputs;
 use crate::{shape_err, DType, Error, Layout, Result, Shape};
@@ -133,8 +134,39 @@ fn wg_bwd_bkv(d: usize) -> usize {
     }
 }
 
+/// Whether the forward at head dim `d` takes K and V by TMA (`FG_WG_FWD_TMA`: at d = 128), from
+/// tensor maps ([`kv_maps`]) and a producer warp; d = 64 loads them by cp.async.
+fn wg_fwd_tma(d: usize) -> bool {
+    d > 64
+}
+
+/// Stages of the TMA forward's K / V ring (`FG_WG_FWD_STAGES`).
+const WG_FWD_STAGES: usize = 4;
+
+fn wg_fwd_threads(d: usize) -> u32 {
+    (128 * wg_fwd_warpgroups(d) + if wg_fwd_tma(d) { 32 } else { 0 }) as u32
+}
+
+/// Q, then two K / V stages (cp.async) or the TMA ring and its mbarriers (16 bytes a stage).
 fn wg_fwd_smem(d: usize) -> usize {
-    (64 * wg_fwd_warpgroups(d) + 4 * WG_FWD_BKV) * d * 2 + 1024
+    if wg_fwd_tma(d) {
+        (64 * wg_fwd_warpgroups(d) + 2 * WG_FWD_STAGES * WG_FWD_BKV) * d * 2 + 1024 + 16 * WG_FWD_STAGES
+    } else {
+        (64 * wg_fwd_warpgroups(d) + 4 * WG_FWD_BKV) * d * 2 + 1024
+    }
+}
+
+/// The TMA forward's tensor maps of K and V: `[B][H][Tk][D]` at their strides, boxes of 64 head
+/// dims by [`WG_FWD_BKV`] keys (one 128-byte-swizzled atom of the kernel's tiles). `operand` has
+/// made both 16-byte aligned with a contiguous head dim (copying a view that is not).
+fn kv_maps(pb: &Problem, dtype: DType, k: (u64, Stride4), v: (u64, Stride4)) -> Result<(TensorMap, TensorMap)> {
+    let elem = dtype.size_in_bytes() as u64;
+    let map = |(ptr, st): (u64, Stride4)| {
+        let dims = [pb.d as u64, pb.tk.max(1) as u64, pb.h as u64, pb.b as u64];
+        let strides = [st.t as u64 * elem, st.h as u64 * elem, st.b as u64 * elem];
+        tma::tiled_4d_swizzle128(ptr, dtype, dims, strides, [64, WG_FWD_BKV as u32, 1, 1])
+    };
+    Ok((map(k)?, map(v)?))
 }
 
 /// K, V, two stages of Q and dO, dS^T, log-sum-exp and delta, two dQ tiles (f32), alignment.
@@ -318,8 +350,7 @@ pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Resul
         let p = AttnParams { q: qs, k: ks, v: vs, o: bthd_strides(tq, h, d), ..params(pb) };
         let (name, c) = if wg {
             super::select::count(|c| c.wgmma_fwd += 1);
-            let (wgs, smem) = (wg_fwd_warpgroups(d), wg_fwd_smem(d));
-            let c = cfg((b * h, tq.div_ceil(64 * wgs)), 128 * wgs as u32, smem);
+            let c = cfg((b * h, tq.div_ceil(64 * wg_fwd_warpgroups(d))), wg_fwd_threads(d), wg_fwd_smem(d));
             (format!("fg_attn_fwd_d{d}_wg_{}", suffix(dtype)?), c)
         } else {
             let t = tiles(d, dtype);
@@ -327,7 +358,12 @@ pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Resul
             (name, cfg((b * h, tq.div_ceil(t.fwd_bq)), if tc { 128 } else { 256 }, t.fwd_smem))
         };
         allow_smem(&dev, m, &name, c.shared_mem_bytes as usize)?;
-        launch!(dev, *m, name, c; qp, kp, vp, o.buf.ptr(), lse.buf.ptr(), p);
+        if wg && wg_fwd_tma(d) {
+            let (tk, tv) = kv_maps(pb, dtype, (kp, ks), (vp, vs))?;
+            launch!(dev, *m, name, c; qp, tk, tv, o.buf.ptr(), lse.buf.ptr(), p);
+        } else {
+            launch!(dev, *m, name, c; qp, kp, vp, o.buf.ptr(), lse.buf.ptr(), p);
+        }
     }
     Ok(vec![(o, Shape::from(vec![b, tq, h, d])), (lse, Shape::from(vec![b, h, tq]))])
 }

@@ -72,10 +72,11 @@ pub const CUDA_HEAD_DIMS: [usize; 5] = [32, 64, 80, 96, 128];
 const ATTN_COMMON: Header = Header::new("attention_common.cuh", include_str!("attention_common.cuh"));
 const ATTN_TC: Header = Header::new("attention_tc.cu", include_str!("attention_tc.cu"));
 const ATTN_SIMT: Header = Header::new("attention_simt.cu", include_str!("attention_simt.cu"));
-/// The Hopper kernels (`wgmma`), built into the head dim 64 and 128 bf16 / f16 modules for
-/// sm_90a; `gen_wgmma.py` writes the `_ops.cuh` wrappers.
+/// The Hopper kernels (`wgmma`; the backward in `_bwd.cu`), built into the head dim 64 and 128
+/// bf16 / f16 modules for sm_90a; `gen_wgmma.py` writes the `_ops.cuh` wrappers.
 const ATTN_WG: Header = Header::new("attention_wgmma.cu", include_str!("attention_wgmma.cu"));
 const ATTN_WG_OPS: Header = Header::new("attention_wgmma_ops.cuh", include_str!("attention_wgmma_ops.cuh"));
+const ATTN_WG_BWD: Header = Header::new("attention_wgmma_bwd.cu", include_str!("attention_wgmma_bwd.cu"));
 
 /// One module per head dim and dtype (`-D FG_ATTN_D=<d> -D FG_ATTN_DTYPE=<0 bf16, 1 f16, 2 f32>`):
 /// a head dim's twelve kernels in one module took 3-7 s of NVRTC, the longest poles of a cold
@@ -86,7 +87,7 @@ macro_rules! attention_module {
         /// The attention kernels compiled for one head dim and dtype (the Hopper headers are
         /// declared because `attention.cu` names them, under a condition these modules never meet).
         pub const $id: Module = Module::new($name, include_str!("attention.cu"))
-            .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT, ATTN_WG, ATTN_WG_OPS])
+            .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT, ATTN_WG, ATTN_WG_OPS, ATTN_WG_BWD])
             .with_defines(&[Define::int("FG_ATTN_D", $d), Define::int("FG_ATTN_DTYPE", $dtype)])
             .with_cost_ms($ms);
     };
@@ -100,7 +101,7 @@ macro_rules! attention_wg_module {
     ($id:ident, $name:literal, $d:literal, $dtype:literal, $ms:literal) => {
         /// The Hopper (wgmma) attention kernels of one head dim and dtype.
         pub const $id: Module = Module::new($name, include_str!("attention.cu"))
-            .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT, ATTN_WG, ATTN_WG_OPS])
+            .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT, ATTN_WG, ATTN_WG_OPS, ATTN_WG_BWD])
             .with_defines(&[
                 Define::int("FG_ATTN_D", $d),
                 Define::int("FG_ATTN_DTYPE", $dtype),
