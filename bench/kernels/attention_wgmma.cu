@@ -83,25 +83,42 @@ static FgTmap tmap(const T* x, const FgStride4& st, const FgAttnParams& p, int r
 }
 #endif
 
-static void fwd(bool wg, const Bufs& b, const FgAttnParams& p, T* o, float* lse) {
-  const int BH = p.B * p.H;
+// The Hopper kernels' one-dimensional grid, in groups of about a wave of blocks (cuda.rs
+// `wg_group`); WG_GROUP=0 in the environment: every head in one group (the old order), WG_WAVES=n:
+// groups of n waves.
+static int g_sms = 132;
+static unsigned wg_group(int bh, int ntiles, int per_sm) {
+  const char* e = getenv("WG_GROUP");
+  if (e) return (unsigned)atoi(e);
+  const char* w = getenv("WG_WAVES");  // groups of this many waves (as built: 1 at d = 128, 2 at d = 64)
+  const int waves = w ? atoi(w) : (FG_ATTN_D > 64 ? 1 : 2);
+  const int g = (waves * g_sms * per_sm + ntiles - 1) / ntiles;
+  return (unsigned)(g < 1 ? 1 : g > bh ? bh : g);
+}
+#define WG_GRID(n) dim3(BH * (n))
+static void fwd(bool wg, const Bufs& b, const FgAttnParams& p0, T* o, float* lse) {
+  const int BH = p0.B * p0.H;
+  FgAttnParams p = p0;
+  p.group = wg_group(BH, (p.Tq + FG_WG_FWD_BQ - 1) / FG_WG_FWD_BQ, FG_ATTN_D <= 64 ? 2 : 1);
 #if FG_WG_FWD_TMA
   if (wg) {
     const FgTmap tk = tmap(b.k, p.k, p, FG_WG_FWD_BKV), tv = tmap(b.v, p.v, p, FG_WG_FWD_BKV);
-    K_FWD_WG<<<dim3(BH, (p.Tq + FG_WG_FWD_BQ - 1) / FG_WG_FWD_BQ), FG_WG_FWD_THREADS, FWD_WG_SMEM>>>(b.q, tk, tv, o, lse, p);
+    K_FWD_WG<<<WG_GRID((p.Tq + FG_WG_FWD_BQ - 1) / FG_WG_FWD_BQ), FG_WG_FWD_THREADS, FWD_WG_SMEM>>>(b.q, tk, tv, o, lse, p);
     return;
   }
 #else
-  if (wg) K_FWD_WG<<<dim3(BH, (p.Tq + FG_WG_FWD_BQ - 1) / FG_WG_FWD_BQ), FG_WG_FWD_THREADS, FWD_WG_SMEM>>>(b.q, b.k, b.v, o, lse, p);
+  if (wg) K_FWD_WG<<<WG_GRID((p.Tq + FG_WG_FWD_BQ - 1) / FG_WG_FWD_BQ), FG_WG_FWD_THREADS, FWD_WG_SMEM>>>(b.q, b.k, b.v, o, lse, p);
 #endif
   else K_FWD_TC<<<dim3(BH, (p.Tq + 127) / 128), 128, FWD_TC_SMEM>>>(b.q, b.k, b.v, o, lse, p);
 }
-static void bwd(bool wg, const Bufs& b, const FgAttnParams& p, T* dq, T* dk, T* dv) {
-  const int BH = p.B * p.H;
+static void bwd(bool wg, const Bufs& b, const FgAttnParams& p0, T* dq, T* dk, T* dv) {
+  const int BH = p0.B * p0.H;
+  FgAttnParams p = p0;
+  p.group = wg_group(BH, (p.Tk + HB_BKV - 1) / HB_BKV, 1);
   const size_t rows = (size_t)BH * p.Tq;
   if (wg) K_PRE_WG<<<(unsigned)((rows + 7) / 8), 256>>>(b.o_ref, b.dout, b.delta, b.dq_acc, p);
   else K_PRE<<<(unsigned)((rows + 7) / 8), 256>>>(b.o_ref, b.dout, b.delta, b.dq_acc, p);
-  if (wg) K_BWD_WG<<<dim3(BH, (p.Tk + HB_BKV - 1) / HB_BKV), FG_WG_BWD_THREADS, BWD_WG_SMEM>>>(b.q, b.k, b.v, b.dout, b.lse_ref, b.delta, b.dq_acc, dk, dv, p);
+  if (wg) K_BWD_WG<<<WG_GRID((p.Tk + HB_BKV - 1) / HB_BKV), FG_WG_BWD_THREADS, BWD_WG_SMEM>>>(b.q, b.k, b.v, b.dout, b.lse_ref, b.delta, b.dq_acc, dk, dv, p);
   else K_BWD_TC<<<dim3(BH, (p.Tk + 63) / 64), 128, BWD_TC_SMEM>>>(b.q, b.k, b.v, b.dout, b.lse_ref, b.delta, b.dq_acc, dk, dv, p);
   if (wg) K_DQ_WG<<<1024, 256>>>(b.dq_acc, dq, p);
   else K_DQ<<<1024, 256>>>(b.dq_acc, dq, p);
@@ -143,6 +160,7 @@ static void cmpf(const char* what, const float* a_d, const float* b_d, size_t n,
 }
 
 int main(int argc, char** argv) {
+  CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
   CK(cudaFuncSetAttribute(K_FWD_TC, cudaFuncAttributeMaxDynamicSharedMemorySize, FWD_TC_SMEM));
   CK(cudaFuncSetAttribute(K_BWD_TC, cudaFuncAttributeMaxDynamicSharedMemorySize, BWD_TC_SMEM));
   CK(cudaFuncSetAttribute(K_FWD_WG, cudaFuncAttributeMaxDynamicSharedMemorySize, FWD_WG_SMEM));

@@ -74,7 +74,7 @@ struct FgAttnParams {
   float rp_keep;     // 1 / (1 - p): applied to kept elements
   unsigned int drop_thr;  // 0: no dropout; else keep when (philox word >> 8) >= drop_thr
   unsigned int causal;
-  unsigned int pad_;
+  unsigned int group;  // Hopper kernels: heads a group of blocks walks together (fg_wg_tile); 0 = all
 };
 
 // ---------------------------------------------------------------------------------------------

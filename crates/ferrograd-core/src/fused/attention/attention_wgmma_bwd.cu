@@ -1,8 +1,8 @@
 // attention_wgmma_bwd.cu: the Hopper (sm_90a, wgmma) attention backward, bf16 / f16, head dims 64
 // and 128: the kernel, dq_acc's tile layout and its conversion kernel. Included at the end of
 // attention_wgmma.cu, whose header describes the algorithm, what was measured and the ordering
-// rules, and whose helpers (descriptors, loads) it uses; apart only to keep each file to one job
-// and under 600 lines.
+// rules, and whose helpers (descriptors, loads, fg_wg_tile) it uses; apart only to keep each file
+// to one job and under 600 lines.
 // ---------------------------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------------------------
@@ -59,9 +59,10 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
                 NTH = FG_WG_BWD_THREADS;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int wg = warp >> 2;
-  const unsigned int bh = blockIdx.x, b = bh / p.H, h = bh - b * p.H;
   const int Tq = (int)p.Tq, Tk = (int)p.Tk;
-  const int j0 = (int)blockIdx.y * BKV;
+  const FgWgTile tl = fg_wg_tile(p, (Tk + BKV - 1) / BKV);
+  const unsigned int b = tl.b, h = tl.h, bh = tl.bh;
+  const int j0 = tl.tile * BKV;
   const T* qg = q + (long long)b * p.q.b + (long long)h * p.q.h;
   const T* kg = k + (long long)b * p.k.b + (long long)h * p.k.h;
   const T* vg = v + (long long)b * p.v.b + (long long)h * p.v.h;

@@ -49,7 +49,8 @@ struct AttnParams {
     rp_keep: f32,
     drop_thr: u32,
     causal: u32,
-    pad: u32,
+    /// Hopper kernels: heads a group of blocks walks together ([`wg_group`]); 0 = all.
+    group: u32,
 }
 
 // SAFETY: plain-old-data with the C layout the kernels declare (312 bytes, no padding holes
@@ -175,6 +176,15 @@ fn wg_bwd_smem(d: usize) -> usize {
     (2 * bkv + 4 * WG_BWD_BQ) * d * 2 + bkv * WG_BWD_BQ * 2 + 4 * WG_BWD_BQ * 4 + 2 * WG_BWD_BQ * d * 4 + 1024
 }
 
+/// Heads that a group of the Hopper kernels' blocks walks together (`FgAttnParams::group`,
+/// attention_wgmma.cu `fg_wg_tile`, which explains the order): about one wave of blocks at d = 128
+/// and two at d = 64 (measured: at d = 64 one-wave groups lost 10% under a causal mask at T = 4096,
+/// two waves were level or faster everywhere), never more than all heads.
+fn wg_group(dev: &CudaDevice, bh: usize, ntiles: usize, blocks_per_sm: usize, d: usize) -> u32 {
+    let waves = if d > 64 { 1 } else { 2 };
+    (waves * dev.sm_count() * blocks_per_sm).div_ceil(ntiles.max(1)).clamp(1, bh.max(1)) as u32
+}
+
 /// The module of the Hopper kernels for head dim `d` (64 or 128) and `dtype` (bf16, f16).
 fn wg_module(d: usize, dtype: DType) -> Result<&'static Module> {
     let i = match (d, dtype) {
@@ -195,6 +205,8 @@ fn wgmma(dev: &CudaDevice, pb: &Problem, dtype: DType) -> bool {
         && pb.dropout.is_none()
         && dev.arch == Arch::SM90
         && super::select::wgmma_allowed()
+        // Their grid is one-dimensional: B * H * ceil(T / 64) blocks at most.
+        && pb.b * pb.h * pb.tq.max(pb.tk).div_ceil(64) <= i32::MAX as usize
 }
 
 /// The forward and backward kernels' names for this head dim, dtype and tiles.
@@ -347,10 +359,12 @@ pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Resul
         let (qp, qs, _qc) = operand(q.0, q.1, false, tc)?;
         let (kp, ks, _kc) = operand(k.0, k.1, false, tc)?;
         let (vp, vs, _vc) = operand(v.0, v.1, false, tc)?;
-        let p = AttnParams { q: qs, k: ks, v: vs, o: bthd_strides(tq, h, d), ..params(pb) };
+        let mut p = AttnParams { q: qs, k: ks, v: vs, o: bthd_strides(tq, h, d), ..params(pb) };
         let (name, c) = if wg {
             super::select::count(|c| c.wgmma_fwd += 1);
-            let c = cfg((b * h, tq.div_ceil(64 * wg_fwd_warpgroups(d))), wg_fwd_threads(d), wg_fwd_smem(d));
+            let ntiles = tq.div_ceil(64 * wg_fwd_warpgroups(d));
+            p.group = wg_group(&dev, b * h, ntiles, if d > 64 { 1 } else { 2 }, d);
+            let c = cfg((b * h * ntiles, 1), wg_fwd_threads(d), wg_fwd_smem(d));
             (format!("fg_attn_fwd_d{d}_wg_{}", suffix(dtype)?), c)
         } else {
             let t = tiles(d, dtype);
@@ -417,7 +431,7 @@ pub(super) fn backward(
         let (acc_rows, helper) = if wg { (b * h * tq.div_ceil(WG_BWD_BQ) * WG_BWD_BQ, "_wg") } else { (rows, "") };
         let delta = CudaStorage::uninit(&dev, rows, DType::F32)?;
         let dq_acc = CudaStorage::uninit(&dev, acc_rows * d, DType::F32)?;
-        let p = AttnParams {
+        let mut p = AttnParams {
             q: qs,
             k: ks,
             v: vs,
@@ -434,10 +448,9 @@ pub(super) fn backward(
         }
         let (name, c) = if wg {
             super::select::count(|c| c.wgmma_bwd += 1);
-            (
-                format!("fg_attn_bwd_d{d}_wg_{sfx}"),
-                cfg((b * h, tk.div_ceil(wg_bwd_bkv(d))), WG_BWD_THREADS, wg_bwd_smem(d)),
-            )
+            let ntiles = tk.div_ceil(wg_bwd_bkv(d));
+            p.group = wg_group(&dev, b * h, ntiles, 1, d);
+            (format!("fg_attn_bwd_d{d}_wg_{sfx}"), cfg((b * h * ntiles, 1), WG_BWD_THREADS, wg_bwd_smem(d)))
         } else {
             let t = tiles(d, dtype);
             let (_, name) = kernel_names(d, dtype, &t)?;
