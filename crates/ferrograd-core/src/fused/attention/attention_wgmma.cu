@@ -46,7 +46,7 @@
 // leaving the reduction out entirely would still save 0.7 of 2.64 ms: dQ's traffic, 64 x D floats
 // per block of keys per 64 queries, is what bounds this backward); so at d = 64 a warpgroup owns
 // two m-tiles (256 keys a block: half the traffic; T = 4096 backward 2.64 -> 1.92 ms, at 255
-// registers with 28 bytes spilled). d = 128 cannot: its dK and dV alone are 128 registers an m-tile.
+// registers with 28 bytes spilled; 72 with the grouped grid's index math, which still gained). d = 128 cannot: its dK and dV alone are 128 registers an m-tile.
 //
 // Ordering rules kept here: (1) data written by threads (cp.async, st.shared) reaches wgmma (the
 // async proxy) only after `fence.proxy.async.shared::cta` and a barrier (TMA writes are in the
@@ -190,6 +190,20 @@ static __device__ __forceinline__ void fg_wg_load(unsigned int dst, const T* __r
 
 #define FG_WG_FWD_BQ (64 * FG_WG_FWD_WGS)
 
+// The accumulators of a 64 x (16 N) wgmma product (float pairs of n8 chunks) as the A fragments of
+// the next product (16-bit pairs, one k16 step per row of `a`).
+template <typename T, int N>
+static __device__ __forceinline__ void fg_wg_pack_a(const float (&c)[2 * N][4], unsigned int (&a)[N][4]) {
+  typedef FgTc<T> M;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    a[k][0] = M::pack(c[2 * k][0], c[2 * k][1]);
+    a[k][1] = M::pack(c[2 * k][2], c[2 * k][3]);
+    a[k][2] = M::pack(c[2 * k + 1][0], c[2 * k + 1][1]);
+    a[k][3] = M::pack(c[2 * k + 1][2], c[2 * k + 1][3]);
+  }
+}
+
 // One key tile of the forward's online softmax on S (a warpgroup's 64 rows x BKV keys from the
 // wgmma accumulators): scale into the exp2 domain, mask (keys past Tk, causal), update the row
 // max / sum and rescale O's accumulators; S becomes P. `r` is this thread's first row in the
@@ -246,6 +260,32 @@ static __device__ __forceinline__ void fg_attn_wg_softmax_step(float (&s)[BKV / 
       }
     lrow[hh] = lrow[hh] * alpha[hh] + ls;
   }
+}
+
+// One key tile of the forward for this warpgroup, both kernels': S = Q K^T (SS: the warpgroup's
+// 64 query rows at `qwg` of a BQ-row Q tile, the tile's keys at `kst`), the online softmax, and
+// O += P V (RS, V's rows are the contraction: MN-major B, at `vst`); every wgmma done on return.
+template <typename T, int D, int BQ, int BKV>
+static __device__ __forceinline__ void fg_attn_wg_fwd_tile(unsigned int qwg, unsigned int kst, unsigned int vst,
+                                                           float (&acc)[D / 8][4], float (&mrow)[2], float (&lrow)[2],
+                                                           const FgAttnParams& p, int i0, int j0, int r, int wg, int t) {
+  float s[BKV / 8][4];
+  fg_wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    fg_wg_ss<T, BKV, 0, 0>(s, fg_wg_kmajor(qwg, BQ, kk), fg_wg_kmajor(kst, BKV, kk), kk > 0);
+  fg_wg_commit();
+  fg_wg_wait<0>();
+  fg_wg_pin(s);
+  fg_attn_wg_softmax_step<T, D, BKV>(s, acc, mrow, lrow, p, i0, j0, r, wg, t);
+  unsigned int pa[BKV / 16][4];
+  fg_wg_pack_a<T, BKV / 16>(s, pa);
+  fg_wg_fence();
+#pragma unroll
+  for (int kc = 0; kc < BKV / 16; ++kc) fg_wg_rs<T, D, 1>(acc, pa[kc], fg_wg_mnmajor(vst, BKV, kc, 0), 1);
+  fg_wg_commit();
+  fg_wg_wait<0>();
+  fg_wg_pin(acc);
 }
 
 // The forward's epilogue: normalise, write the log-sum-exp and O (4-byte pairs straight from the
@@ -326,33 +366,7 @@ static __device__ __forceinline__ void fg_attn_fwd_wg(const T* __restrict__ q, c
     fg_cp_commit();
     const unsigned int kst = ks + stage * BKV * D * SZ, vst = vs + stage * BKV * D * SZ;
 
-    // S = Q K^T: this warpgroup's 64 query rows against the tile's 128 keys.
-    float s[NT][4];
-    fg_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      fg_wg_ss<T, BKV, 0, 0>(s, fg_wg_kmajor(qs + wg * 64 * 128, BQ, kk), fg_wg_kmajor(kst, BKV, kk), kk > 0);
-    fg_wg_commit();
-    fg_wg_wait<0>();
-    fg_wg_pin(s);
-
-    fg_attn_wg_softmax_step<T, D, BKV>(s, acc, mrow, lrow, p, i0, jb * BKV, wrow + g, wg, t);
-    unsigned int pa[BKV / 16][4];
-#pragma unroll
-    for (int kc = 0; kc < BKV / 16; ++kc) {
-      pa[kc][0] = M::pack(s[2 * kc][0], s[2 * kc][1]);
-      pa[kc][1] = M::pack(s[2 * kc][2], s[2 * kc][3]);
-      pa[kc][2] = M::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-      pa[kc][3] = M::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-    }
-
-    // O += P V (V's rows are the contraction: MN-major B).
-    fg_wg_fence();
-#pragma unroll
-    for (int kc = 0; kc < BKV / 16; ++kc) fg_wg_rs<T, D, 1>(acc, pa[kc], fg_wg_mnmajor(vst, BKV, kc, 0), 1);
-    fg_wg_commit();
-    fg_wg_wait<0>();
-    fg_wg_pin(acc);
+    fg_attn_wg_fwd_tile<T, D, BQ, BKV>(qs + wg * 64 * 128, kst, vst, acc, mrow, lrow, p, i0, jb * BKV, wrow + g, wg, t);
   }
   fg_cp_wait<0>();
 
@@ -462,30 +476,8 @@ static __device__ __forceinline__ void fg_attn_fwd_wg_tma(const T* __restrict__ 
   for (int jb = 0; jb < nkv; ++jb) {
     const int stage = jb % S;
     fg_mbar_wait(full + 8 * stage, (unsigned int)((jb / S) & 1));
-    const unsigned int kst = ks + stage * BKV * D * SZ, vst = vs + stage * BKV * D * SZ;
-    float s[BKV / 8][4];
-    fg_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      fg_wg_ss<T, BKV, 0, 0>(s, fg_wg_kmajor(qs + wg * 64 * 128, BQ, kk), fg_wg_kmajor(kst, BKV, kk), kk > 0);
-    fg_wg_commit();
-    fg_wg_wait<0>();
-    fg_wg_pin(s);
-    fg_attn_wg_softmax_step<T, D, BKV>(s, acc, mrow, lrow, p, i0, jb * BKV, wrow + g, wg, t);
-    unsigned int pa[BKV / 16][4];
-#pragma unroll
-    for (int kc = 0; kc < BKV / 16; ++kc) {
-      pa[kc][0] = M::pack(s[2 * kc][0], s[2 * kc][1]);
-      pa[kc][1] = M::pack(s[2 * kc][2], s[2 * kc][3]);
-      pa[kc][2] = M::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-      pa[kc][3] = M::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-    }
-    fg_wg_fence();
-#pragma unroll
-    for (int kc = 0; kc < BKV / 16; ++kc) fg_wg_rs<T, D, 1>(acc, pa[kc], fg_wg_mnmajor(vst, BKV, kc, 0), 1);
-    fg_wg_commit();
-    fg_wg_wait<0>();
-    fg_wg_pin(acc);
+    fg_attn_wg_fwd_tile<T, D, BQ, BKV>(qs + wg * 64 * 128, ks + stage * BKV * D * SZ, vs + stage * BKV * D * SZ, acc,
+                                       mrow, lrow, p, i0, jb * BKV, wrow + g, wg, t);
     __syncwarp();
     if (lane == 0) fg_mbar_arrive(empty + 8 * stage);
   }

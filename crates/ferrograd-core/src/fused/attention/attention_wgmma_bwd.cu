@@ -163,17 +163,8 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
         sa[nt][e] = pv;
       }
     unsigned int pa[BQ / 16][4], da[BQ / 16][4];
-#pragma unroll
-    for (int qc = 0; qc < BQ / 16; ++qc) {
-      pa[qc][0] = M::pack(sa[2 * qc][0], sa[2 * qc][1]);
-      pa[qc][1] = M::pack(sa[2 * qc][2], sa[2 * qc][3]);
-      pa[qc][2] = M::pack(sa[2 * qc + 1][0], sa[2 * qc + 1][1]);
-      pa[qc][3] = M::pack(sa[2 * qc + 1][2], sa[2 * qc + 1][3]);
-      da[qc][0] = M::pack(dpa[2 * qc][0], dpa[2 * qc][1]);
-      da[qc][1] = M::pack(dpa[2 * qc][2], dpa[2 * qc][3]);
-      da[qc][2] = M::pack(dpa[2 * qc + 1][0], dpa[2 * qc + 1][1]);
-      da[qc][3] = M::pack(dpa[2 * qc + 1][2], dpa[2 * qc + 1][3]);
-    }
+    fg_wg_pack_a<T, BQ / 16>(sa, pa);
+    fg_wg_pack_a<T, BQ / 16>(dpa, da);
 
     // dS^T to shared memory (swizzled [key][query], one 64-query atom) for dQ = dS K.
 #pragma unroll
