@@ -377,6 +377,49 @@ fn cuda_wgmma_forward_replays_in_a_cuda_graph() -> Result<()> {
     result
 }
 
+/// K and V expanded over the heads (a zero stride, as multi-query attention passes them): the
+/// d = 128 forward's tensor maps take a dense copy (d = 64's cp.async loads read the view), and
+/// the result matches the float64 CPU op on the materialised tensors.
+#[test]
+fn cuda_wgmma_takes_k_and_v_expanded_over_heads() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    if CudaDevice::get(0)?.arch != Arch::SM90 {
+        println!("skipping: the wgmma kernels need sm_90");
+        return Ok(());
+    }
+    let mut rng = Rng::new(41);
+    set_backend(Some(Backend::Flash));
+    set_wgmma(Some(true));
+    let result = (|| -> Result<()> {
+        for d in [64, 128] {
+            let q = randn(&mut rng, &[2, 4, 150, d], DType::BF16);
+            let k1 = randn(&mut rng, &[2, 1, 150, d], DType::BF16);
+            let v1 = randn(&mut rng, &[2, 1, 150, d], DType::BF16);
+            let shape = [2usize, 4, 150, d];
+            let reference = Tensor::scaled_dot_product_attention(
+                &q.to_dtype(DType::F64)?,
+                &k1.to_dtype(DType::F64)?.expand(shape)?.contiguous()?,
+                &v1.to_dtype(DType::F64)?.expand(shape)?.contiguous()?,
+                AttentionOpts::causal(),
+            )?;
+            let before = counters_on_this_thread();
+            let o = Tensor::scaled_dot_product_attention(
+                &q.to_device(dev)?,
+                &k1.to_device(dev)?.expand(shape)?,
+                &v1.to_device(dev)?.expand(shape)?,
+                AttentionOpts::causal(),
+            )?;
+            assert_eq!(delta(before).wgmma_fwd, 1, "d = {d}: the wgmma forward ran");
+            let e = rel_err(&o.to_dtype(DType::F64)?.to_device(CPU)?, &reference);
+            assert!(e < tol(DType::BF16).0, "d = {d}: relative error {e:.2e} against float64");
+        }
+        Ok(())
+    })();
+    set_wgmma(None);
+    set_backend(None);
+    result
+}
+
 #[test]
 fn cuda_auto_picks_cudnn_where_it_can() -> Result<()> {
     let Some(dev) = gpu_with_cudnn() else { return Ok(()) };

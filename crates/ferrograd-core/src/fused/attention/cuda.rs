@@ -170,6 +170,20 @@ fn kv_maps(pb: &Problem, dtype: DType, k: (u64, Stride4), v: (u64, Stride4)) -> 
     Ok((map(k)?, map(v)?))
 }
 
+/// A K / V operand as [`kv_maps`] takes it: a view with a zero stride (K or V expanded over heads
+/// or batch without copying) is copied to a dense `[B, H, T, D]` buffer first, returned to live
+/// until the launch is enqueued; a tensor map describes a walk over distinct rows, and the driver
+/// documents no broadcast dimension.
+fn tma_operand(x: Operand, ptr: u64, st: Stride4) -> Result<(u64, Stride4, Option<CudaStorage>)> {
+    if st.t != 0 && st.h != 0 && st.b != 0 {
+        return Ok((ptr, st, None));
+    }
+    let c = x.0.copy_strided(x.1)?;
+    let l = Layout::contiguous(x.1.shape().clone());
+    let d: Vec<i64> = l.strides().iter().map(|&v| v as i64).collect();
+    Ok((c.buf.ptr(), Stride4 { b: d[0], h: d[1], t: d[2], d: d[3] }, Some(c)))
+}
+
 /// K, V, two stages of Q and dO, dS^T, log-sum-exp and delta, two dQ tiles (f32), alignment.
 fn wg_bwd_smem(d: usize) -> usize {
     let bkv = wg_bwd_bkv(d);
@@ -373,6 +387,8 @@ pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Resul
         };
         allow_smem(&dev, m, &name, c.shared_mem_bytes as usize)?;
         if wg && wg_fwd_tma(d) {
+            let (kp, ks, _kd) = tma_operand(k, kp, ks)?;
+            let (vp, vs, _vd) = tma_operand(v, vp, vs)?;
             let (tk, tv) = kv_maps(pb, dtype, (kp, ks), (vp, vs))?;
             launch!(dev, *m, name, c; qp, tk, tv, o.buf.ptr(), lse.buf.ptr(), p);
         } else {
