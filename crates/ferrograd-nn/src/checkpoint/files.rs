@@ -201,7 +201,22 @@ pub(super) fn first_nonfinite(ts: &[Tensor]) -> CResult<Option<(usize, usize, f6
         .iter()
         .map(|&i| ts[i].mul_scalar(0.0)?.to_dtype(DType::F32)?.sum_all())
         .collect::<ferrograd_core::Result<Vec<_>>>()?;
-    let sums = Tensor::stack(&probes, 0)?.to_vec::<f32>()?;
+    // One read per device: the tensors may live on several (a ZeRO-1 resume stages the optimizer's
+    // moments on the host beside the model on its GPU), and probes of different devices do not stack.
+    let mut sums = vec![0f32; probes.len()];
+    let mut devices = Vec::new();
+    for p in &probes {
+        if !devices.contains(&p.device()) {
+            devices.push(p.device());
+        }
+    }
+    for dev in devices {
+        let on: Vec<usize> = (0..probes.len()).filter(|&k| probes[k].device() == dev).collect();
+        let these: Vec<Tensor> = on.iter().map(|&k| probes[k].clone()).collect();
+        for (&k, s) in on.iter().zip(Tensor::stack(&these, 0)?.to_vec::<f32>()?) {
+            sums[k] = s;
+        }
+    }
     for (&i, s) in floats.iter().zip(sums) {
         if !s.is_finite() {
             let bytes = codec::tensor_bytes(&ts[i])?;
