@@ -104,8 +104,9 @@ static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_a
   }
 
 // Hopper kernels (attention_wgmma.cu): fg_attn_fwd_d{64,128}_wg_{bf16,f16}, fg_attn_bwd_d{64,128}_wg_{..},
-// blocks of FG_WG_FWD_THREADS / FG_WG_BWD_THREADS, grid (B * H, ceil(Tq / FG_WG_FWD_BQ)) and (B * H, ceil(Tk / FG_WG_BWD_BKVD(D))),
-// dynamic shared memory FG_WG_FWD_SMEM(D) / FG_WG_BWD_SMEM(D) (cuda.rs `wg_tiles` mirrors them); no
+// blocks of FG_WG_FWD_THREADS / FG_WG_BWD_THREADS, one-dimensional grids of B * H * ceil(Tq / FG_WG_FWD_BQ)
+// and B * H * ceil(Tk / FG_WG_BWD_BKVD(D)) blocks (fg_wg_tile), dynamic shared memory FG_WG_FWD_SMEM(D) /
+// FG_WG_BWD_SMEM(D) (cuda.rs `wg_fwd_threads`, `wg_fwd_smem`, `wg_bwd_smem` mirror them); no
 // dropout. They are their own modules (`-D FG_ATTN_WG_PART`, mod.rs `attention_wg_module!`, built for
 // sm_90a and only for sm_90 devices): apart from the mma.sync kernels they compile in parallel, and a
 // run without dropout compiles only them. wgmma exists on no other target (bench/kernels/

@@ -58,8 +58,9 @@
 #include "attention_wgmma_ops.cuh"
 
 // Warpgroups a block (FG_WG_FWD_WGS: 2 or 3 by head dim, FG_WG_BWD_WGS: 2; one-warpgroup blocks
-// would be built for two a multiprocessor) and key rows a forward step (FG_WG_FWD_BKV) are compile-time choices, measured in bench/kernels/attention_wgmma.sh (cuda.rs `wg_tiles`
-// mirrors them).
+// would be built for two a multiprocessor) and key rows a forward step (FG_WG_FWD_BKV) are
+// compile-time choices, measured in bench/kernels/attention_wgmma.sh (cuda.rs
+// `wg_fwd_warpgroups`, `WG_FWD_BKV` mirror them).
 #ifndef FG_WG_FWD_WGS
 #if FG_ATTN_D > 64
 #define FG_WG_FWD_WGS 3  // d = 128: forward 406 -> 441 TFLOP/s at T = 4096 (2 -> 3 warpgroups, 161 registers)
