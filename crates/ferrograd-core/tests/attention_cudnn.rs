@@ -51,6 +51,34 @@ fn tol(dtype: DType) -> (f64, f64) {
     }
 }
 
+/// Device 0 when it is an sm_90 GPU, the Hopper (wgmma) kernels' only target; else `None` and
+/// one printed line.
+fn hopper() -> Option<Device> {
+    let dev = gpu()?;
+    match CudaDevice::get(0) {
+        Ok(d) if d.arch == Arch::SM90 => Some(dev),
+        Ok(d) => {
+            println!("skipping: the wgmma kernels need sm_90, this GPU is {}", d.arch);
+            None
+        }
+        Err(e) => {
+            println!("skipping: {e}");
+            None
+        }
+    }
+}
+
+/// `f` with our kernels forced and their Hopper variant on, both settings reset whatever `f`
+/// returns.
+fn with_wgmma(f: impl FnOnce() -> Result<()>) -> Result<()> {
+    set_backend(Some(Backend::Flash));
+    set_wgmma(Some(true));
+    let result = f();
+    set_wgmma(None);
+    set_backend(None);
+    result
+}
+
 fn randn(rng: &mut Rng, dims: &[usize], dtype: DType) -> Tensor {
     Tensor::randn_with(rng, 0.0, 1.0, dims.to_vec(), DType::F64, CPU).and_then(|t| t.to_dtype(dtype)).expect("randn")
 }
@@ -281,12 +309,7 @@ fn wgmma_case(
 /// Dropout keeps the mma.sync kernels.
 #[test]
 fn cuda_wgmma_kernels_match_float64_and_the_mma_kernels() -> Result<()> {
-    let Some(dev) = gpu() else { return Ok(()) };
-    let arch = CudaDevice::get(0)?.arch;
-    if arch != Arch::SM90 {
-        println!("skipping: the wgmma kernels need sm_90, this GPU is {arch}");
-        return Ok(());
-    }
+    let Some(dev) = hopper() else { return Ok(()) };
     let mut rng = Rng::new(23);
     let (mut failures, mut n) = (vec![], 0);
     for dtype in [DType::BF16, DType::F16] {
@@ -334,16 +357,10 @@ fn cuda_wgmma_kernels_match_float64_and_the_mma_kernels() -> Result<()> {
 /// d = 64 the same for the cp.async kernel; both on the grouped grids.
 #[test]
 fn cuda_wgmma_forward_replays_in_a_cuda_graph() -> Result<()> {
-    let Some(dev) = gpu() else { return Ok(()) };
+    let Some(dev) = hopper() else { return Ok(()) };
     let cdev = CudaDevice::get(0)?;
-    if cdev.arch != Arch::SM90 {
-        println!("skipping: the wgmma kernels need sm_90, this GPU is {}", cdev.arch);
-        return Ok(());
-    }
     let mut rng = Rng::new(31);
-    set_backend(Some(Backend::Flash));
-    set_wgmma(Some(true));
-    let result = (|| -> Result<()> {
+    with_wgmma(|| {
         for d in [64, 128] {
             let dims = [2, 3, 200, d];
             let sets: Vec<Vec<Tensor>> = (0..3)
@@ -371,10 +388,7 @@ fn cuda_wgmma_forward_replays_in_a_cuda_graph() -> Result<()> {
             }
         }
         Ok(())
-    })();
-    set_wgmma(None);
-    set_backend(None);
-    result
+    })
 }
 
 /// K and V expanded over the heads (a zero stride, as multi-query attention passes them): the
@@ -382,15 +396,9 @@ fn cuda_wgmma_forward_replays_in_a_cuda_graph() -> Result<()> {
 /// the result matches the float64 CPU op on the materialised tensors.
 #[test]
 fn cuda_wgmma_takes_k_and_v_expanded_over_heads() -> Result<()> {
-    let Some(dev) = gpu() else { return Ok(()) };
-    if CudaDevice::get(0)?.arch != Arch::SM90 {
-        println!("skipping: the wgmma kernels need sm_90");
-        return Ok(());
-    }
+    let Some(dev) = hopper() else { return Ok(()) };
     let mut rng = Rng::new(41);
-    set_backend(Some(Backend::Flash));
-    set_wgmma(Some(true));
-    let result = (|| -> Result<()> {
+    with_wgmma(|| {
         for d in [64, 128] {
             let q = randn(&mut rng, &[2, 4, 150, d], DType::BF16);
             let k1 = randn(&mut rng, &[2, 1, 150, d], DType::BF16);
@@ -414,10 +422,7 @@ fn cuda_wgmma_takes_k_and_v_expanded_over_heads() -> Result<()> {
             assert!(e < tol(DType::BF16).0, "d = {d}: relative error {e:.2e} against float64");
         }
         Ok(())
-    })();
-    set_wgmma(None);
-    set_backend(None);
-    result
+    })
 }
 
 #[test]
