@@ -8,6 +8,7 @@ use super::include::find_cuda_include;
 use super::key::CacheKey;
 use super::report::{PrecompileEntry, PrecompileReport};
 use super::source::{nvrtc_options, KernelSource};
+use super::source_dir;
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
@@ -119,6 +120,7 @@ impl KernelCache {
     /// both). Errors only when no CUBIN can be had; cache trouble becomes `cache_warning`.
     pub fn get_or_compile(&self, kernel: &KernelSource<'_>, arch: Arch) -> Result<CompiledKernel, KernelError> {
         let start = Instant::now();
+        let kernel = &source_dir::with_override(kernel)?;
         let arch = kernel.target(arch);
         let info = nvrtc_info()?;
         info.check_arch(arch)?;

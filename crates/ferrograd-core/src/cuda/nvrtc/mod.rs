@@ -1,6 +1,6 @@
 //! Embedded CUDA C -> NVRTC -> CUBIN, behind an in-process cache and an on-disk cache. One file
 //! per concern: `source` (what is compiled: modules, shared headers, defines), `arch`, `key`, `disk`,
-//! `include` (CUDA header search), `compiler` (libnvrtc), `cache` (the layers together and
+//! `include` (CUDA header search), `source_dir` (a developer's edited sources), `compiler` (libnvrtc), `cache` (the layers together and
 //! parallel precompile), `report`, `error`.
 //!
 //! Why CUBIN and not PTX: PTX is JIT-compiled by the driver every time a module is loaded (the
@@ -42,6 +42,7 @@ mod include;
 mod key;
 mod report;
 mod source;
+mod source_dir;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -57,3 +58,4 @@ pub(crate) use key::hex;
 pub use key::CacheKey;
 pub use report::{PrecompileEntry, PrecompileReport};
 pub use source::{env_options, CompileOptions, Define, Header, KernelSource, Module, NVRTC_OPTIONS_ENV};
+pub use source_dir::KERNEL_DIR_ENV;
