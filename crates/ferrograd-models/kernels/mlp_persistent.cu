@@ -32,20 +32,25 @@
 //
 // The schedule (layer-parallel). Rows are split in 8-row tiles, tile i -> block i mod G (Monster
 // Walk: 631 tiles -> 4 or 5 per block, <= 40 rows). A *unit* is one mma output block of 16
-// features x (1 or 2) row tiles: W's fragment is loaded and split once per k-step and used for
-// both row tiles. Every layer's units are spread over the block's 16 warps and layers are
+// features x NT row tiles (W's fragment is loaded and split once per k-step for all NT): NT = 1
+// in the forward, NT <= 2 in the backward (measured on an H100, Monster Walk 113 x 71, f32:
+// 0.255 s with the earlier NT <= 3 everywhere, 0.244 s with NT = 1 everywhere, 0.234 s with 1 / 2
+// and the division-free unit indices of mlp_train; a step's layer products are so small that
+// more busy warps beat fewer fragment loads, while the backward's units share warps with
+// weight-gradient items). Every layer's units are spread over
+// the block's 16 warps and layers are
 // separated by block barriers, so all warps work on the dependent chain of 15 layer products
 // together (the first version gave each warp its own tile through all 15: 5 of 8 warps busy,
 // 229 registers, ~60 K warp instructions an SM a step at IPC ~1). Per step, per block:
-//   1. forward, layer by layer (units: out/16 x row-tile pairs; Monster Walk <= 15 units, one
-//      round on 16 warps); the output layer computes the loss and D_{L-1}. Layer 0 waits only for
+//   1. forward, layer by layer (units: out/16 x row tiles; Monster Walk <= 25 units, at most
+//      two rounds on 16 warps); the output layer computes the loss and D_{L-1}. Layer 0 waits only for
 //      W_0's refresh, layer 1 for W_1's, layer 2 for the rest: the refresh overlaps the forward.
-//   2. backward, layer by layer: D_{l-1} = W_l^T D_l masked by ReLU' (units: in/16 x pairs),
+//   2. backward, layer by layer: D_{l-1} = W_l^T D_l masked by ReLU' (units: in/16 x groups of
+//      <= 2 row tiles),
 //      and on the warps those units leave idle, weight-gradient items dW_l' = D_l'^T A_l' (16
 //      features x 3 column tiles, K = the block's rows) of layers whose D is ready (l' >= l), in
 //      a fixed order; the rest (dW_0 at least) in a last phase. Items go to the block's partial
-//      row in L2 as they finish (st.cg), so the writes overlap the chain. Monster Walk: phases of
-//      9+7, 6+6, 3+2, 3+1, 3+1, 6+1, 9+4+the rest of layers >= 1, then layer 0's items.
+//      row in L2 as they finish (st.cg), so the writes overlap the chain.
 //   3. the gradient row is two regions: A = every layer but the first, plus the loss sum (index
 //      pp); B = W_0. Region A is complete after the last backward phase, so during the last phase
 //      (dW_0 on the first 10 warps) the last MLP_RWARPS = 6 warps pass grid barrier A (each warp
@@ -74,8 +79,11 @@
 //     SMs share), Adam (~0.1 us), barrier #2 (~0.8 us), W_0's refresh (14 KB; ~0.5 us; the other
 //     31 KB under the forward): ~3.8 us.
 //   total ~9.6 us (f32) / ~7.9 us (tf32) / ~6.4 us (bf16) a step, 0.08 / 0.06 / 0.05 s a run.
-//   Measured (H200, f32, BENCHMARKS.md): 31.9 us a step, 0.256 s a run: forward 11.3, backward +
-//   dW 13.2, barrier B 4.0, reduce B + Adam 1.6, barrier 2 1.2 us; barrier stalls dominate.
+//   Measured (H100, f32, BENCHMARKS.md): 29.2 us a step, 0.234 s a run: forward 9.3, backward +
+//   dW 12.7, barrier B 3.8, reduce B + Adam 1.6, barrier 2 1.2 us; barrier stalls dominate. Per
+//   layer (clock64() around each forward layer): ~0.45 us fixed whatever its size (a 1-k-step
+//   layer takes 0.48 us, a 6-k-step one 0.75): the chain of descriptor loads, address math,
+//   fragment loads and splits, the epilogue and the block barrier, 16 times a step, is ~7 us.
 // What would cut more (not done): clusters with distributed shared memory to pre-sum partials
 // and multicast the refresh (halves the 18 MB of L2 traffic a step); a reduce per layer (today
 // two regions) so more of it hides under the backward; ldmatrix-friendly strides.
@@ -756,7 +764,12 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
     const int tiles = (br.rows + 7) >> 3;
     const int active = min(G, tiles);
     // Row-tile groups of a unit: as even as possible, at most 3 tiles (5 -> 2 + 3, 4 -> 2 + 2).
-    const int my = my_tiles(br.rows), ngr = (my + 2) / 3;
+    const int my = my_tiles(br.rows), ngr = (my + 1) / 2;
+    // Unit indices without integer division: `u / n` with a run-time n compiles to a dependent
+    // chain of ~60 instructions per unit, on the critical path of every layer (removing it saved
+    // 2% of the run). For non-negative x, n < 2^12, (int)((x + 0.5f) * (1/n)) == x / n exactly:
+    // x / n is at least 1/(2n) away from the next integer, far more than the float error.
+    const float rmy = 1.0f / (float)max(my, 1), rngr = 1.0f / (float)max(ngr, 1);
     const float* A0 = sm + ((s & 1) ? d.a0_off1 : d.a0_off0);
     const float scale = 2.0f / (float)(br.rows * out_last);
     b1t *= ad.b1d;
@@ -774,12 +787,10 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
       else if (l == 1) cp_async_wait<2>();
       else if (l == 2) cp_async_wait<1>();
       __syncthreads();  // W_l has landed (every thread's part) and A_l is written
-      const int units = ((d.l[l].out + 15) >> 4) * ngr;
+      const int units = ((d.l[l].out + 15) >> 4) * my;
       for (int u = warp; u < units; u += MLP_WARPS) {
-        const int m = u / ngr, q = u - m * ngr, k = q * my / ngr, nt = (q + 1) * my / ngr - k;
-        if (nt == 3) fwd_unit<P, 3>(d, sm, A0, l, m, k, br.rows, br.y, scale, loss, g, t);
-        else if (nt == 2) fwd_unit<P, 2>(d, sm, A0, l, m, k, br.rows, br.y, scale, loss, g, t);
-        else fwd_unit<P, 1>(d, sm, A0, l, m, k, br.rows, br.y, scale, loss, g, t);
+        const int m = (int)(((float)u + 0.5f) * rmy), k = u - m * my;
+        fwd_unit<P, 1>(d, sm, A0, l, m, k, br.rows, br.y, scale, loss, g, t);
       }
     }
 #pragma unroll
@@ -802,9 +813,9 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
       const int take = my > 0 ? (l == 1 ? avail - done : min(avail - done, max(0, MLP_WARPS - units))) : 0;
       for (int u = warp; u < units + take; u += MLP_WARPS) {
         if (u < units) {
-          const int m = u / ngr, q = u - m * ngr, k = q * my / ngr, nt = (q + 1) * my / ngr - k;
-          if (nt == 3) bwd_unit<P, 3>(d, sm, l, m, k, g, t);
-          else if (nt == 2) bwd_unit<P, 2>(d, sm, l, m, k, g, t);
+          const int m = (int)(((float)u + 0.5f) * rngr), q = u - m * ngr;
+          const int k = (int)(((float)(q * my) + 0.5f) * rngr), nt = (int)(((float)((q + 1) * my) + 0.5f) * rngr) - k;
+          if (nt == 2) bwd_unit<P, 2>(d, sm, l, m, k, g, t);
           else bwd_unit<P, 1>(d, sm, l, m, k, g, t);
         } else {
           dw_work<P>(d, sm, A0, done + u - units, my, mypart, g, t);
