@@ -35,7 +35,8 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         |d| d.dir().display().to_string(),
     );
     // The core's modules and the models' own.
-    let all: Vec<&Module> = modules::ALL.iter().chain(ferrograd_models::MODULES).copied().collect();
+    let models = ferrograd_models::modules()?;
+    let all: Vec<&Module> = modules::ALL.iter().chain(&models).copied().collect();
     if !cfg.precompile {
         writeln!(out, "kernel modules ({}), compiled by NVRTC on first use:", all.len())?;
         let w = all.iter().map(|m| m.name.len()).max().unwrap_or(0);
@@ -71,7 +72,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     out.flush()?;
 
     let cpu0 = process_cpu_seconds();
-    let report = modules::precompile(arch, ferrograd_models::MODULES)?;
+    let report = modules::precompile(arch, &models)?;
     writeln!(out, "{report}")?;
     if let (Some(a), Some(b)) = (cpu0, process_cpu_seconds()) {
         let spent = report.compile_time_spent().as_secs_f64();

@@ -13,7 +13,8 @@ fn model_kernels_compile_for_sm80_and_sm90() {
         return;
     }
     let include = find_cuda_include().unwrap_or_else(|e| panic!("{e}"));
-    for m in ferrograd_models::MODULES {
+    let precompiled = ferrograd_models::modules().unwrap_or_else(|e| panic!("{e}"));
+    for m in ferrograd_models::MODULES.iter().chain(&precompiled) {
         for arch in [Arch::SM80, Arch::SM90] {
             let t = std::time::Instant::now();
             let cubin =
@@ -39,6 +40,37 @@ fn each_precision_finds_its_kernel_in_its_module() {
     for p in [Precision::F32, Precision::Tf32, Precision::Bf16] {
         let m = trainer::module(p);
         assert!(ferrograd_models::MODULES.contains(&m), "{} is not in MODULES", m.name);
+        let cubin = ferrograd_core::cuda::nvrtc::get_or_compile(&m.source(), Arch::SM90)
+            .unwrap_or_else(|e| panic!("{}: {e}", m.name));
+        assert_eq!(kernel_names(&cubin.cubin), [p.kernel()], "{}", m.name);
+    }
+}
+
+/// A launch's module is the general one with its layout's descriptor compiled in: the same
+/// kernel name, one module per layout (cached: asking twice gives the same module), and the
+/// precompiled set holds Monster Walk's modules for a 132-SM GPU.
+#[test]
+fn specialized_modules_differ_by_layout_and_keep_the_kernel_name() {
+    use ferrograd_models::monster_walk::persistent::{modules_for, spec, PRECOMPILE_SMS};
+    use ferrograd_models::persistent::trainer::{layout_for, specialized};
+    let mw = spec().unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (layout_for(&mw, 132, 5041), layout_for(&mw, 114, 5041));
+    let (ma, mb) = (specialized(Precision::F32, &a), specialized(Precision::F32, &b));
+    assert!(std::ptr::eq(ma, specialized(Precision::F32, &a)), "the same layout gives the same module");
+    assert_ne!(ma.name, mb.name);
+    assert!(
+        ma.name.starts_with("mlp_persistent_f32_") && ma.src.starts_with("#define MLP_FIXED_DESC 8, "),
+        "{}",
+        ma.name
+    );
+    assert!(ma.src.ends_with(trainer::module(Precision::F32).src));
+    let pre = modules_for(PRECOMPILE_SMS).unwrap_or_else(|e| panic!("{e}"));
+    assert!(pre.iter().any(|m| std::ptr::eq(*m, ma)));
+    assert!(ferrograd_models::modules().unwrap_or_else(|e| panic!("{e}")).iter().any(|m| std::ptr::eq(*m, ma)));
+    if nvrtc_info().is_err() {
+        return;
+    }
+    for (p, m) in [Precision::F32, Precision::Tf32, Precision::Bf16].into_iter().zip(pre) {
         let cubin = ferrograd_core::cuda::nvrtc::get_or_compile(&m.source(), Arch::SM90)
             .unwrap_or_else(|e| panic!("{}: {e}", m.name));
         assert_eq!(kernel_names(&cubin.cubin), [p.kernel()], "{}", m.name);

@@ -3,7 +3,9 @@
 //! semantics) in one launch, and the epoch progress from the loss ring while it runs.
 
 use super::model::{Autoencoder, LAYERS};
+use crate::persistent::trainer::{layout_for, specialized};
 use crate::persistent::{MlpSpec, PersistentMlp, PhaseProfile, Precision};
+use ferrograd_core::cuda::modules::Module;
 use ferrograd_core::optim::AdamConfig;
 use ferrograd_core::{Device, Result, Tensor};
 
@@ -13,6 +15,18 @@ pub fn spec() -> Result<MlpSpec> {
     widths.extend(LAYERS.iter().map(|&(_, out)| out));
     let relu = (0..LAYERS.len()).map(|l| l + 1 < LAYERS.len()).collect();
     MlpSpec::new(widths, relu)
+}
+
+/// SMs of the GPU `ferrograd kernels --precompile` prepares Monster Walk's persistent kernel for:
+/// the H100 (SXM) and the H200. The kernel is specialized to its layout, which depends on the
+/// SM count; on another GPU the first run compiles its own (once: the disk cache keeps it).
+pub const PRECOMPILE_SMS: usize = 132;
+
+/// The persistent kernel's modules (each precision) for Monster Walk's default batch (one copy,
+/// 5,041 rows) on a GPU of `sms` SMs.
+pub fn modules_for(sms: usize) -> Result<Vec<&'static Module>> {
+    let layout = layout_for(&spec()?, sms, super::walk::SAMPLES);
+    Ok([Precision::F32, Precision::Tf32, Precision::Bf16].into_iter().map(|p| specialized(p, &layout)).collect())
 }
 
 /// The run, as the report needs it.

@@ -8,8 +8,9 @@ use ferrograd_core::cuda::modules::{Define, Module};
 use ferrograd_core::cuda::{CudaDevice, MappedF32};
 use ferrograd_core::optim::AdamConfig;
 use ferrograd_core::{DType, Device, Error, Result, Tensor};
+use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// `kernels/mlp_persistent.cu`, one module per precision (`-D MLP_PREC`, the kernel's `PREC_*`):
@@ -26,16 +27,57 @@ mlp_module!(MODULE_F32, "mlp_persistent_f32", 0, 2800);
 mlp_module!(MODULE_TF32, "mlp_persistent_tf32", 1, 2600);
 mlp_module!(MODULE_BF16, "mlp_persistent_bf16", 2, 2500);
 
-/// Every precision's module (for `ferrograd_models::MODULES`).
+/// Every precision's general module (the kernel reads its descriptor at run time): what the
+/// compile tests check. Launches use [`specialized`] modules.
 pub const MODULES: [&Module; 3] = [&MODULE_F32, &MODULE_TF32, &MODULE_BF16];
 
-/// The module that holds `precision`'s kernel ([`Precision::kernel`]).
+/// The general module that holds `precision`'s kernel ([`Precision::kernel`]).
 pub fn module(precision: Precision) -> &'static Module {
     match precision {
         Precision::F32 => &MODULE_F32,
         Precision::Tf32 => &MODULE_TF32,
         Precision::Bf16 => &MODULE_BF16,
     }
+}
+
+/// The layout of `spec` on a GPU of `sms` SMs for batches of up to `max_rows` rows: one block per
+/// SM (fewer for small batches; every block holds all the weights, so more blocks per SM would
+/// only multiply the per-step reduction), 8-row tiles dealt round-robin.
+pub fn layout_for(spec: &MlpSpec, sms: usize, max_rows: usize) -> Layout {
+    let tiles = max_rows.div_ceil(8).max(1);
+    let grid = sms.max(1).min(tiles);
+    Layout::new(spec, grid, 8 * tiles.div_ceil(grid))
+}
+
+/// `precision`'s module with `layout`'s descriptor compiled in as constants (`MLP_FIXED_DESC`;
+/// the kernel says why: 16% of a Monster Walk run). One module per layout and precision, named
+/// `mlp_persistent_<precision>_<16 hex digits of the descriptor's FNV-1a hash>` (loaded modules
+/// are keyed by name) and kept for the life of the process, as the built-in modules are
+/// `'static`: a process sees a few layouts, ~45 KB of source text each. The CUBIN goes to the
+/// disk cache like any module's, so a layout compiles once per machine.
+pub fn specialized(precision: Precision, layout: &Layout) -> &'static Module {
+    type Key = (&'static str, Vec<i32>);
+    static MADE: OnceLock<Mutex<HashMap<Key, &'static Module>>> = OnceLock::new();
+    let base = module(precision);
+    let words = layout.desc_words();
+    let mut made = MADE.get_or_init(Default::default).lock().unwrap_or_else(PoisonError::into_inner);
+    let key = (base.name, words);
+    if let Some(m) = made.get(&key) {
+        return m;
+    }
+    let text: Vec<String> = key.1.iter().map(i32::to_string).collect();
+    let src = format!("#define MLP_FIXED_DESC {}\n{}", text.join(", "), base.src);
+    let hash = key.1.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &w| {
+        w.to_le_bytes().iter().fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    });
+    let name = format!("{}_{hash:016x}", base.name);
+    let m: &'static Module = Box::leak(Box::new(Module {
+        name: Box::leak(name.into_boxed_str()),
+        src: Box::leak(src.into_boxed_str()),
+        ..*base
+    }));
+    made.insert(key, m);
+    m
 }
 
 /// A NaN the kernel never writes: a ring slot still holding it has not been reached yet.
@@ -142,11 +184,7 @@ impl PersistentMlp {
         if !dev.supports_cooperative_launch()? {
             return Ok(Err(format!("{} does not support cooperative launch", dev.info.name)));
         }
-        // One block per SM (fewer for small batches): every block holds all the weights, so more
-        // blocks per SM would only multiply the per-step reduction.
-        let tiles = max_rows.div_ceil(8);
-        let grid = (dev.info.multiprocessors.max(1) as usize).min(tiles);
-        let layout = Layout::new(spec, grid, 8 * tiles.div_ceil(grid));
+        let layout = layout_for(spec, dev.info.multiprocessors.max(1) as usize, max_rows);
         let limit = dev.max_shared_memory_per_block()?;
         if layout.smem_bytes > limit {
             return Ok(Err(format!(
@@ -159,7 +197,7 @@ impl PersistentMlp {
             )));
         }
         let occ = dev.max_active_blocks_per_sm(
-            module(precision),
+            specialized(precision, &layout),
             precision.kernel(),
             THREADS as u32,
             layout.smem_bytes as u32,
@@ -399,7 +437,7 @@ impl PersistentMlp {
         // u32 counters (BAR_WORDS), the ring `steps` mapped floats, prof grid x 8 u64.
         unsafe {
             dev.launch_cooperative_raw(
-                module(self.precision),
+                specialized(self.precision, &self.layout),
                 self.precision.kernel(),
                 grid as u32,
                 THREADS as u32,
