@@ -279,3 +279,14 @@ fn untuned_scope_overrides_tuning_scopes() {
     drop(_t);
     assert_eq!(super::autotune(), outside);
 }
+
+/// Tuning keeps the heuristic's first choice unless another candidate is clearly faster, and
+/// takes the fastest when the first did not run.
+#[test]
+fn tuning_keeps_the_first_choice_unless_another_is_clearly_faster() {
+    assert_eq!(super::pick(&[Some(1.0), Some(0.99), Some(0.98)]), 0, "within the margin");
+    assert_eq!(super::pick(&[Some(1.0), Some(0.9), Some(0.95)]), 1);
+    assert_eq!(super::pick(&[None, Some(0.9), Some(0.8)]), 2);
+    assert_eq!(super::pick(&[Some(1.0), None]), 0);
+    assert_eq!(super::pick(&[None, None]), 0);
+}
