@@ -37,20 +37,20 @@
 // 0.255 s with the earlier NT <= 3 everywhere, 0.244 s with NT = 1 everywhere, 0.234 s with 1 / 2
 // and the division-free unit indices of mlp_train; a step's layer products are so small that
 // more busy warps beat fewer fragment loads, while the backward's units share warps with
-// weight-gradient items). Every layer's units are spread over
-// the block's 16 warps and layers are
-// separated by block barriers, so all warps work on the dependent chain of 15 layer products
+// weight-gradient items). Every layer's units are spread over the block's 16 warps and layers
+// are separated by block barriers, so all warps work on the dependent chain of 15 layer products
 // together (the first version gave each warp its own tile through all 15: 5 of 8 warps busy,
 // 229 registers, ~60 K warp instructions an SM a step at IPC ~1). Per step, per block:
 //   1. forward, layer by layer (units: out/16 x row tiles; Monster Walk <= 25 units, at most
-//      two rounds on 16 warps); the output layer computes the loss and D_{L-1}. Layer 0 waits only for
-//      W_0's refresh, layer 1 for W_1's, layer 2 for the rest: the refresh overlaps the forward.
+//      two rounds on 16 warps); the output layer computes the loss and D_{L-1}. Layer 0 waits
+//      only for W_0's refresh, layer 1 for W_1's, layer 2 for the rest: the refresh overlaps
+//      the forward.
 //   2. backward, layer by layer: D_{l-1} = W_l^T D_l masked by ReLU' (units: in/16 x groups of
-//      <= 2 row tiles),
-//      and on the warps those units leave idle, weight-gradient items dW_l' = D_l'^T A_l' (16
-//      features x 3 column tiles, K = the block's rows) of layers whose D is ready (l' >= l), in
-//      a fixed order; the rest (dW_0 at least) in a last phase. Items go to the block's partial
-//      row in L2 as they finish (st.cg), so the writes overlap the chain.
+//      <= 2 row tiles), and on the warps those units leave idle, weight-gradient items
+//      dW_l' = D_l'^T A_l' (16 features x 3 column tiles, K = the block's rows) of layers whose
+//      D is ready (l' >= l), in a fixed order; the rest (dW_0 at least) in a last phase. Items
+//      go to the block's partial row in L2 as they finish (st.cg), so the writes overlap the
+//      chain.
 //   3. the gradient row is two regions: A = every layer but the first, plus the loss sum (index
 //      pp); B = W_0. Region A is complete after the last backward phase, so during the last phase
 //      (dW_0 on the first 10 warps) the last MLP_RWARPS = 6 warps pass grid barrier A (each warp
@@ -784,7 +784,8 @@ __device__ void mlp_train(const int* __restrict__ desc, const unsigned* __restri
     const BatchRef br = batch_ref(batches, s % nb);
     const int tiles = (br.rows + 7) >> 3;
     const int active = min(G, tiles);
-    // Row-tile groups of a unit: as even as possible, at most 3 tiles (5 -> 2 + 3, 4 -> 2 + 2).
+    // The forward's units hold one row tile each; the backward's, ngr groups of row tiles as even
+    // as possible, at most 2 (5 -> 1 + 2 + 2, 4 -> 2 + 2).
     const int my = my_tiles(br.rows), ngr = (my + 1) / 2;
     // Unit indices without integer division: `u / n` with a run-time n compiles to a dependent
     // chain of ~60 instructions per unit, on the critical path of every layer (removing it saved
