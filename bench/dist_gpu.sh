@@ -52,6 +52,14 @@ step mlp_2gpu_zero1 60 launch2 29616 dist mlp --steps 10 --zero 1 --out "$out/ml
 step allreduce_ferrograd 120 launch2 29612 bench allreduce --json "$out/allreduce_ferrograd.json"
 step allreduce_torch 120 python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29613 \
   "$PY_DIR/torch_allreduce.py" --json "$out/allreduce_torch.json"
+# Ours again on PyTorch's own NCCL (its wheel's libnccl.so.2, where it ships one): a gap that
+# closes here is the two libraries' difference, not our calls (issue 15's 256 MiB row).
+TORCH_NCCL=$(python3 -c 'import glob, os, torch; s = os.path.dirname(os.path.dirname(torch.__file__)); c = sorted(glob.glob(os.path.join(s, "nvidia", "nccl", "lib", "libnccl.so*"))); print(c[0] if c else "")' 2>/dev/null)
+echo "PyTorch's NCCL: ${TORCH_NCCL:-none found}" > "$out/torch_nccl.txt"
+if [ -n "$TORCH_NCCL" ]; then
+  step allreduce_ferrograd_torch_nccl 120 env FERROGRAD_NCCL_LIBRARY="$TORCH_NCCL" bash -c \
+    'launch2 29618 bench allreduce --json "$0"' "$out/allreduce_ferrograd_torch_nccl.json"
+fi
 
 # Monster Walk: 1 GPU, then each of 2 GPUs with as many copies of its own. Data parallel takes the
 # fused step (the persistent kernel, the 1-GPU default, is single-GPU: the run says so in a note),
@@ -123,6 +131,12 @@ def pair(a, b, pick):
 
 print(f"{'all-reduce bus bandwidth (nccl-tests)':<37}{'ours':>10}{'pytorch':>10}{'':6}{'ours/pt':>8}")
 pair("allreduce_ferrograd.json", "allreduce_torch.json", lambda n: n.startswith("allreduce"))
+for f in ("allreduce_ferrograd", "allreduce_torch", "allreduce_ferrograd_torch_nccl"):
+    first = [l for l in log(f).splitlines() if "NCCL" in l][:1]
+    print(f"   {f}: {first[0].split('] ', 1)[-1][:150] if first else '(no NCCL line)'}")
+if load("allreduce_ferrograd_torch_nccl.json"):
+    print("   ours on PyTorch's NCCL library, against PyTorch:")
+    pair("allreduce_ferrograd_torch_nccl.json", "allreduce_torch.json", lambda n: n.startswith("allreduce"))
 print("GPU-to-GPU copy")
 pair("transfer_ferrograd.json", "transfer_torch.json", lambda n: n.startswith("d2d"))
 

@@ -85,7 +85,15 @@
 //   ~0.45 us whatever its size (descriptor loads and address math); with it, ~0.3 us.
 // What would cut more (not done): clusters with distributed shared memory to pre-sum partials
 // and multicast the refresh (halves the 18 MB of L2 traffic a step); a reduce per layer (today
-// two regions) so more of it hides under the backward; ldmatrix-friendly strides.
+// two regions) so more of it hides under the backward.
+// Measured and not kept (H100, 113 x 71, f32, BENCHMARKS.md 2026-11-24 twelfth session; 0.196 s
+// as built): the time between blocks is the slowest block's chain plus an L2 round trip or two,
+// whatever form the synchronization takes. Region B reduced by the dW warps under region A's
+// reduce, behind per-warp barrier-B counters: 0.213-0.237 s (the dW warps' polling and the two
+// reduces contend). Barrier 2 replaced by per-block flags: 0.196 s (polled all at once) or 0.246
+// (polled per slice while refreshing). Block barriers dropped between layers of one 16-feature
+// tile (a warp per row tile, __syncwarp): 0.198. ldmatrix for the forward's fragments: 0.195;
+// with W_0's refresh as one TMA bulk copy: 0.193 (not worth an mbarrier and a second refresh path).
 //
 // Precision (template P): F32 = 3xTF32 (a = hi + lo with hi = a rounded to TF32, lo = a - hi;
 // a*b ~ hi*hi + hi*lo + lo*hi, error ~2^-21 relative per product, f32 accumulation: the exact-f32
