@@ -94,6 +94,9 @@
 // (polled per slice while refreshing). Block barriers dropped between layers of one 16-feature
 // tile (a warp per row tile, __syncwarp): 0.198. ldmatrix for the forward's fragments: 0.195;
 // with W_0's refresh as one TMA bulk copy: 0.193 (not worth an mbarrier and a second refresh path).
+// Weights split into tf32 hi / lo once as they land (W_lo beside W: no split in any product's
+// inner loop, ~40% of its instructions): 0.201, the split pass costing more than the products
+// save. The forward and backward are latency-bound chains, not instruction-bound.
 //
 // Precision (template P): F32 = 3xTF32 (a = hi + lo with hi = a rounded to TF32, lo = a - hi;
 // a*b ~ hi*hi + hi*lo + lo*hi, error ~2^-21 relative per product, f32 accumulation: the exact-f32
@@ -338,7 +341,15 @@ __device__ __forceinline__ void mma_wx(Acc<P, NT>& c, const float* __restrict__ 
   const float* w0 = W + g * ksw + t;
   const float* w1 = upper ? w0 + 8 * ksw : w0;
   const float* x = X + g * ksx + t;
+  // With MLP_FIXED_DESC the forward's layer loop is unrolled and ksteps is a constant: unrolled
+  // whole, the k-loop's loads are scheduled ahead of the products (H100, 113 x 71, f32: 0.196 ->
+  // 0.194 s; tf32 0.167 -> 0.165). Pipelining the loads by hand did the same here and slowed the
+  // backward's loops (mma_wtd, dw_item: 0.205 s).
+#if defined(MLP_FIXED_DESC)
+#pragma unroll
+#else
 #pragma unroll 2
+#endif
   for (int kk = 0; kk < ksteps; ++kk, w0 += 8, w1 += 8, x += 8) {
     const FragA<P> a = frag_a<P>(w0[0], w1[0], w0[4], w1[4]);
 #pragma unroll
