@@ -79,9 +79,9 @@
 //     SMs share), Adam (~0.1 us), barrier #2 (~0.8 us), W_0's refresh (14 KB; ~0.5 us; the other
 //     31 KB under the forward): ~3.8 us.
 //   total ~9.6 us (f32) / ~7.9 us (tf32) / ~6.4 us (bf16) a step, 0.08 / 0.06 / 0.05 s a run.
-//   Measured (H100, f32, BENCHMARKS.md): 24.4 us a step, 0.196 s a run: forward 7.1 (of which the
-//   wait for W_0's refresh ~2.1, the output layer and the loss ~2.0), backward + dW 10.1, barrier
-//   B 4.3, reduce B + Adam 1.3, barrier 2 1.2 us. Before MLP_FIXED_DESC each forward layer cost
+//   Measured (H100, f32, BENCHMARKS.md): 24.2 us a step, 0.194 s a run: forward 6.9 (of which the
+//   wait for W_0's refresh ~2.1, the output layer and the loss ~2.0), backward + dW 10.0, barrier
+//   B 4.4, reduce B + Adam 1.3, barrier 2 1.2 us. Before MLP_FIXED_DESC each forward layer cost
 //   ~0.45 us whatever its size (descriptor loads and address math); with it, ~0.3 us.
 // What would cut more (not done): clusters with distributed shared memory to pre-sum partials
 // and multicast the refresh (halves the 18 MB of L2 traffic a step); a reduce per layer (today
