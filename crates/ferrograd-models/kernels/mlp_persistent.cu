@@ -86,8 +86,8 @@
 // What would cut more (not done): clusters with distributed shared memory to pre-sum partials
 // and multicast the refresh (halves the 18 MB of L2 traffic a step); a reduce per layer (today
 // two regions) so more of it hides under the backward.
-// Measured and not kept (H100, 113 x 71, f32, BENCHMARKS.md 2026-11-24 twelfth session; 0.196 s
-// as built): the time between blocks is the slowest block's chain plus an L2 round trip or two,
+// Measured and not kept (H100, 113 x 71, f32, BENCHMARKS.md 2026-11-24 twelfth session, against
+// 0.196 s for the kernel before the forward's full unroll): the time between blocks is the slowest block's chain plus an L2 round trip or two,
 // whatever form the synchronization takes. Region B reduced by the dW warps under region A's
 // reduce, behind per-warp barrier-B counters: 0.213-0.237 s (the dW warps' polling and the two
 // reduces contend). Barrier 2 replaced by per-block flags: 0.196 s (polled all at once) or 0.246
