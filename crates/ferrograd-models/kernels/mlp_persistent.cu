@@ -83,9 +83,11 @@
 //   wait for W_0's refresh ~2.1, the output layer and the loss ~2.0), backward + dW 10.0, barrier
 //   B 4.4, reduce B + Adam 1.3, barrier 2 1.2 us. Before MLP_FIXED_DESC each forward layer cost
 //   ~0.45 us whatever its size (descriptor loads and address math); with it, ~0.3 us.
-// What would cut more (not done): clusters with distributed shared memory to pre-sum partials
-// and multicast the refresh (halves the 18 MB of L2 traffic a step); a reduce per layer (today
-// two regions) so more of it hides under the backward.
+// What would cut more (not done): clusters with distributed shared memory. A cooperative launch
+// with clusters runs on an H100 (bench/kernels/cluster_probe.py: 8 clusters of 16 = 128 blocks
+// resident; a cluster barrier 0.045 us against 1.03 us for a grid barrier). Each cluster could sum
+// its partials over DSMEM, one grid barrier exchange 8 cluster sums, every cluster run Adam on its
+// own copy and pass the new W around over DSMEM: one grid barrier a step, no L2 refresh.
 // Measured and not kept (H100, 113 x 71, f32, BENCHMARKS.md 2026-11-24 twelfth session, against
 // 0.196 s for the kernel before the forward's full unroll): the time between blocks is the slowest block's chain plus an L2 round trip or two,
 // whatever form the synchronization takes. Region B reduced by the dW warps under region A's
