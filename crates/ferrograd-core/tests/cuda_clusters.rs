@@ -5,6 +5,8 @@
 //! the cluster layout (rank, neighbour, which block it is), and the barriers' spin limit proves
 //! co-residency without ever hanging.
 
+mod common;
+
 use ferrograd_core::cuda::modules::Module;
 use ferrograd_core::cuda::CudaDevice;
 use ferrograd_core::{DType, Device, Result, Tensor};
@@ -50,13 +52,7 @@ cluster_probe(float* out, unsigned* bar, unsigned* bad, int iters) {
 
 #[test]
 fn cooperative_clusters_share_shared_memory_and_pass_grid_barriers() -> Result<()> {
-    let dev = match CudaDevice::get(0) {
-        Ok(d) => d,
-        Err(e) => {
-            println!("skipping: {e}");
-            return Ok(());
-        }
-    };
+    let Some(dev) = common::cuda_device() else { return Ok(()) };
     if dev.info.compute_capability.0 < 9 || !dev.supports_cooperative_launch()? {
         println!("skipping: clusters need sm_90 and cooperative launch");
         return Ok(());
