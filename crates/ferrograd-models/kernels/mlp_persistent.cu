@@ -84,18 +84,21 @@
 //   B 4.4, reduce B + Adam 1.3, barrier 2 1.2 us. Before MLP_FIXED_DESC each forward layer cost
 //   ~0.45 us whatever its size (descriptor loads and address math); with it, ~0.3 us.
 // What would cut more (not done): clusters with distributed shared memory. A cooperative launch
-// with clusters runs on an H100 (bench/kernels/cluster_probe.py: 8 clusters of 16 = 128 blocks
-// resident; a cluster barrier 0.045 us against 1.03 us for a grid barrier). Each cluster could sum
-// its partials over DSMEM, one grid barrier exchange 8 cluster sums, every cluster run Adam on its
-// own copy and pass the new W around over DSMEM: one grid barrier a step, no L2 refresh.
+// with clusters runs on an H100 (bench/kernels/cluster_probe.py: up to 8 clusters of 16 = 128
+// blocks resident, 7 = 112 through CudaDevice::launch_cooperative_cluster_raw on the same GPU,
+// tests/cuda_clusters.rs; a cluster barrier 0.045 us against 1.03 us for a grid barrier). Each
+// cluster could sum its partials over DSMEM, one grid barrier exchange the cluster sums, every
+// cluster run Adam on its own copy and pass the new W around over DSMEM: one grid barrier a step,
+// no L2 refresh.
 // Measured and not kept (H100, 113 x 71, f32, BENCHMARKS.md 2026-11-24 twelfth session, against
-// 0.196 s for the kernel before the forward's full unroll): the time between blocks is the slowest block's chain plus an L2 round trip or two,
-// whatever form the synchronization takes. Region B reduced by the dW warps under region A's
-// reduce, behind per-warp barrier-B counters: 0.213-0.237 s (the dW warps' polling and the two
-// reduces contend). Barrier 2 replaced by per-block flags: 0.196 s (polled all at once) or 0.246
-// (polled per slice while refreshing). Block barriers dropped between layers of one 16-feature
-// tile (a warp per row tile, __syncwarp): 0.198. ldmatrix for the forward's fragments: 0.195;
-// with W_0's refresh as one TMA bulk copy: 0.193 (not worth an mbarrier and a second refresh path).
+// 0.196 s for the kernel before the forward's full unroll): the time between blocks is the
+// slowest block's chain plus an L2 round trip or two, whatever form the synchronization takes.
+// Region B reduced by the dW warps under region A's reduce, behind per-warp barrier-B counters:
+// 0.213-0.237 s (the dW warps' polling and the two reduces contend). Barrier 2 replaced by
+// per-block flags: 0.196 s (polled all at once) or 0.246 (polled per slice while refreshing).
+// Block barriers dropped between layers of one 16-feature tile (a warp per row tile,
+// __syncwarp): 0.198. ldmatrix for the forward's fragments: 0.195; with W_0's refresh as one TMA
+// bulk copy: 0.193 (not worth an mbarrier and a second refresh path).
 // Weights split into tf32 hi / lo once as they land (W_lo beside W: no split in any product's
 // inner loop, ~40% of its instructions): 0.201, the split pass costing more than the products
 // save. The forward and backward are latency-bound chains, not instruction-bound.
