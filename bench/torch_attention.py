@@ -11,10 +11,12 @@ allocator state is checked on sampled rows against float64; peak memory is
 CUDA events, warm-up, batches, median per call (benchlib.time_device). PyTorch picks its SDPA
 backend itself (the kernels it ran are recorded in the notes); extra rows, marked
 `[torch flash backend]` and `[torch cudnn backend]`, force its FlashAttention-2 and its cuDNN
-backends for reference (--no-flash-rows skips them).
+backends for reference (--no-flash-rows skips them). `--dropout P` times every call with
+`dropout_p=P` (row names gain ` p=P`, as ours); PyTorch's mask cannot be reproduced here, so the
+sampled-row check then runs on the same inputs without dropout.
 
     python3 bench/torch_attention.py [--dtype bf16] [--seqs 512,1024] [--head-dims 64,128]
-                                     [--causal full,causal] [--json FILE]
+                                     [--causal full,causal] [--dropout 0.1] [--json FILE]
 """
 
 import argparse
@@ -25,8 +27,9 @@ import benchlib as bl
 TOL = {"f32": 1e-4, "f16": 5e-3, "bf16": 2e-2}
 
 
-def row_name(mode: str, dtype: str, d: int, causal: bool, t: int) -> str:
-    return f"{mode} {dtype} d={d} {'causal' if causal else 'full'} T={t}"
+def row_name(mode: str, dtype: str, d: int, causal: bool, t: int, dropout: float = 0.0) -> str:
+    p = f" p={dropout}" if dropout > 0 else ""
+    return f"{mode} {dtype} d={d} {'causal' if causal else 'full'} T={t}{p}"
 
 
 def main() -> None:
@@ -38,9 +41,13 @@ def main() -> None:
     p.add_argument("--seqs", type=bl.csv_ints, default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--head-dims", type=bl.csv_ints, default=[64, 128])
     p.add_argument("--causal", default="full,causal", help="comma-separated: full, causal")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout_p of every timed call, in [0, 1)")
     p.add_argument("--no-flash-rows", dest="flash_rows", action="store_false",
                    help="skip the extra rows that force PyTorch's FlashAttention-2 and cuDNN backends")
     a = p.parse_args()
+    if not 0.0 <= a.dropout < 1.0:
+        bl.fail(f"--dropout {a.dropout}: expected a probability in [0, 1)")
+    pd = a.dropout
     causals = []
     for c in a.causal.split(","):
         c = c.strip()
@@ -89,17 +96,17 @@ def main() -> None:
                     want.append(torch.softmax(s, 0) @ vh)
                     got.append(o[b, h, i])
                 err = bl.rel_err(torch, torch.stack(got), torch.stack(want))
-                bl.require(row_name("fwd", a.dtype, d, causal, t), err, TOL[a.dtype])
+                bl.require(row_name("fwd", a.dtype, d, causal, t, pd), err, TOL[a.dtype])
                 del o
 
                 def fwd():
                     with torch.no_grad():
-                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                        return F.scaled_dot_product_attention(q, k, v, dropout_p=pd, is_causal=causal)
 
                 qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
 
                 def fwd_bwd():
-                    o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                    o = F.scaled_dot_product_attention(qg, kg, vg, dropout_p=pd, is_causal=causal)
                     return torch.autograd.grad(o, (qg, kg, vg), dout)
 
                 if not kernels:
@@ -131,17 +138,17 @@ def main() -> None:
                 torch.cuda.synchronize()
                 peak = torch.cuda.max_memory_allocated(dev) / 2**20
                 ff, fb = flops / tf["median_s"] / 1e12, 3.5 * flops / tb["median_s"] / 1e12
-                label = f"{a.dtype} d={d} {'causal' if causal else 'full'} T={t}"
+                label = f"{a.dtype} d={d} {'causal' if causal else 'full'} T={t}" + (f" p={pd}" if pd > 0 else "")
                 bl.log(f"{label:32} | {tf['median_s'] * 1e3:>10.4f} | {ff:>8.1f} | {tb['median_s'] * 1e3:>10.4f} | "
                        f"{fb:>8.1f} | {peak:>9.1f} | {err:>9.2e}")
-                rows.append(bl.row(row_name("fwd", a.dtype, d, causal, t), ff, "TFLOP/s", True,
+                rows.append(bl.row(row_name("fwd", a.dtype, d, causal, t, pd), ff, "TFLOP/s", True,
                                    median_s=tf["median_s"], reps=tf["reps"], rel_err=err))
-                rows.append(bl.row(row_name("fwd+bwd", a.dtype, d, causal, t), fb, "TFLOP/s", True,
+                rows.append(bl.row(row_name("fwd+bwd", a.dtype, d, causal, t, pd), fb, "TFLOP/s", True,
                                    median_s=tb["median_s"], reps=tb["reps"]))
-                rows.append(bl.row(row_name("peak fwd+bwd", a.dtype, d, causal, t), peak, "MiB", False))
+                rows.append(bl.row(row_name("peak fwd+bwd", a.dtype, d, causal, t, pd), peak, "MiB", False))
                 for name, t_f, t_b in forced:
                     for mode, tt, f in (("fwd", t_f, flops), ("fwd+bwd", t_b, 3.5 * flops)):
-                        rows.append(bl.row(row_name(mode, a.dtype, d, causal, t) + f" [torch {name} backend]",
+                        rows.append(bl.row(row_name(mode, a.dtype, d, causal, t, pd) + f" [torch {name} backend]",
                                            f / tt["median_s"] / 1e12, "TFLOP/s", True, median_s=tt["median_s"],
                                            reps=tt["reps"]))
                     bl.log(f"{'  [' + name + ' backend]':32} | {t_f['median_s'] * 1e3:>10.4f} | "
@@ -150,7 +157,8 @@ def main() -> None:
                 del qkv, q, k, v, qg, kg, vg, dout
 
     attn = sorted(k for k in kernels if any(s in k.lower() for s in ("flash", "fmha", "cudnn", "attention", "sdpa", "profiler")))
-    notes = [f"B={B} H={H}; q, k, v views of one [B, T, 3, H, D] buffer; dO N(0,1); backward = autograd.grad",
+    notes = [f"B={B} H={H}; q, k, v views of one [B, T, 3, H, D] buffer; dO N(0,1); backward = autograd.grad"
+             + (f"; dropout_p={pd} in every timed call (the row check ran without it)" if pd > 0 else ""),
              "SDPA backends enabled: " + ", ".join(
                  f"{n}={getattr(torch.backends.cuda, n + '_sdp_enabled', lambda: '?')()}"
                  for n in ("flash", "mem_efficient", "cudnn", "math")),

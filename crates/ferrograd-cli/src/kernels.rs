@@ -1,9 +1,12 @@
 //! `ferrograd kernels`: the embedded CUDA kernel modules and the on-disk CUBIN cache.
 //!
-//! `--precompile` compiles every module, the core's and the models' (in parallel, one thread per module up to the cores) with NVRTC for the GPU's architecture (or `--arch`, which
-//! needs no GPU, only libnvrtc and the CUDA headers) into `$FERROGRAD_CACHE_DIR`, prints what each
-//! cost, then reads them all back through a fresh cache the way the next process start will, and
-//! says how long that takes against the NVRTC time it no longer spends.
+//! `--precompile` compiles every module a GPU of the architecture runs, the core's and the models'
+//! (in parallel, one thread per module up to the cores; `modules::for_arch` says which: on sm_90 not
+//! the mma.sync attention modules the Hopper kernels replace, named in a `left out:` line), with
+//! NVRTC for the GPU's architecture (or `--arch`, which needs no GPU, only libnvrtc and the CUDA
+//! headers) into `$FERROGRAD_CACHE_DIR`, prints what each cost, then reads them all back through a
+//! fresh cache the way the next process start will, and says how long that takes against the NVRTC
+//! time it no longer spends.
 //!
 //! It also compares the NVRTC time with the CPU time the process spent: NVRTC from a CUDA toolkit
 //! (13.0 on the lent GPU machines) keeps its output in the CUDA driver's compute cache
@@ -74,6 +77,20 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let cpu0 = process_cpu_seconds();
     let report = modules::precompile(arch, &models)?;
     writeln!(out, "{report}")?;
+    let wanted = modules::for_arch(arch, &models);
+    let left: Vec<&str> = all
+        .iter()
+        .filter(|m| m.source().needed_for(arch) && !wanted.iter().any(|w| w.name == m.name))
+        .map(|m| m.name)
+        .collect();
+    if !left.is_empty() {
+        writeln!(
+            out,
+            "left out: {} (the Hopper attention kernels replace them on {arch}; FERROGRAD_ATTENTION_WGMMA=0 \
+             brings them back; a call that needs one compiles it then)",
+            left.join(", ")
+        )?;
+    }
     if let (Some(a), Some(b)) = (cpu0, process_cpu_seconds()) {
         let spent = report.compile_time_spent().as_secs_f64();
         if spent > 0.0 {
@@ -94,7 +111,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         writeln!(out, "the disk cache is off: the next start compiles everything again")?;
         return Ok(());
     };
-    let sources: Vec<KernelSource> = all.iter().map(|m| m.source()).collect();
+    let sources: Vec<KernelSource> = wanted.iter().map(|m| m.source()).collect();
     let fresh = KernelCache::new(Some(disk)).precompile(arch, &sources)?;
     let read = fresh.elapsed;
     let nvrtc_time = report.compile_time_saved();

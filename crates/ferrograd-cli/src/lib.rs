@@ -355,6 +355,10 @@ struct AttentionArgs {
     /// Causal settings, comma-separated: full, causal.
     #[arg(long, value_delimiter = ',', default_value = "full,causal", value_parser = parse_causal)]
     causal: Vec<bool>,
+    /// Dropout probability of every call, in [0, 1) (the same mask each call, which the checks
+    /// apply; PyTorch's twin takes the same flag).
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
     /// Implementation: auto (cuDNN where it can run the case, ours otherwise), flash (our
     /// kernels), cudnn, or math (the composed definition); overrides FERROGRAD_ATTENTION. Each
     /// row says which ran.
@@ -540,8 +544,8 @@ struct LaunchArgs {
 
 #[derive(Args, Debug)]
 struct KernelsArgs {
-    /// Compile every kernel module into the disk cache ($FERROGRAD_CACHE_DIR) and report the time
-    /// the next start saves.
+    /// Compile every kernel module the GPU runs into the disk cache ($FERROGRAD_CACHE_DIR) and report
+    /// the time the next start saves.
     #[arg(long)]
     precompile: bool,
     /// Architecture to compile for (sm_80, sm_90, 9.0, ...) instead of the GPU's; needs no GPU.
@@ -681,6 +685,7 @@ impl Job {
                 seqs: a.seqs,
                 head_dims: a.head_dims,
                 causal: a.causal,
+                dropout: a.dropout,
                 backend: a.backend,
                 json: a.common.json,
                 plot: a.common.plot,

@@ -287,6 +287,10 @@ fn kernels_precompile_for_an_explicit_arch() {
     assert!(out.contains("kernels for sm_90"), "{out}");
     assert!(out.contains("compiled") && out.contains("0 failed"), "{out}");
     assert!(out.lines().any(|l| l.starts_with("next start: ") && l.contains("from the disk cache")), "{out}");
+    // The read-back asks for exactly the modules compiled: nothing is compiled twice.
+    assert!(!out.contains("were not found on disk"), "{out}");
+    // On sm_90 the Hopper attention kernels replace four mma.sync modules, and the line says so.
+    assert!(out.lines().any(|l| l.starts_with("left out: attention_d64_bf16, attention_d64_f16,")), "{out}");
     #[cfg(target_os = "linux")]
     assert!(out.lines().any(|l| l.starts_with("process CPU time ") && l.contains(" s of NVRTC calls")), "{out}");
     // The second run finds everything on disk.

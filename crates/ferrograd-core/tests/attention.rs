@@ -461,5 +461,12 @@ fn bench_workload_checks_on_the_cpu() -> Result<()> {
     // The check can fail: a wrong output is caught.
     assert!(w.check_forward(&o.mul_scalar(1.01)?, &mut Rng::new(1), 4)? > 1e-3);
     assert_eq!(w.flops(false), 4.0 * 6.0 * 45.0 * 45.0 * 16.0 / 2.0);
+    // With dropout: both checks apply the op's mask, and the output without dropout fails them.
+    let wd = w.clone().with_dropout(0.25);
+    let od = wd.forward()?;
+    assert!(wd.check_forward(&od, &mut Rng::new(1), 4)? < 1e-5);
+    assert!(wd.check_backward()? < tolerance(DType::F32));
+    assert!(wd.check_forward(&o, &mut Rng::new(1), 4)? > 1e-2);
+    assert!(w.check_forward(&od, &mut Rng::new(1), 4)? > 1e-2);
     Ok(())
 }

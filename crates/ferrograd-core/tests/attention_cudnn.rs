@@ -5,7 +5,8 @@
 //! / v as strided views of one `[B, T, 3, H, D]` buffer. Each case asserts which implementation
 //! actually ran (the op's counters), so a cuDNN plan that silently fell back fails the test. Outputs
 //! are poisoned (NaN) before the kernels. Without a GPU, or (for the cuDNN cases) without libcudnn
-//! 9, the tests print why and pass.
+//! 9, the tests print why and pass. (About 600 lines: the two backends' cases share one set of
+//! helpers, `problem`, `errors`, `verdict`, which a split would have to repeat or publish.)
 
 use ferrograd_core::cuda::nvrtc::Arch;
 use ferrograd_core::cuda::{set_poison_allocations, Capture, CudaDevice};
@@ -306,7 +307,6 @@ fn wgmma_case(
 /// Tq != Tk both ways (causal is top-left), one query (full; causal, one query sees one key and
 /// its dQ and dK are exactly 0 in float64: rounding's 1e-8 has no relative error to compare), q / k
 /// / v as strided views of one QKV buffer.
-/// Dropout keeps the mma.sync kernels.
 #[test]
 fn cuda_wgmma_kernels_match_float64_and_the_mma_kernels() -> Result<()> {
     let Some(dev) = hopper() else { return Ok(()) };
@@ -339,15 +339,74 @@ fn cuda_wgmma_kernels_match_float64_and_the_mma_kernels() -> Result<()> {
         }
     }
     assert!(failures.is_empty(), "{} of {n} cases failed:\n{}", failures.len(), failures.join("\n"));
-    // Dropout: the mma.sync kernels (the Hopper ones have no dropout).
-    let q = randn(&mut rng, &[1, 2, 64, 64], DType::BF16).to_device(dev)?;
-    set_backend(Some(Backend::Flash));
-    let before = counters_on_this_thread();
-    let o = Tensor::scaled_dot_product_attention(&q, &q, &q, AttentionOpts { dropout_p: 0.1, ..Default::default() });
-    let ran = delta(before);
-    set_backend(None);
-    o?;
-    assert_eq!((ran.flash_fwd, ran.wgmma_fwd), (1, 0), "dropout ran {ran:?}");
+    Ok(())
+}
+
+/// Output and gradients of `sum(out * w)` with dropout `p`, the mask drawn from `Rng::new(seed)`.
+fn run_dropout(x: &[Tensor], w: &Tensor, causal: bool, p: f64, seed: u64) -> Result<(Tensor, Vec<Tensor>)> {
+    let (q, k, v) = (x[0].requires_grad(), x[1].requires_grad(), x[2].requires_grad());
+    let opts = AttentionOpts { causal, dropout_p: p, ..Default::default() };
+    let o = Tensor::scaled_dot_product_attention_with(&mut Rng::new(seed), &q, &k, &v, opts)?;
+    let g = o.mul(w)?.sum_all()?.backward()?;
+    let grads = [&q, &k, &v].iter().map(|t| g.get(t).expect("gradient").clone()).collect();
+    Ok((o, grads))
+}
+
+/// With dropout the Hopper kernels run their `wgdrop` build, which draws the mma.sync kernels'
+/// mask element for element: both against the float64 CPU op with the same seed (the CPU draws
+/// the documented Philox mapping too), and against each other; asserts which kernels ran.
+#[test]
+fn cuda_wgmma_dropout_matches_float64_and_the_mma_kernels() -> Result<()> {
+    let Some(dev) = hopper() else { return Ok(()) };
+    let mut rng = Rng::new(29);
+    let (mut failures, mut n) = (vec![], 0);
+    for dtype in [DType::BF16, DType::F16] {
+        let (tf, tb) = tol(dtype);
+        for d in [64, 128] {
+            for causal in [false, true] {
+                for (i, &(b, h, tq, tk, p)) in
+                    [(2, 3, 129, 129, 0.2), (1, 2, 77, 45, 0.1), (1, 2, 45, 300, 0.3), (1, 2, 300, 300, 0.2)]
+                        .iter()
+                        .enumerate()
+                {
+                    n += 1;
+                    let fused = tq == tk && i % 2 == 0;
+                    let Problem { what, x, w, .. } = problem(dev, &mut rng, dtype, (b, h, tq, tk, d), fused, causal)?;
+                    let what = format!("{what} p={p}");
+                    let seed = 100 + n as u64;
+                    let f64s = |t: &Tensor| t.to_device(CPU).and_then(|t| t.to_dtype(DType::F64));
+                    let r = x.iter().map(f64s).collect::<Result<Vec<_>>>()?;
+                    let reference = run_dropout(&r, &f64s(&w)?, causal, p, seed)?;
+                    // The default backend: cuDNN takes no dropout, so our kernels run.
+                    let (mut lines, mut ok, mut results) = (vec![], true, vec![]);
+                    for wg in [true, false] {
+                        set_wgmma(Some(wg));
+                        let before = counters_on_this_thread();
+                        let out = run_dropout(&x, &w, causal, p, seed);
+                        let ran = delta(before);
+                        set_wgmma(None);
+                        let out = out?;
+                        let k = u64::from(wg);
+                        if (ran.flash_fwd, ran.flash_bwd, ran.wgmma_fwd, ran.wgmma_bwd) != (1, 1, k, k) {
+                            ok = false;
+                            lines.push(format!("wgmma {wg}: ran {ran:?}"));
+                        }
+                        let e = errors(&out, &reference)?;
+                        ok &= e[0] < tf && e[1..].iter().all(|x| *x < tb);
+                        lines.push(format!("{}: {}", if wg { "wgmma" } else { "mma" }, show(&e)));
+                        results.push(out);
+                    }
+                    let e = errors(&results[0], &results[1])?;
+                    ok &= e[0] < 2.0 * tf && e[1..].iter().all(|x| *x < 2.0 * tb);
+                    lines.push(format!("wgmma vs mma: {}", show(&e)));
+                    if let Err(e) = verdict(&what, &lines, ok, dtype) {
+                        failures.push(e.to_string());
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {n} cases failed:\n{}", failures.len(), failures.join("\n"));
     Ok(())
 }
 

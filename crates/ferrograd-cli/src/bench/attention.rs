@@ -11,7 +11,8 @@
 //! Peak memory: the allocator's peak of allocated bytes over one forward + backward, inputs
 //! included (PyTorch: `torch.cuda.max_memory_allocated`).
 //!
-//! `--backend auto|flash|cudnn|math` picks the implementation (`fused::attention::select`); each
+//! `--dropout P` times every row with dropout (the same mask each call; the checks apply it;
+//! row names gain ` p=P`). `--backend auto|flash|cudnn|math` picks the implementation (`fused::attention::select`); each
 //! row reports which one ran (the op's counters over the timed calls), so a cuDNN plan that fell
 //! back to our kernels shows as `flash`.
 
@@ -36,6 +37,8 @@ pub struct Config {
     pub head_dims: Vec<usize>,
     /// Causal settings to run, in order.
     pub causal: Vec<bool>,
+    /// Dropout probability of every call (0: none).
+    pub dropout: f64,
     /// The implementation asked for (each row reports which ran).
     pub backend: Backend,
     pub json: Option<PathBuf>,
@@ -43,9 +46,10 @@ pub struct Config {
     pub seed: u64,
 }
 
-/// `fwd bf16 d=64 causal T=1024`: the row name both sides use.
-pub fn row_name(mode: &str, dtype: DType, d: usize, causal: bool, t: usize) -> String {
-    format!("{mode} {} d={d} {} T={t}", dtype.as_str(), if causal { "causal" } else { "full" })
+/// `fwd bf16 d=64 causal T=1024` (and ` p=0.1` with dropout): the row name both sides use.
+pub fn row_name(mode: &str, dtype: DType, d: usize, causal: bool, t: usize, dropout: f64) -> String {
+    let p = if dropout > 0.0 { format!(" p={dropout}") } else { String::new() };
+    format!("{mode} {} d={d} {} T={t}{p}", dtype.as_str(), if causal { "causal" } else { "full" })
 }
 
 /// The flags, and the largest problem's byte count (q/k/v, output and their gradients: about
@@ -56,6 +60,9 @@ pub fn check(cfg: &Config) -> CliResult<()> {
     }
     if cfg.batch == 0 || cfg.heads == 0 || cfg.seqs.is_empty() || cfg.head_dims.is_empty() || cfg.causal.is_empty() {
         return Err("--batch, --heads, --seqs, --head-dims and --causal need at least one positive value".into());
+    }
+    if !(0.0..1.0).contains(&cfg.dropout) {
+        return Err(format!("--dropout {}: expected a probability in [0, 1)", cfg.dropout).into());
     }
     if let Some(t) = cfg.seqs.iter().find(|&&t| t == 0 || t > 65536) {
         return Err(format!("sequence length {t} out of range (1..=65536)").into());
@@ -108,7 +115,8 @@ fn run_with(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let (b, h, dtype) = (cfg.batch, cfg.heads, cfg.dtype);
     writeln!(
         out,
-        "scaled dot-product attention, {dtype}, B={b} H={h}, on {} ({})",
+        "scaled dot-product attention, {dtype}, B={b} H={h}{}, on {} ({})",
+        if cfg.dropout > 0.0 { format!(", dropout p={}", cfg.dropout) } else { String::new() },
         cfg.device,
         env.gpu.as_deref().unwrap_or("?")
     )?;
@@ -135,21 +143,21 @@ fn run_with(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     for &d in &cfg.head_dims {
         for &causal in &cfg.causal {
             // The backward first, on a problem small enough for a float64 CPU reference.
-            let small = Workload::new(&mut rng, 1, 4, 256, d, dtype, cfg.device, causal)?;
+            let small = Workload::new(&mut rng, 1, 4, 256, d, dtype, cfg.device, causal)?.with_dropout(cfg.dropout);
             let bwd_err = poisoned(|| Ok(small.check_backward()?))?;
             require(
-                &format!("attention {dtype} d={d} causal={causal} backward (T=256)"),
+                &format!("attention {dtype} d={d} causal={causal} dropout={} backward (T=256)", cfg.dropout),
                 bwd_err,
                 tolerance(dtype) * 2.0,
             )?;
             drop(small);
             let (mut fwd_pts, mut fb_pts) = (vec![], vec![]);
             for &t in &cfg.seqs {
-                let w = Workload::new(&mut rng, b, h, t, d, dtype, cfg.device, causal)?;
+                let w = Workload::new(&mut rng, b, h, t, d, dtype, cfg.device, causal)?.with_dropout(cfg.dropout);
                 let o = poisoned(|| Ok(w.forward()?))?;
                 let err = w.check_forward(&o, &mut rng, 6)?;
                 drop(o);
-                let what = row_name("fwd", dtype, d, causal, t);
+                let what = row_name("fwd", dtype, d, causal, t, cfg.dropout);
                 require(&what, err, tolerance(dtype))?;
                 let c0 = counters_on_this_thread();
                 let tf = measure_device(&clock, DevicePlan::GPU, || w.forward())?;
@@ -184,13 +192,14 @@ fn run_with(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
                         .with("backend", ran_f.as_str()),
                 );
                 report.rows.push(
-                    Row::new(row_name("fwd+bwd", dtype, d, causal, t), fb, "TFLOP/s", true)
+                    Row::new(row_name("fwd+bwd", dtype, d, causal, t, cfg.dropout), fb, "TFLOP/s", true)
                         .with("median_s", tb.median_s())
                         .with("reps", tb.reps())
                         .with("backward_rel_err_t256", bwd_err)
                         .with("backend", ran_b.as_str()),
                 );
-                report.rows.push(Row::new(row_name("peak fwd+bwd", dtype, d, causal, t), peak, "MiB", false));
+                let name = row_name("peak fwd+bwd", dtype, d, causal, t, cfg.dropout);
+                report.rows.push(Row::new(name, peak, "MiB", false));
                 fwd_pts.push((t as f64, ff));
                 fb_pts.push((t as f64, fb));
             }
@@ -230,6 +239,7 @@ mod tests {
             seqs: vec![512, 1024, 2048, 4096, 8192],
             head_dims: vec![64, 128],
             causal: vec![false, true],
+            dropout: 0.0,
             backend: Backend::Auto,
             json: None,
             plot: None,
@@ -239,7 +249,11 @@ mod tests {
 
     #[test]
     fn names_and_validation() {
-        assert_eq!(row_name("fwd", DType::BF16, 64, true, 1024), "fwd bf16 d=64 causal T=1024");
+        assert_eq!(row_name("fwd", DType::BF16, 64, true, 1024, 0.0), "fwd bf16 d=64 causal T=1024");
+        assert_eq!(row_name("fwd+bwd", DType::F16, 128, false, 64, 0.1), "fwd+bwd f16 d=128 full T=64 p=0.1");
+        assert!(check(&Config { dropout: 1.0, ..cfg() }).is_err());
+        assert!(check(&Config { dropout: -0.1, ..cfg() }).is_err());
+        assert!(check(&Config { dropout: f64::NAN, ..cfg() }).is_err());
         assert!(check(&cfg()).is_ok());
         assert!(check(&Config { dtype: DType::I32, ..cfg() }).is_err());
         assert!(check(&Config { seqs: vec![0], ..cfg() }).is_err());

@@ -127,11 +127,15 @@ pub const ALL: &[&Module] = &[
     crate::fused::attention::MODULES[12],
     crate::fused::attention::MODULES[13],
     crate::fused::attention::MODULES[14],
-    // The Hopper (wgmma) parts: d 64 / 128, bf16 / f16, built for sm_90a.
+    // The Hopper (wgmma) parts: d 64 / 128, bf16 / f16, without and with dropout, built for sm_90a.
     crate::fused::attention::WG_MODULES[0],
     crate::fused::attention::WG_MODULES[1],
     crate::fused::attention::WG_MODULES[2],
     crate::fused::attention::WG_MODULES[3],
+    crate::fused::attention::WG_MODULES[4],
+    crate::fused::attention::WG_MODULES[5],
+    crate::fused::attention::WG_MODULES[6],
+    crate::fused::attention::WG_MODULES[7],
     // src/fused/selective_scan: forward per dtype, backward per dtype and chunk length.
     crate::fused::selective_scan::MODULES[0],
     crate::fused::selective_scan::MODULES[1],
@@ -147,8 +151,18 @@ pub const ALL: &[&Module] = &[
 /// `ferrograd_models::MODULES`), into the on-disk cache, all in parallel (`ferrograd kernels
 /// --precompile`).
 pub fn precompile(arch: super::nvrtc::Arch, extra: &[&Module]) -> crate::Result<super::nvrtc::PrecompileReport> {
-    let sources: Vec<_> = ALL.iter().chain(extra).map(|m| m.source()).filter(|k| k.needed_for(arch)).collect();
+    let sources: Vec<_> = for_arch(arch, extra).into_iter().map(|m| m.source()).collect();
     Ok(super::nvrtc::precompile(arch, &sources)?)
+}
+
+/// The modules a GPU of `arch` runs, of [`ALL`] and `extra`: not the Hopper-only ones elsewhere,
+/// nor those another module replaces on `arch` ([`crate::fused::attention::superseded_on`]).
+pub fn for_arch<'a>(arch: super::nvrtc::Arch, extra: &[&'a Module]) -> Vec<&'a Module> {
+    ALL.iter()
+        .chain(extra)
+        .copied()
+        .filter(|m| m.source().needed_for(arch) && !crate::fused::attention::superseded_on(m, arch))
+        .collect()
 }
 
 /// Test support for a module split into parts: every `(kernel, part)` a launch site would pick is
@@ -177,6 +191,29 @@ pub(crate) fn check_routes(parts: &[&Module], routes: &[(String, &'static Module
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Which modules a GPU runs: sm_80 gets no Hopper-only module; sm_90 gets the Hopper attention
+    /// kernels (both builds) and not the four mma.sync modules they replace, unless the Hopper
+    /// kernels are turned off for the caller.
+    #[test]
+    fn for_arch_leaves_out_what_the_gpu_does_not_run() {
+        use crate::cuda::nvrtc::Arch;
+        let names = |arch| for_arch(arch, &[]).iter().map(|m| m.name).collect::<Vec<_>>();
+        let (ampere, hopper) = (names(Arch::SM80), names(Arch::SM90));
+        let replaced = ["attention_d64_bf16", "attention_d64_f16", "attention_d128_bf16", "attention_d128_f16"];
+        for m in replaced {
+            assert!(ampere.contains(&m) && !hopper.contains(&m), "{m}");
+        }
+        for m in ["attention_d64_bf16_wg", "attention_d128_f16_wgdrop"] {
+            assert!(!ampere.contains(&m) && hopper.contains(&m), "{m}");
+        }
+        assert!(hopper.contains(&"attention_d64_f32") && hopper.contains(&"attention_d96_bf16"));
+        assert_eq!(hopper.len() + replaced.len(), ALL.len());
+        crate::fused::attention::select::set_wgmma(Some(false));
+        let off = names(Arch::SM90);
+        crate::fused::attention::select::set_wgmma(None);
+        assert!(replaced.iter().all(|m| off.contains(m)), "{off:?}");
+    }
     use crate::cuda::nvrtc::{compile_cubin, find_cuda_include, nvrtc_info, Arch};
 
     /// Every kernel file compiles under NVRTC for Ampere and Hopper. Runs wherever libnvrtc is

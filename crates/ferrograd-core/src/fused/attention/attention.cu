@@ -103,13 +103,14 @@ static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_a
     fg_attn_dq<T, FG_ATTN_D>(dq_acc, dq, p);                                                               \
   }
 
-// Hopper kernels (attention_wgmma.cu): fg_attn_fwd_d{64,128}_wg_{bf16,f16}, fg_attn_bwd_d{64,128}_wg_{..},
-// blocks of FG_WG_FWD_THREADS / FG_WG_BWD_THREADS, one-dimensional grids of B * H * ceil(Tq / FG_WG_FWD_BQ)
-// and B * H * ceil(Tk / FG_WG_BWD_BKVD(D)) blocks (fg_wg_tile), dynamic shared memory FG_WG_FWD_SMEM(D) /
-// FG_WG_BWD_SMEM(D) (cuda.rs `wg_fwd_threads`, `wg_fwd_smem`, `wg_bwd_smem` mirror them); no
-// dropout. They are their own modules (`-D FG_ATTN_WG_PART`, mod.rs `attention_wg_module!`, built for
+// Hopper kernels (attention_wgmma.cu): fg_attn_fwd_d{64,128}_{wg,wgdrop}_{bf16,f16},
+// fg_attn_bwd_d{64,128}_{wg,wgdrop}_{..} (wgdrop: with dropout), blocks of FG_WG_FWD_THREADS /
+// FG_WG_BWD_THREADS, one-dimensional grids of B * H * ceil(Tq / FG_WG_FWD_BQ) and
+// B * H * ceil(Tk / FG_WG_BWD_BKVD(D)) blocks (fg_wg_tile), dynamic shared memory FG_WG_FWD_SMEM(D) /
+// FG_WG_BWD_SMEM(D) (cuda.rs `wg_fwd_threads`, `wg_fwd_smem`, `wg_bwd_smem` mirror them). They are
+// their own modules (`-D FG_ATTN_WG_PART`, mod.rs `attention_wg_module!`, built for
 // sm_90a and only for sm_90 devices): apart from the mma.sync kernels they compile in parallel, and a
-// run without dropout compiles only them. wgmma exists on no other target (bench/kernels/
+// run on such a device compiles only them. wgmma exists on no other target (bench/kernels/
 // attention_wgmma.sh's nvcc harness, built for sm_90a only, asks with -DFG_ATTN_WG_FORCE).
 #if defined(FG_ATTN_WG_FORCE) || \
     (defined(FG_ATTN_WG_PART) && (FG_ATTN_D == 64 || FG_ATTN_D == 128) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -117,21 +118,35 @@ static __device__ __forceinline__ void fg_attn_dq(const float* __restrict__ dq_a
 #include "attention_wgmma.cu"
 #if FG_WG_FWD_TMA
 #define FG_WG_FWD_ARGS(T) const T* q, const __grid_constant__ FgTmap tk, const __grid_constant__ FgTmap tv, T* o, float* lse, FgAttnParams p
-#define FG_WG_FWD_CALL(T) fg_attn_fwd_wg_tma<T, FG_ATTN_D>(q, tk, tv, o, lse, p)
+#define FG_WG_FWD_CALL(T, DROP) fg_attn_fwd_wg_tma<T, FG_ATTN_D, DROP>(q, tk, tv, o, lse, p)
 #else
 #define FG_WG_FWD_ARGS(T) const T* q, const T* k, const T* v, T* o, float* lse, FgAttnParams p
-#define FG_WG_FWD_CALL(T) fg_attn_fwd_wg<T, FG_ATTN_D>(q, k, v, o, lse, p)
+#define FG_WG_FWD_CALL(T, DROP) fg_attn_fwd_wg<T, FG_ATTN_D, DROP>(q, k, v, o, lse, p)
 #endif
-#define FG_ATTN_WG(SUF, T)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(FG_WG_FWD_THREADS, FG_WG_FWD_WGS == 1 ? 2 : 1) FG_ATTN_NAME(fg_attn_fwd_d, FG_ATTN_D, wg_##SUF)( \
+// The forward and backward kernels without dropout (`wg`) or with it (`wgdrop`, `-D FG_ATTN_WG_DROP=1`:
+// a module of its own, mod.rs `attention_wg_module!`). Dropout's Philox draws spill in the d = 64
+// backward and the d = 128 forward, which a run without dropout should neither pay nor compile.
+// Both modules carry the backward's helpers.
+#ifndef FG_ATTN_WG_DROP
+#define FG_ATTN_WG_DROP 0
+#endif
+#define FG_ATTN_WG_PAIR(SUF, T, KIND, DROP)                                                                  \
+  extern "C" __global__ void __launch_bounds__(FG_WG_FWD_THREADS, FG_WG_FWD_WGS == 1 ? 2 : 1) FG_ATTN_NAME(fg_attn_fwd_d, FG_ATTN_D, KIND##_##SUF)( \
       FG_WG_FWD_ARGS(T)) {                                                                                   \
-    FG_WG_FWD_CALL(T);                                                                                       \
+    FG_WG_FWD_CALL(T, DROP);                                                                                 \
   }                                                                                                          \
-  extern "C" __global__ void __launch_bounds__(FG_WG_BWD_THREADS, 3 - FG_WG_BWD_WGS) FG_ATTN_NAME(fg_attn_bwd_d, FG_ATTN_D, wg_##SUF)( \
+  extern "C" __global__ void __launch_bounds__(FG_WG_BWD_THREADS, 3 - FG_WG_BWD_WGS) FG_ATTN_NAME(fg_attn_bwd_d, FG_ATTN_D, KIND##_##SUF)( \
       const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, float* dq_acc,  \
       T* dk, T* dv, FgAttnParams p) {                                                                        \
-    fg_attn_bwd_wg<T, FG_ATTN_D>(q, k, v, dout, lse, delta, dq_acc, dk, dv, p);                              \
-  }                                                                                                          \
+    fg_attn_bwd_wg<T, FG_ATTN_D, DROP>(q, k, v, dout, lse, delta, dq_acc, dk, dv, p);                        \
+  }
+#if FG_ATTN_WG_DROP
+#define FG_ATTN_WG_KERNELS(SUF, T) FG_ATTN_WG_PAIR(SUF, T, wgdrop, true)
+#else
+#define FG_ATTN_WG_KERNELS(SUF, T) FG_ATTN_WG_PAIR(SUF, T, wg, false)
+#endif
+#define FG_ATTN_WG(SUF, T)                                                                                   \
+  FG_ATTN_WG_KERNELS(SUF, T)                                                                                 \
   FG_KERNEL FG_ATTN_NAME(fg_attn_bwd_pre_d, FG_ATTN_D, wg_##SUF)(const T* o, const T* dout, float* delta,        \
                                                                 float* dq_acc, FgAttnParams p) {             \
     fg_attn_bwd_pre<T, FG_ATTN_D>(o, dout, delta, nullptr, p);                                               \

@@ -1,5 +1,5 @@
 // attention_wgmma.cu: the Hopper (sm_90a) forward and backward of attention, bf16 / f16, head dims
-// 64 and 128, without dropout: the same algorithm and ABI as attention_tc.cu (FgAttnParams, the
+// 64 and 128, with or without dropout: the same algorithm and ABI as attention_tc.cu (FgAttnParams, the
 // log-sum-exp, delta and dq_acc of attention_common.cuh), with every product on `wgmma.mma_async`
 // (a warpgroup of 4 warps issues one 64 x N x 16 product from shared-memory descriptors) instead
 // of mma.sync + ldmatrix. Why: on an H100/H200 the mma.sync kernels stop at 40-54% of cuDNN's
@@ -7,7 +7,8 @@
 // two mma in the backward) and by 16-32 rows a warp; wgmma reads both operands straight from
 // shared memory and gives each warpgroup 64 rows.
 // Included by attention.cu only where the module is built for sm_90a (`__CUDA_ARCH_FEAT_SM90_ALL`);
-// cuda.rs picks these kernels on such a device when dropout is off and the head dim is 64 or 128.
+// cuda.rs picks these kernels on such a device when the head dim is 64 or 128; with dropout the
+// `wgdrop` build (DROP = true: attention_tc.cu's Philox draws, element for element) runs.
 //
 // Shared memory: every operand tile is [rows][D] of 16-bit elements, stored as D / 64 "atoms" of
 // [rows][64] (128 bytes a row), each row's eight 16-byte chunks XOR-swizzled by (row % 8): the
@@ -265,13 +266,40 @@ static __device__ __forceinline__ void fg_attn_wg_softmax_step(float (&s)[BKV / 
   }
 }
 
+// Dropout on P (after the softmax step: the row sums are the softmax's, only P V sees the mask; the
+// 1 / (1 - p) goes on with the normalisation), the same draws as attention_tc.cu's forward: the
+// accumulators have mma.sync's layout (element e of n-tile nt: row `ig` + 8 (e >> 1), key
+// j0 + nt * 8 + 2 t + (e & 1)), so threads t and t ^ 1 hold the two halves of one Philox block per
+// row; the even one draws row ig's, the odd one row ig + 8's, and they trade the words the other
+// needs.
+template <int BKV>
+static __device__ __forceinline__ void fg_attn_wg_dropout(float (&s)[BKV / 8][4], const FgAttnParams& p,
+                                                          unsigned int bh, int ig, int j0, int t) {
+  const unsigned long long nb4 = ((unsigned long long)p.Tk + 3) / 4;
+  const unsigned long long rowbase =
+      p.rng_offset + ((unsigned long long)bh * p.Tq + (unsigned long long)((t & 1) ? ig + 8 : ig)) * nb4;
+#pragma unroll
+  for (int nt = 0; nt < BKV / 8; ++nt) {
+    const FgAttnU4 w = fg_attn_philox_tc(p.seed, rowbase + (unsigned long long)((j0 + nt * 8) / 4 + (t >> 1)));
+    const unsigned int s0 = (t & 1) ? w.x[0] : w.x[2], s1 = (t & 1) ? w.x[1] : w.x[3];
+    const unsigned int r0 = __shfl_xor_sync(FG_FULL, s0, 1), r1 = __shfl_xor_sync(FG_FULL, s1, 1);
+    const unsigned int w0 = (t & 1) ? r0 : w.x[0], w1 = (t & 1) ? r1 : w.x[1];
+    const unsigned int w2 = (t & 1) ? w.x[2] : r0, w3 = (t & 1) ? w.x[3] : r1;
+    if ((w0 >> 8) < p.drop_thr) s[nt][0] = 0.f;
+    if ((w1 >> 8) < p.drop_thr) s[nt][1] = 0.f;
+    if ((w2 >> 8) < p.drop_thr) s[nt][2] = 0.f;
+    if ((w3 >> 8) < p.drop_thr) s[nt][3] = 0.f;
+  }
+}
+
 // One key tile of the forward for this warpgroup, both kernels': S = Q K^T (SS: the warpgroup's
 // 64 query rows at `qwg` of a BQ-row Q tile, the tile's keys at `kst`), the online softmax, and
 // O += P V (RS, V's rows are the contraction: MN-major B, at `vst`); every wgmma done on return.
-template <typename T, int D, int BQ, int BKV>
+template <typename T, int D, int BQ, int BKV, bool DROP>
 static __device__ __forceinline__ void fg_attn_wg_fwd_tile(unsigned int qwg, unsigned int kst, unsigned int vst,
                                                            float (&acc)[D / 8][4], float (&mrow)[2], float (&lrow)[2],
-                                                           const FgAttnParams& p, int i0, int j0, int r, int wg, int t) {
+                                                           const FgAttnParams& p, unsigned int bh, int i0, int j0,
+                                                           int r, int wg, int t) {
   float s[BKV / 8][4];
   fg_wg_fence();
 #pragma unroll
@@ -281,6 +309,7 @@ static __device__ __forceinline__ void fg_attn_wg_fwd_tile(unsigned int qwg, uns
   fg_wg_wait<0>();
   fg_wg_pin(s);
   fg_attn_wg_softmax_step<T, D, BKV>(s, acc, mrow, lrow, p, i0, j0, r, wg, t);
+  if constexpr (DROP) fg_attn_wg_dropout<BKV>(s, p, bh, i0 + r, j0, t);
   unsigned int pa[BKV / 16][4];
   fg_wg_pack_a<T, BKV / 16>(s, pa);
   fg_wg_fence();
@@ -320,7 +349,7 @@ static __device__ __forceinline__ void fg_attn_wg_fwd_store(T* __restrict__ o, f
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, bool DROP>
 static __device__ __forceinline__ void fg_attn_fwd_wg(const T* __restrict__ q, const T* __restrict__ k,
                                                       const T* __restrict__ v, T* __restrict__ o,
                                                       float* __restrict__ lse, const FgAttnParams& p) {
@@ -369,7 +398,8 @@ static __device__ __forceinline__ void fg_attn_fwd_wg(const T* __restrict__ q, c
     fg_cp_commit();
     const unsigned int kst = ks + stage * BKV * D * SZ, vst = vs + stage * BKV * D * SZ;
 
-    fg_attn_wg_fwd_tile<T, D, BQ, BKV>(qs + wg * 64 * 128, kst, vst, acc, mrow, lrow, p, i0, jb * BKV, wrow + g, wg, t);
+    fg_attn_wg_fwd_tile<T, D, BQ, BKV, DROP>(qs + wg * 64 * 128, kst, vst, acc, mrow, lrow, p, bh, i0, jb * BKV,
+                                             wrow + g, wg, t);
   }
   fg_cp_wait<0>();
 
@@ -415,7 +445,7 @@ static __device__ __forceinline__ void fg_tma_load4(unsigned int dst, const FgTm
 // the last warp loads. Tile jb goes to stage jb % S: `full[s]` (the producer's expect_tx; TMA's
 // bytes complete it) opens it, `empty[s]` (one arrival a consumer warp after its last wgmma
 // reading the stage) gives it back. The warpgroups never meet at a block barrier.
-template <typename T, int D>
+template <typename T, int D, bool DROP>
 static __device__ __forceinline__ void fg_attn_fwd_wg_tma(const T* __restrict__ q, const FgTmap& tk, const FgTmap& tv,
                                                           T* __restrict__ o, float* __restrict__ lse,
                                                           const FgAttnParams& p) {
@@ -479,8 +509,8 @@ static __device__ __forceinline__ void fg_attn_fwd_wg_tma(const T* __restrict__ 
   for (int jb = 0; jb < nkv; ++jb) {
     const int stage = jb % S;
     fg_mbar_wait(full + 8 * stage, (unsigned int)((jb / S) & 1));
-    fg_attn_wg_fwd_tile<T, D, BQ, BKV>(qs + wg * 64 * 128, ks + stage * BKV * D * SZ, vs + stage * BKV * D * SZ, acc,
-                                       mrow, lrow, p, i0, jb * BKV, wrow + g, wg, t);
+    fg_attn_wg_fwd_tile<T, D, BQ, BKV, DROP>(qs + wg * 64 * 128, ks + stage * BKV * D * SZ, vs + stage * BKV * D * SZ, acc,
+                                       mrow, lrow, p, bh, i0, jb * BKV, wrow + g, wg, t);
     __syncwarp();
     if (lane == 0) fg_mbar_arrive(empty + 8 * stage);
   }

@@ -6,9 +6,10 @@
 //! is the recorded op's own backward called with dO, as `backward()` would call it for this node
 //! (PyTorch: `torch.autograd.grad(o, (q, k, v), dO)`). FLOPs follow FlashAttention's benchmark:
 //! forward `4 B H T^2 D` (two matmuls), halved when causal; forward + backward 3.5 times that
-//! (the backward's five matmuls count 2.5 forwards).
+//! (the backward's five matmuls count 2.5 forwards). With dropout (`with_dropout`) every call
+//! draws the same mask, from `Rng::new(DROPOUT_SEED)`, and the checks apply it too.
 
-use super::AttentionOpts;
+use super::{AttentionOpts, Dropout};
 use crate::fused::bench::{fused_backward, rel_err};
 use crate::op::Op;
 use crate::{DType, Device, Error, Result, Rng, Tensor};
@@ -37,7 +38,13 @@ pub struct Workload {
     pub v: Tensor,
     /// Gradient of the output, `[B, H, T, D]`.
     pub dout: Tensor,
+    /// Dropout probability (0: none).
+    pub dropout_p: f64,
 }
+
+/// The generator every dropout call of a workload draws from, fresh each call: one mask, which
+/// the float64 checks reproduce.
+pub const DROPOUT_SEED: u64 = 0xD20F;
 
 /// The `[B, H, T, D]` view of slot `i` (0 = q, 1 = k, 2 = v) of a `[B, T, 3, H, D]` buffer.
 fn slot(qkv: &Tensor, i: usize) -> Result<Tensor> {
@@ -65,30 +72,51 @@ impl Workload {
     fn from_parts(qkv: Tensor, dout: Tensor, causal: bool) -> Result<Workload> {
         let dims = qkv.dims().to_vec();
         let (b, t, h, d) = (dims[0], dims[1], dims[3], dims[4]);
-        Ok(Workload { b, h, t, d, causal, q: slot(&qkv, 0)?, k: slot(&qkv, 1)?, v: slot(&qkv, 2)?, qkv, dout })
+        Ok(Workload {
+            b,
+            h,
+            t,
+            d,
+            causal,
+            q: slot(&qkv, 0)?,
+            k: slot(&qkv, 1)?,
+            v: slot(&qkv, 2)?,
+            qkv,
+            dout,
+            dropout_p: 0.0,
+        })
+    }
+
+    /// The same workload with dropout `p` (the mask drawn from [`DROPOUT_SEED`]).
+    pub fn with_dropout(self, p: f64) -> Workload {
+        Workload { dropout_p: p, ..self }
     }
 
     /// The same inputs on `device` in `dtype` (the float64 CPU reference of a check).
     pub fn to(&self, device: Device, dtype: DType) -> Result<Workload> {
         let conv = |x: &Tensor| x.to_device(device)?.to_dtype(dtype);
-        Self::from_parts(conv(&self.qkv)?, conv(&self.dout)?, self.causal)
+        Ok(Self::from_parts(conv(&self.qkv)?, conv(&self.dout)?, self.causal)?.with_dropout(self.dropout_p))
     }
 
-    /// The attention options of this workload (causal or not, default scale, no dropout).
+    /// The attention options of this workload (causal or not, default scale, its dropout).
     pub fn opts(&self) -> AttentionOpts {
-        AttentionOpts { causal: self.causal, ..Default::default() }
+        AttentionOpts { causal: self.causal, dropout_p: self.dropout_p, ..Default::default() }
+    }
+
+    fn sdpa(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        Tensor::scaled_dot_product_attention_with(&mut Rng::new(DROPOUT_SEED), q, k, v, self.opts())
     }
 
     /// The forward alone (nothing recorded).
     pub fn forward(&self) -> Result<Tensor> {
         let _g = crate::no_grad();
-        Tensor::scaled_dot_product_attention(&self.q, &self.k, &self.v, self.opts())
+        self.sdpa(&self.q, &self.k, &self.v)
     }
 
     /// Forward (recorded) and the op's backward with dO: (O, [dq, dk, dv]).
     pub fn forward_backward(&self) -> Result<(Tensor, Vec<Tensor>)> {
         let (q, k, v) = (self.q.requires_grad(), self.k.requires_grad(), self.v.requires_grad());
-        let o = Tensor::scaled_dot_product_attention(&q, &k, &v, self.opts())?;
+        let o = self.sdpa(&q, &k, &v)?;
         let node = match o.op() {
             Some(Op::Permute(node, _)) => node.clone(),
             _ => return Err(Error::Backward("attention bench: the output is not the op's permuted view".into())),
@@ -116,6 +144,8 @@ impl Workload {
         let mut rows = vec![(0, 0, 0), (self.b - 1, self.h - 1, self.t - 1)];
         rows.extend((0..extra as u64).map(|i| (pick(3 * i, self.b), pick(3 * i + 1, self.h), pick(3 * i + 2, self.t))));
         let scale = 1.0 / (self.d as f64).sqrt();
+        // The mask the op drew: `Rng::new(DROPOUT_SEED)` starts at offset 0 (mod.rs `Dropout`).
+        let drop = (self.dropout_p > 0.0).then(|| Dropout::new(self.dropout_p, DROPOUT_SEED, 0));
         let (mut got, mut want) = (vec![], vec![]);
         for (b, h, i) in rows {
             let head = |x: &Tensor| x.narrow(0, b, 1)?.narrow(1, h, 1)?.to_f64_vec();
@@ -127,6 +157,20 @@ impl Workload {
             let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
             let l: f64 = e.iter().sum();
+            // Dropout after the softmax: its row sum stays the undropped one.
+            let e: Vec<f64> = match &drop {
+                Some(dr) => (0..n)
+                    .map(|j| {
+                        let w = dr.words(b * self.h + h, self.t, self.t, i, j / 4)[j % 4];
+                        if dr.keeps(w) {
+                            e[j] / (1.0 - dr.p)
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect(),
+                None => e,
+            };
             want.extend((0..self.d).map(|c| (0..n).map(|j| e[j] * v[j * self.d + c]).sum::<f64>() / l));
             got.extend(o.narrow(0, b, 1)?.narrow(1, h, 1)?.narrow(2, i, 1)?.to_f64_vec()?);
         }

@@ -199,8 +199,9 @@ fn wg_group(dev: &CudaDevice, bh: usize, ntiles: usize, blocks_per_sm: usize, d:
     (waves * dev.sm_count() * blocks_per_sm).div_ceil(ntiles.max(1)).clamp(1, bh.max(1)) as u32
 }
 
-/// The module of the Hopper kernels for head dim `d` (64 or 128) and `dtype` (bf16, f16).
-fn wg_module(d: usize, dtype: DType) -> Result<&'static Module> {
+/// The module of the Hopper kernels for head dim `d` (64 or 128) and `dtype` (bf16, f16), without
+/// or with dropout.
+fn wg_module(d: usize, dtype: DType, drop: bool) -> Result<&'static Module> {
     let i = match (d, dtype) {
         (64, DType::BF16) => 0,
         (64, DType::F16) => 1,
@@ -208,19 +209,28 @@ fn wg_module(d: usize, dtype: DType) -> Result<&'static Module> {
         (128, DType::F16) => 3,
         _ => return Err(shape_err!(OP, "no Hopper attention kernels for head dim {d} and {dtype}")),
     };
-    Ok(WG_MODULES[i])
+    Ok(WG_MODULES[i + if drop { 4 } else { 0 }])
 }
 
 /// Whether this call runs the Hopper (`wgmma`) kernels: an sm_90 device, bf16 / f16, head dim 64
-/// or 128, no dropout, and not turned off ([`super::select::set_wgmma`]).
+/// or 128, and not turned off ([`super::select::set_wgmma`]). With dropout it runs their `wgdrop`
+/// build, whose draws are the mma.sync kernels' (the same mask, element by element).
 fn wgmma(dev: &CudaDevice, pb: &Problem, dtype: DType) -> bool {
     matches!(dtype, DType::BF16 | DType::F16)
         && matches!(pb.d, 64 | 128)
-        && pb.dropout.is_none()
         && dev.arch == Arch::SM90
         && super::select::wgmma_allowed()
         // Their grid is one-dimensional: B * H * ceil(T / 64) blocks at most.
         && pb.b * pb.h * pb.tq.max(pb.tk).div_ceil(64) <= i32::MAX as usize
+}
+
+/// The Hopper forward's and backward's name infix: `wgdrop` for the build with dropout.
+fn wg_kind(pb: &Problem) -> &'static str {
+    if pb.dropout.is_some() {
+        "wgdrop"
+    } else {
+        "wg"
+    }
 }
 
 /// The forward and backward kernels' names for this head dim, dtype and tiles.
@@ -364,7 +374,7 @@ pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Resul
     let dtype = q.0.dtype();
     let dev = q.0.dev().clone();
     let wg = wgmma(&dev, pb, dtype);
-    let m = if wg { wg_module(pb.d, dtype)? } else { module(pb.d, dtype)? };
+    let m = if wg { wg_module(pb.d, dtype, pb.dropout.is_some())? } else { module(pb.d, dtype)? };
     let Problem { b, h, tq, d, .. } = *pb;
     let o = CudaStorage::uninit(&dev, b * tq * h * d, dtype)?;
     let lse = CudaStorage::uninit(&dev, b * h * tq, DType::F32)?;
@@ -379,7 +389,7 @@ pub(super) fn forward(pb: &Problem, q: Operand, k: Operand, v: Operand) -> Resul
             let ntiles = tq.div_ceil(64 * wg_fwd_warpgroups(d));
             p.group = wg_group(&dev, b * h, ntiles, if d > 64 { 1 } else { 2 }, d);
             let c = cfg((b * h * ntiles, 1), wg_fwd_threads(d), wg_fwd_smem(d));
-            (format!("fg_attn_fwd_d{d}_wg_{}", suffix(dtype)?), c)
+            (format!("fg_attn_fwd_d{d}_{}_{}", wg_kind(pb), suffix(dtype)?), c)
         } else {
             let t = tiles(d, dtype);
             let (name, _) = kernel_names(d, dtype, &t)?;
@@ -430,7 +440,7 @@ pub(super) fn backward(
     let dev = q.0.dev().clone();
     let wg = wgmma(&dev, pb, dtype);
     let sfx = suffix(dtype)?;
-    let m = if wg { wg_module(pb.d, dtype)? } else { module(pb.d, dtype)? };
+    let m = if wg { wg_module(pb.d, dtype, pb.dropout.is_some())? } else { module(pb.d, dtype)? };
     let Problem { b, h, tq, tk, d, .. } = *pb;
     let (lp, _lse) = lse_ptr(lse)?;
     let out = grad_out(&dev, pb, dtype, packed)?;
@@ -466,7 +476,8 @@ pub(super) fn backward(
             super::select::count(|c| c.wgmma_bwd += 1);
             let ntiles = tk.div_ceil(wg_bwd_bkv(d));
             p.group = wg_group(&dev, b * h, ntiles, 1, d);
-            (format!("fg_attn_bwd_d{d}_wg_{sfx}"), cfg((b * h * ntiles, 1), WG_BWD_THREADS, wg_bwd_smem(d)))
+            let name = format!("fg_attn_bwd_d{d}_{}_{sfx}", wg_kind(pb));
+            (name, cfg((b * h * ntiles, 1), WG_BWD_THREADS, wg_bwd_smem(d)))
         } else {
             let t = tiles(d, dtype);
             let (_, name) = kernel_names(d, dtype, &t)?;
@@ -540,11 +551,17 @@ mod tests {
                     routes.push((name, m));
                 }
                 // The Hopper kernels: their own modules, built for sm_90a (check_routes compiles for sm_90).
+                // Without dropout (`wg`) and with it (`wgdrop`); both carry the backward's helpers.
                 if matches!(d, 64 | 128) && dtype != DType::F32 {
-                    let w = wg_module(d, dtype).unwrap();
-                    assert!(w.options.sm90a && !m.options.sm90a, "{}: only the wgmma part is Hopper-only", w.name);
-                    for stem in ["fwd", "bwd", "bwd_pre", "dq"] {
-                        routes.push((format!("fg_attn_{stem}_d{d}_wg_{sfx}"), w));
+                    for (drop, kind) in [(false, "wg"), (true, "wgdrop")] {
+                        let w = wg_module(d, dtype, drop).unwrap();
+                        assert!(w.options.sm90a && !m.options.sm90a, "{}: only the wgmma part is Hopper-only", w.name);
+                        for stem in ["fwd", "bwd"] {
+                            routes.push((format!("fg_attn_{stem}_d{d}_{kind}_{sfx}"), w));
+                        }
+                        for stem in ["bwd_pre", "dq"] {
+                            routes.push((format!("fg_attn_{stem}_d{d}_wg_{sfx}"), w));
+                        }
                     }
                 }
             }

@@ -93,19 +93,22 @@ macro_rules! attention_module {
     };
 }
 
-/// The Hopper kernels of one head dim and dtype (`-D FG_ATTN_WG_PART`): a module of their own,
-/// built for sm_90a and only for sm_90 (`CompileOptions::SM90A`), so they compile beside the
-/// mma.sync module instead of after it (in one module the d128 part was a cold precompile's
-/// longest pole, 6.6 s) and a run without dropout compiles only them.
+/// The Hopper kernels of one head dim and dtype (`-D FG_ATTN_WG_PART`), without dropout or with it
+/// (`-D FG_ATTN_WG_DROP`): modules of their own, built for sm_90a and only for sm_90
+/// (`CompileOptions::SM90A`), so they compile beside the mma.sync module instead of after it (in
+/// one module the d128 part was a cold precompile's longest pole, 6.6 s) and a run compiles only
+/// the kind it launches (the dropout kernels spill where the others do not, so they are separate
+/// kernels, and would double the module's NVRTC time for runs that never drop).
 macro_rules! attention_wg_module {
-    ($id:ident, $name:literal, $d:literal, $dtype:literal, $ms:literal) => {
-        /// The Hopper (wgmma) attention kernels of one head dim and dtype.
+    ($id:ident, $name:literal, $d:literal, $dtype:literal, $drop:literal, $ms:literal) => {
+        /// The Hopper (wgmma) attention kernels of one head dim and dtype, without or with dropout.
         pub const $id: Module = Module::new($name, include_str!("attention.cu"))
             .with_headers(&[COMMON, ATTN_COMMON, ATTN_TC, ATTN_SIMT, ATTN_WG, ATTN_WG_OPS, ATTN_WG_BWD])
             .with_defines(&[
                 Define::int("FG_ATTN_D", $d),
                 Define::int("FG_ATTN_DTYPE", $dtype),
                 Define::int("FG_ATTN_WG_PART", 1),
+                Define::int("FG_ATTN_WG_DROP", $drop),
             ])
             .with_options(CompileOptions::SM90A)
             .with_cost_ms($ms);
@@ -126,15 +129,41 @@ attention_module!(ATTENTION_D96_F16, "attention_d96_f16", 96, 1, 1300);
 attention_module!(ATTENTION_D96_F32, "attention_d96_f32", 96, 2, 800);
 attention_module!(ATTENTION_D128_BF16, "attention_d128_bf16", 128, 0, 1500);
 attention_module!(ATTENTION_D128_F16, "attention_d128_f16", 128, 1, 1500);
-attention_wg_module!(ATTENTION_D64_BF16_WG, "attention_d64_bf16_wg", 64, 0, 1300);
-attention_wg_module!(ATTENTION_D64_F16_WG, "attention_d64_f16_wg", 64, 1, 1300);
-attention_wg_module!(ATTENTION_D128_BF16_WG, "attention_d128_bf16_wg", 128, 0, 1300);
-attention_wg_module!(ATTENTION_D128_F16_WG, "attention_d128_f16_wg", 128, 1, 1300);
+attention_wg_module!(ATTENTION_D64_BF16_WG, "attention_d64_bf16_wg", 64, 0, 0, 1300);
+attention_wg_module!(ATTENTION_D64_F16_WG, "attention_d64_f16_wg", 64, 1, 0, 1300);
+attention_wg_module!(ATTENTION_D128_BF16_WG, "attention_d128_bf16_wg", 128, 0, 0, 1300);
+attention_wg_module!(ATTENTION_D128_F16_WG, "attention_d128_f16_wg", 128, 1, 0, 1300);
+attention_wg_module!(ATTENTION_D64_BF16_WGDROP, "attention_d64_bf16_wgdrop", 64, 0, 1, 1300);
+attention_wg_module!(ATTENTION_D64_F16_WGDROP, "attention_d64_f16_wgdrop", 64, 1, 1, 1300);
+attention_wg_module!(ATTENTION_D128_BF16_WGDROP, "attention_d128_bf16_wgdrop", 128, 0, 1, 1300);
+attention_wg_module!(ATTENTION_D128_F16_WGDROP, "attention_d128_f16_wgdrop", 128, 1, 1, 1300);
 
-/// The Hopper parts, as d64 bf16, d64 f16, d128 bf16, d128 f16 (`cuda.rs` `wg_module`).
-pub const WG_MODULES: [&Module; 4] =
-    [&ATTENTION_D64_BF16_WG, &ATTENTION_D64_F16_WG, &ATTENTION_D128_BF16_WG, &ATTENTION_D128_F16_WG];
+/// The Hopper parts, as d64 bf16, d64 f16, d128 bf16, d128 f16 without dropout, then the same with
+/// it (`cuda.rs` `wg_module`).
+pub const WG_MODULES: [&Module; 8] = [
+    &ATTENTION_D64_BF16_WG,
+    &ATTENTION_D64_F16_WG,
+    &ATTENTION_D128_BF16_WG,
+    &ATTENTION_D128_F16_WG,
+    &ATTENTION_D64_BF16_WGDROP,
+    &ATTENTION_D64_F16_WGDROP,
+    &ATTENTION_D128_BF16_WGDROP,
+    &ATTENTION_D128_F16_WGDROP,
+];
 attention_module!(ATTENTION_D128_F32, "attention_d128_f32", 128, 2, 850);
+
+/// Whether a cold precompile for `arch` can leave `module` out because nothing runs it there: on
+/// sm_90 the Hopper kernels, with and without dropout, take every bf16 / f16 call at head dims 64
+/// and 128 that the mma.sync modules of those head dims would (`cuda.rs` `wgmma`), unless
+/// `FERROGRAD_ATTENTION_WGMMA=0` turns them off (or a grid past 2^31 blocks needs the mma.sync
+/// kernels' two-dimensional one). Such a call still compiles the module on first use.
+pub fn superseded_on(module: &Module, arch: crate::cuda::nvrtc::Arch) -> bool {
+    arch == crate::cuda::nvrtc::Arch::SM90
+        && select::wgmma_allowed()
+        && [&ATTENTION_D64_BF16, &ATTENTION_D64_F16, &ATTENTION_D128_BF16, &ATTENTION_D128_F16]
+            .iter()
+            .any(|m| m.name == module.name)
+}
 
 /// The kernel modules (for `cuda::modules::ALL`), head dim by head dim as in [`CUDA_HEAD_DIMS`],
 /// each as bf16, f16, f32.

@@ -18,8 +18,8 @@
 //! thread (the bench's `--backend`, tests). The choice in force is printed once per process, on
 //! the first CUDA call; [`counters_on_this_thread`] says what ran.
 //!
-//! Our kernels have a Hopper variant (`attention_wgmma.cu`: bf16 / f16, head dims 64 and 128, no
-//! dropout), used on sm_90 devices unless `FERROGRAD_ATTENTION_WGMMA=0` (or [`set_wgmma`] on the
+//! Our kernels have a Hopper variant (`attention_wgmma.cu`: bf16 / f16, head dims 64 and 128, with
+//! or without dropout), used on sm_90 devices unless `FERROGRAD_ATTENTION_WGMMA=0` (or [`set_wgmma`] on the
 //! thread) keeps the mma.sync kernels, which run everywhere else.
 
 use crate::{Error, Result};
