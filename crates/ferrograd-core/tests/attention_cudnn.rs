@@ -5,8 +5,7 @@
 //! / v as strided views of one `[B, T, 3, H, D]` buffer. Each case asserts which implementation
 //! actually ran (the op's counters), so a cuDNN plan that silently fell back fails the test. Outputs
 //! are poisoned (NaN) before the kernels. Without a GPU, or (for the cuDNN cases) without libcudnn
-//! 9, the tests print why and pass. (About 600 lines: the two backends' cases share one set of
-//! helpers, `problem`, `errors`, `verdict`, which a split would have to repeat or publish.)
+//! 9, the tests print why and pass.
 
 use ferrograd_core::cuda::nvrtc::Arch;
 use ferrograd_core::cuda::{set_poison_allocations, Capture, CudaDevice};
@@ -267,8 +266,24 @@ fn cuda_cudnn_and_flash_agree_forward_and_backward() -> Result<()> {
 
 /// The default (no variable, no override) picks cuDNN for bf16 / f16 without dropout, our kernels
 /// for f32, dropout and a single query (a decode step: cuDNN would build a plan per key length).
+/// Output and gradients of `sum(out * w)` through our kernels, with dropout `drop = (p, seed)`
+/// drawn from `Rng::new(seed)` (the same mask for every run with the same seed and shape).
+fn run_flash(x: &[Tensor], w: &Tensor, causal: bool, drop: (f64, u64)) -> Result<(Tensor, Vec<Tensor>)> {
+    let (q, k, v) = (x[0].requires_grad(), x[1].requires_grad(), x[2].requires_grad());
+    let opts = AttentionOpts { causal, dropout_p: drop.0, ..Default::default() };
+    set_backend(Some(Backend::Flash));
+    let out = Tensor::scaled_dot_product_attention_with(&mut Rng::new(drop.1), &q, &k, &v, opts)
+        .and_then(|o| o.mul(w)?.sum_all()?.backward().map(|g| (o, g)));
+    set_backend(None);
+    let (o, g) = out?;
+    let grads = [&q, &k, &v].iter().map(|t| g.get(t).expect("gradient").clone()).collect();
+    Ok((o, grads))
+}
+
 /// One problem on our kernels twice, the Hopper (`wgmma`) variant and the mma.sync one, each
-/// against the float64 CPU op and against each other; asserts which variant ran.
+/// against the float64 CPU op (with dropout `drop = (p, seed)`: the same mask) and against each
+/// other; asserts which variant ran.
+#[allow(clippy::too_many_arguments)]
 fn wgmma_case(
     dev: Device,
     rng: &mut Rng,
@@ -276,14 +291,22 @@ fn wgmma_case(
     dims: (usize, usize, usize, usize, usize),
     fused_qkv: bool,
     causal: bool,
+    drop: (f64, u64),
 ) -> Result<String> {
     let Problem { what, x: gx, w: gw, reference } = problem(dev, rng, dtype, dims, fused_qkv, causal)?;
+    let (what, reference) = if drop.0 > 0.0 {
+        let f64s = |t: &Tensor| t.to_device(CPU).and_then(|t| t.to_dtype(DType::F64));
+        let r = gx.iter().map(f64s).collect::<Result<Vec<_>>>()?;
+        (format!("{what} p={}", drop.0), run_flash(&r, &f64s(&gw)?, causal, drop)?)
+    } else {
+        (what, reference)
+    };
     let (tf, tb) = tol(dtype);
     let (mut lines, mut ok, mut results) = (vec![], true, vec![]);
     for wg in [true, false] {
         set_wgmma(Some(wg));
         let before = counters_on_this_thread();
-        let out = run(Backend::Flash, Backend::Flash, &gx, &gw, causal);
+        let out = run_flash(&gx, &gw, causal, drop);
         let ran = delta(before);
         set_wgmma(None);
         let out = out?;
@@ -331,7 +354,7 @@ fn cuda_wgmma_kernels_match_float64_and_the_mma_kernels() -> Result<()> {
                     }
                     let fused = tq == tk && i % 2 == 0;
                     n += 1;
-                    if let Err(e) = wgmma_case(dev, &mut rng, dtype, (b, h, tq, tk, d), fused, causal) {
+                    if let Err(e) = wgmma_case(dev, &mut rng, dtype, (b, h, tq, tk, d), fused, causal, (0.0, 0)) {
                         failures.push(e.to_string());
                     }
                 }
@@ -340,16 +363,6 @@ fn cuda_wgmma_kernels_match_float64_and_the_mma_kernels() -> Result<()> {
     }
     assert!(failures.is_empty(), "{} of {n} cases failed:\n{}", failures.len(), failures.join("\n"));
     Ok(())
-}
-
-/// Output and gradients of `sum(out * w)` with dropout `p`, the mask drawn from `Rng::new(seed)`.
-fn run_dropout(x: &[Tensor], w: &Tensor, causal: bool, p: f64, seed: u64) -> Result<(Tensor, Vec<Tensor>)> {
-    let (q, k, v) = (x[0].requires_grad(), x[1].requires_grad(), x[2].requires_grad());
-    let opts = AttentionOpts { causal, dropout_p: p, ..Default::default() };
-    let o = Tensor::scaled_dot_product_attention_with(&mut Rng::new(seed), &q, &k, &v, opts)?;
-    let g = o.mul(w)?.sum_all()?.backward()?;
-    let grads = [&q, &k, &v].iter().map(|t| g.get(t).expect("gradient").clone()).collect();
-    Ok((o, grads))
 }
 
 /// With dropout the Hopper kernels run their `wgdrop` build, which draws the mma.sync kernels'
@@ -361,45 +374,14 @@ fn cuda_wgmma_dropout_matches_float64_and_the_mma_kernels() -> Result<()> {
     let mut rng = Rng::new(29);
     let (mut failures, mut n) = (vec![], 0);
     for dtype in [DType::BF16, DType::F16] {
-        let (tf, tb) = tol(dtype);
         for d in [64, 128] {
             for causal in [false, true] {
-                for (i, &(b, h, tq, tk, p)) in
-                    [(2, 3, 129, 129, 0.2), (1, 2, 77, 45, 0.1), (1, 2, 45, 300, 0.3), (1, 2, 300, 300, 0.2)]
-                        .iter()
-                        .enumerate()
-                {
+                let shapes = [(2, 3, 129, 129, 0.2), (1, 2, 77, 45, 0.1), (1, 2, 45, 300, 0.3), (1, 2, 300, 300, 0.2)];
+                for (i, &(b, h, tq, tk, p)) in shapes.iter().enumerate() {
                     n += 1;
                     let fused = tq == tk && i % 2 == 0;
-                    let Problem { what, x, w, .. } = problem(dev, &mut rng, dtype, (b, h, tq, tk, d), fused, causal)?;
-                    let what = format!("{what} p={p}");
-                    let seed = 100 + n as u64;
-                    let f64s = |t: &Tensor| t.to_device(CPU).and_then(|t| t.to_dtype(DType::F64));
-                    let r = x.iter().map(f64s).collect::<Result<Vec<_>>>()?;
-                    let reference = run_dropout(&r, &f64s(&w)?, causal, p, seed)?;
-                    // The default backend: cuDNN takes no dropout, so our kernels run.
-                    let (mut lines, mut ok, mut results) = (vec![], true, vec![]);
-                    for wg in [true, false] {
-                        set_wgmma(Some(wg));
-                        let before = counters_on_this_thread();
-                        let out = run_dropout(&x, &w, causal, p, seed);
-                        let ran = delta(before);
-                        set_wgmma(None);
-                        let out = out?;
-                        let k = u64::from(wg);
-                        if (ran.flash_fwd, ran.flash_bwd, ran.wgmma_fwd, ran.wgmma_bwd) != (1, 1, k, k) {
-                            ok = false;
-                            lines.push(format!("wgmma {wg}: ran {ran:?}"));
-                        }
-                        let e = errors(&out, &reference)?;
-                        ok &= e[0] < tf && e[1..].iter().all(|x| *x < tb);
-                        lines.push(format!("{}: {}", if wg { "wgmma" } else { "mma" }, show(&e)));
-                        results.push(out);
-                    }
-                    let e = errors(&results[0], &results[1])?;
-                    ok &= e[0] < 2.0 * tf && e[1..].iter().all(|x| *x < 2.0 * tb);
-                    lines.push(format!("wgmma vs mma: {}", show(&e)));
-                    if let Err(e) = verdict(&what, &lines, ok, dtype) {
+                    let drop = (p, 100 + n as u64);
+                    if let Err(e) = wgmma_case(dev, &mut rng, dtype, (b, h, tq, tk, d), fused, causal, drop) {
                         failures.push(e.to_string());
                     }
                 }
