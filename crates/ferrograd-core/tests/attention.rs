@@ -48,14 +48,15 @@ fn qkv_views(qkv: &Tensor) -> Vec<Tensor> {
 /// keep/(1 - p) for element (b, h, i, j) of seed `seed` at stream offset 0.
 fn dropout_mask(dims: (usize, usize, usize, usize), p: f64, seed: u64) -> Tensor {
     let (b, h, tq, tk) = dims;
-    let thr = (p * 16_777_216.0).ceil() as u32;
+    let thr = (p * 65_536.0).ceil() as u32;
     let mut m = Vec::with_capacity(b * h * tq * tk);
     for bh in 0..b * h {
         for i in 0..tq {
             for j in 0..tk {
-                let index = ((bh * tq + i) * tk.div_ceil(4) + j / 4) as u64;
+                let index = ((bh * tq + i) * tk.div_ceil(8) + j / 8) as u64;
                 let w = philox4x32_10([index as u32, (index >> 32) as u32, 0, 0], [seed as u32, (seed >> 32) as u32]);
-                m.push(if (w[j % 4] >> 8) >= thr { 1.0 / (1.0 - p) } else { 0.0 });
+                let half = (w[(j % 8) / 2] >> (16 * (j % 2))) & 0xffff;
+                m.push(if half >= thr { 1.0 / (1.0 - p) } else { 0.0 });
             }
         }
     }

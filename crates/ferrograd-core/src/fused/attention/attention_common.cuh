@@ -36,10 +36,11 @@
 // Semantics (PyTorch's F.scaled_dot_product_attention): S = scale * Q K^T; causal keeps j <= i (top
 // left, as torch's is_causal); P = softmax(S) per row; with dropout each P[i][j] is kept with
 // probability 1 - p and scaled by 1 / (1 - p); O = P V. Dropout draws from Philox 4x32-10 (the
-// project's generator, src/rng.rs): element (b, h, i, j) reads word j % 4 of block
-// rng_offset + ((b * H + h) * Tq + i) * ceil(Tk / 4) + j / 4, and is kept when (word >> 8) >=
-// drop_thr = ceil(p * 2^24), i.e. when the uniform (word >> 8) * 2^-24 is >= p. The CPU twin draws
-// the same numbers; the backward regenerates them.
+// project's generator, src/rng.rs): element (b, h, i, j) reads 16-bit half j % 2 (0: the low one)
+// of word (j % 8) / 2 of block rng_offset + ((b * H + h) * Tq + i) * ceil(Tk / 8) + j / 8, and is
+// kept when that half >= drop_thr = ceil(p * 2^16), i.e. when the uniform half * 2^-16 is >= p
+// (mod.rs `Dropout`; fg_attn_block, fg_attn_keep_fwd and fg_attn_keep_bwd below). The CPU twin
+// draws the same numbers; the backward regenerates them.
 //
 // Tensor-core kernels (mma.sync m16n8k16, f32 accumulators, ldmatrix, cp.async double buffering):
 // 4 warps. Forward: each warp owns 16 * MT query rows and walks K/V tiles of BKV rows (S = Q K^T,
@@ -72,7 +73,7 @@ struct FgAttnParams {
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e)
   float rp_keep;     // 1 / (1 - p): applied to kept elements
-  unsigned int drop_thr;  // 0: no dropout; else keep when (philox word >> 8) >= drop_thr
+  unsigned int drop_thr;  // 0: no dropout; else keep when a 16-bit half of a Philox word >= drop_thr
   unsigned int causal;
   unsigned int group;  // Hopper kernels: heads a group of blocks walks together (fg_wg_tile); 0 = all
 };
@@ -116,6 +117,76 @@ static __device__ __forceinline__ unsigned int fg_attn_word(const FgAttnU4& r, i
   const unsigned int lo = (i & 1) ? r.x[1] : r.x[0];
   const unsigned int hi = (i & 1) ? r.x[3] : r.x[2];
   return (i & 2) ? hi : lo;
+}
+
+// ---- Dropout's mask: one Philox block per 8 keys of a query row (the mapping is in the header) ----
+
+// Philox, out of line: the tensor-core kernels' unrolled tile loops draw a block per pair of
+// n-tiles, and inlined those copies were ~20% of each bf16 / f16 module's NVRTC time (0.2-0.45 s
+// of 0.9-1.9 s on the dev machine). Called on the dropout path only.
+static __device__ __noinline__ FgAttnU4 fg_attn_philox_ni(unsigned long long seed, unsigned long long index) {
+  return fg_attn_philox(seed, index);
+}
+
+// The block of head `bh`, query row `i` and key chunk `c` (keys 8 c .. 8 c + 7).
+static __device__ __forceinline__ unsigned long long fg_attn_block(const FgAttnParams& p, unsigned int bh, int i,
+                                                                   int c) {
+  return p.rng_offset + ((unsigned long long)bh * p.Tq + (unsigned long long)i) * (((unsigned long long)p.Tk + 7) / 8) +
+         (unsigned long long)c;
+}
+
+// Whether the element drawing 16-bit half `h` (0: low) of `word` is kept.
+static __device__ __forceinline__ bool fg_attn_kept(unsigned int word, int h, const FgAttnParams& p) {
+  return (h ? word >> 16 : word & 0xffffu) >= p.drop_thr;
+}
+
+// Keep bits of a forward fragment pair (mma.sync m16n8 accumulators, and wgmma's, whose per-warp
+// layout is the same): thread (g, t) holds rows ig and ig + 8 and keys k0 + 8 n + 2 t + (e & 1) of
+// n-tiles n = 0, 1 (k0 a multiple of 8); bit 4 n + e is element e (row ig + 8 (e >> 1)) of n-tile
+// n. The four threads of a quad need the same four blocks (two rows x two chunks), word t of each:
+// thread t draws block t (row ig + 8 (t & 1), chunk k0 / 8 + (t >> 1)) and in round s sends word
+// t ^ s to thread t ^ s, receiving word t of block t ^ s, whose halves are bits 2 (t ^ s) and
+// 2 (t ^ s) + 1. One draw per 8 elements.
+static __device__ __forceinline__ unsigned int fg_attn_keep_fwd(const FgAttnParams& p, unsigned int bh, int ig, int k0,
+                                                                int t) {
+  const FgAttnU4 mine = fg_attn_philox_ni(p.seed, fg_attn_block(p, bh, ig + 8 * (t & 1), k0 / 8 + (t >> 1)));
+  unsigned int keep = 0u;
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const unsigned int send = fg_attn_word(mine, t ^ s);
+    const unsigned int got = s == 0 ? send : __shfl_xor_sync(FG_FULL, send, s);
+    const unsigned int two = (unsigned int)fg_attn_kept(got, 0, p) | (unsigned int)fg_attn_kept(got, 1, p) << 1;
+    keep |= two << (2 * (t ^ s));
+  }
+  return keep;
+}
+
+// Keep bits of a backward fragment pair (the transposed S^T accumulators): thread (g, t) holds
+// keys kw + g + 8 (e >> 1) (kw: the warp's first key, a multiple of 16) and queries
+// q0 + 8 n + 2 t + (e & 1) of n-tiles n = 0, 1; bit 4 n + e is element e of n-tile n. The eight
+// threads sharing t need eight blocks (n-tile n, query parity q, key chunk c) and from each the
+// half of their own key g: thread g draws block 4 n + 2 q + c = g, turns its 8 halves into 8
+// keep bits (bit k: key 8 c + k of the chunk), and one ballot per k transposes them:
+// thread g keeps ballot g, whose bit 4 g' + t is block g''s bit g. One draw per 8 elements.
+static __device__ __forceinline__ unsigned int fg_attn_keep_bwd(const FgAttnParams& p, unsigned int bh, int q0, int kw,
+                                                                int g, int t) {
+  const FgAttnU4 w = fg_attn_philox_ni(p.seed, fg_attn_block(p, bh, q0 + 8 * (g >> 2) + 2 * t + ((g >> 1) & 1),
+                                                             kw / 8 + (g & 1)));
+  unsigned int byte = 0u;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) byte |= (unsigned int)fg_attn_kept(w.x[k >> 1], k & 1, p) << k;
+  unsigned int mine = 0u;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const unsigned int b = __ballot_sync(FG_FULL, (byte >> k) & 1u);
+    mine = k == g ? b : mine;
+  }
+  mine >>= t;
+  unsigned int keep = 0u;
+#pragma unroll
+  for (int gp = 0; gp < 8; ++gp)  // block gp = 4 n + 2 q + c is element e = 2 c + q of n-tile n
+    keep |= ((mine >> (4 * gp)) & 1u) << (4 * (gp >> 2) + 2 * (gp & 1) + ((gp >> 1) & 1));
+  return keep;
 }
 
 // ---------------------------------------------------------------------------------------------

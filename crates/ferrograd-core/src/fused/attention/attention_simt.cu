@@ -44,7 +44,6 @@ static __device__ __forceinline__ void fg_attn_fwd_simt(const float* __restrict_
   }
   const int kv_end = p.causal ? min(Tk, i0 + BQ) : Tk;
   const int nkv = (kv_end + BK - 1) / BK;
-  const unsigned long long nb4 = ((unsigned long long)Tk + 3) / 4;
   for (int jb = 0; jb < nkv; ++jb) {
     const int j0 = jb * BK;
     __syncthreads();
@@ -88,13 +87,11 @@ static __device__ __forceinline__ void fg_attn_fwd_simt(const float* __restrict_
 #pragma unroll
       for (int c = 0; c < NC; ++c) acc[r][c] *= alpha;
       float k0 = p0, k1 = p1;
-      if (p.drop_thr) {
-        const FgAttnU4 w = fg_attn_philox(
-            p.seed, p.rng_offset + ((unsigned long long)bh * Tq + (unsigned long long)i) * nb4 +
-                        (unsigned long long)((j0 + 2 * tx) / 4));
-        const int lo = (2 * tx) & 3;
-        if ((fg_attn_word(w, lo) >> 8) < p.drop_thr) k0 = 0.f;
-        if ((fg_attn_word(w, lo + 1) >> 8) < p.drop_thr) k1 = 0.f;
+      if (p.drop_thr) {  // keys j0 + 2 tx, + 1: the two halves of one word (attention_common.cuh)
+        const int j = j0 + 2 * tx;
+        const unsigned int w = fg_attn_word(fg_attn_philox(p.seed, fg_attn_block(p, bh, i, j / 8)), (j & 7) >> 1);
+        if (!fg_attn_kept(w, 0, p)) k0 = 0.f;
+        if (!fg_attn_kept(w, 1, p)) k1 = 0.f;
       }
       Ps[(4 * ty + r) * PS + 2 * tx] = k0;
       Ps[(4 * ty + r) * PS + 2 * tx + 1] = k1;
@@ -166,7 +163,6 @@ static __device__ __forceinline__ void fg_attn_bwd_simt(const float* __restrict_
 #pragma unroll
     for (int c = 0; c < NC; ++c) dka[r][c] = dva[r][c] = 0.f;
   const int nqb = (Tq + B - 1) / B;
-  const unsigned long long nb4 = ((unsigned long long)Tk + 3) / 4;
   for (int ib = p.causal ? j0 / B : 0; ib < nqb; ++ib) {
     const int i0 = ib * B;
     __syncthreads();
@@ -202,10 +198,9 @@ static __device__ __forceinline__ void fg_attn_bwd_simt(const float* __restrict_
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int ql = 2 * tx + c, i = i0 + ql;
+      // Keys j0 + 4 ty + r: words 2 (ty & 1) + (r >> 1) of one block (j0 is a multiple of 8).
       FgAttnU4 w = {{0u, 0u, 0u, 0u}};
-      if (p.drop_thr)
-        w = fg_attn_philox(p.seed, p.rng_offset + ((unsigned long long)bh * Tq + (unsigned long long)i) * nb4 +
-                                       (unsigned long long)((j0 + 4 * ty) / 4));
+      if (p.drop_thr) w = fg_attn_philox(p.seed, fg_attn_block(p, bh, i, (j0 + 4 * ty) / 8));
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int j = j0 + 4 * ty + r;
@@ -213,7 +208,7 @@ static __device__ __forceinline__ void fg_attn_bwd_simt(const float* __restrict_
         if (j >= Tk || (p.causal && j > i)) pv = 0.f;
         float dp = dpv[r][c], pk = pv;
         if (p.drop_thr) {
-          const bool keep = (w.x[r] >> 8) >= p.drop_thr;
+          const bool keep = fg_attn_kept(w.x[2 * (ty & 1) + (r >> 1)], r & 1, p);
           dp = keep ? dp * p.rp_keep : 0.f;
           pk = keep ? pv * p.rp_keep : 0.f;
         }

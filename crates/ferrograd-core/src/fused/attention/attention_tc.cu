@@ -2,13 +2,6 @@
 // module's header, attention_common.cuh, for the ABI and the algorithm). Included by attention.cu
 // after common.cuh and attention_common.cuh (declared as a header of the module in mod.rs).
 
-// Dropout's Philox block, out of line here: the unrolled tile loops below draw one block per n-tile,
-// and inlined those copies were ~20% of each bf16 / f16 module's NVRTC time (0.2-0.45 s of 0.9-1.9 s
-// on the dev machine). The call is on the dropout path only (`p.drop_thr != 0`).
-static __device__ __noinline__ FgAttnU4 fg_attn_philox_tc(unsigned long long seed, unsigned long long index) {
-  return fg_attn_philox(seed, index);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Forward, tensor cores
 // ---------------------------------------------------------------------------------------------
@@ -61,7 +54,6 @@ static __device__ __forceinline__ void fg_attn_fwd_tc(const T* __restrict__ q, c
     mrow[mt][0] = mrow[mt][1] = -FG_INF_F;
     lrow[mt][0] = lrow[mt][1] = 0.f;
   }
-  const unsigned long long nb4 = ((unsigned long long)Tk + 3) / 4;
 
   for (int jb = 0; jb < nkv; ++jb) {
     const int stage = jb & 1;
@@ -167,26 +159,16 @@ static __device__ __forceinline__ void fg_attn_fwd_tc(const T* __restrict__ q, c
     }
 
     // Dropout: the row sum above is the softmax's; only P V sees the mask (the 1 / (1 - p) is
-    // applied with the normalisation). Threads t and t ^ 1 hold the two halves of one Philox
-    // block per row: the even one draws row g's block, the odd one row g + 8's, and they trade
-    // the words the other needs.
+    // applied with the normalisation). Keep bits a pair of n-tiles (attention_common.cuh).
     if (p.drop_thr) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        const int ig = i0 + wrow + mt * 16 + g;
-        const unsigned long long rowbase =
-            p.rng_offset + ((unsigned long long)bh * Tq + (unsigned long long)((t & 1) ? ig + 8 : ig)) * nb4;
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const FgAttnU4 r = fg_attn_philox_tc(p.seed, rowbase + (unsigned long long)((j0 + nt * 8) / 4 + (t >> 1)));
-          const unsigned int s0 = (t & 1) ? r.x[0] : r.x[2], s1 = (t & 1) ? r.x[1] : r.x[3];
-          const unsigned int r0 = __shfl_xor_sync(FG_FULL, s0, 1), r1 = __shfl_xor_sync(FG_FULL, s1, 1);
-          const unsigned int w0 = (t & 1) ? r0 : r.x[0], w1 = (t & 1) ? r1 : r.x[1];
-          const unsigned int w2 = (t & 1) ? r.x[2] : r0, w3 = (t & 1) ? r.x[3] : r1;
-          if ((w0 >> 8) < p.drop_thr) s[mt][nt][0] = 0.f;
-          if ((w1 >> 8) < p.drop_thr) s[mt][nt][1] = 0.f;
-          if ((w2 >> 8) < p.drop_thr) s[mt][nt][2] = 0.f;
-          if ((w3 >> 8) < p.drop_thr) s[mt][nt][3] = 0.f;
+        for (int nt = 0; nt < NT; nt += 2) {
+          const unsigned int keep = fg_attn_keep_fwd(p, bh, i0 + wrow + mt * 16 + g, j0 + nt * 8, t);
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            if (!((keep >> e) & 1u)) s[mt][nt + (e >> 2)][e & 3] = 0.f;
         }
       }
     }
@@ -308,7 +290,6 @@ static __device__ __forceinline__ void fg_attn_bwd_tc(const T* __restrict__ q, c
 #pragma unroll
     for (int e = 0; e < 4; ++e) dka[dt][e] = dva[dt][e] = 0.f;
   const int wkv = warp * 16;  // this warp's first key row in the block
-  const unsigned long long nb4 = ((unsigned long long)Tk + 3) / 4;
   // Small head dims keep this warp's K and V rows (the A operands of S^T and dP^T) in registers
   // for the whole loop: shared-memory bandwidth is what the backward runs short of.
   constexpr bool KV_REGS = D <= 64;
@@ -370,39 +351,23 @@ static __device__ __forceinline__ void fg_attn_bwd_tc(const T* __restrict__ q, c
     // P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta); with dropout dP sees the mask and dV the
     // dropped P. Element e of n-tile nt: key wkv + g + 8 (e >> 1), query nt * 8 + 2 t + (e & 1).
     const bool need_mask = j0 + BKV > Tk || (p.causal && j0 + BKV - 1 > i0);
-    const int slot = g & 3;  // key % 4: the Philox word of every element this thread holds
+    static_assert(NQ % 2 == 0, "dropout's keep bits come a pair of n-tiles at a time");
 #pragma unroll
-    for (int nt = 0; nt < NQ; ++nt) {
-      unsigned int w[4] = {0u, 0u, 0u, 0u};
-      if (p.drop_thr) {
-        // The four blocks (query 2t or 2t+1) x (keys g or g + 8) are shared by the four threads
-        // of this t whose g agree but for the low two bits: each draws one and they trade words.
-        const int qi = i0 + nt * 8 + 2 * t + (slot & 1);
-        const unsigned long long kvb = (unsigned long long)((j0 + wkv) / 4 + (g >> 2) + (slot >> 1) * 2);
-        const FgAttnU4 mine =
-            fg_attn_philox_tc(p.seed, p.rng_offset + ((unsigned long long)bh * Tq + (unsigned long long)qi) * nb4 + kvb);
+    for (int np = 0; np < NQ; np += 2) {
+      unsigned int keep = 0u;  // bit 4 n + e: element e of n-tile np + n (attention_common.cuh)
+      if (p.drop_thr) keep = fg_attn_keep_bwd(p, bh, i0 + np * 8, j0 + wkv, g, t);
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const unsigned int send = fg_attn_word(mine, slot ^ s);
-          const unsigned int got = s == 0 ? send : __shfl_xor_sync(FG_FULL, send, s << 2);
-          const int blk = slot ^ s;  // the block the word came from is element `blk`'s
-          w[0] = blk == 0 ? got : w[0];
-          w[1] = blk == 1 ? got : w[1];
-          w[2] = blk == 2 ? got : w[2];
-          w[3] = blk == 3 ? got : w[3];
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int b = 0; b < 8; ++b) {
+        const int nt = np + (b >> 2), e = b & 3;
         const int ql = nt * 8 + 2 * t + (e & 1);
         const int kv = j0 + wkv + g + (e >> 1) * 8;
         float pv = fg_exp2(fmaf(sa[nt][e], p.scale_log2, -l2[ql]));
         if (need_mask && (kv >= Tk || (p.causal && kv > i0 + ql))) pv = 0.f;
         float dpv = dpa[nt][e], pk = pv;
         if (p.drop_thr) {
-          const bool keep = (w[e] >> 8) >= p.drop_thr;
-          dpv = keep ? dpv * p.rp_keep : 0.f;
-          pk = keep ? pv * p.rp_keep : 0.f;
+          const bool kept = (keep >> b) & 1u;
+          dpv = kept ? dpv * p.rp_keep : 0.f;
+          pk = kept ? pv * p.rp_keep : 0.f;
         }
         dpa[nt][e] = pv * (dpv - dl[ql]);
         sa[nt][e] = pk;

@@ -8,7 +8,7 @@
 // shared memory and gives each warpgroup 64 rows.
 // Included by attention.cu only where the module is built for sm_90a (`__CUDA_ARCH_FEAT_SM90_ALL`);
 // cuda.rs picks these kernels on such a device when the head dim is 64 or 128; with dropout the
-// `wgdrop` build (DROP = true: attention_tc.cu's Philox draws, element for element) runs.
+// `wgdrop` build (DROP = true: attention_tc.cu's draws, element for element) runs.
 //
 // Shared memory: every operand tile is [rows][D] of 16-bit elements, stored as D / 64 "atoms" of
 // [rows][64] (128 bytes a row), each row's eight 16-byte chunks XOR-swizzled by (row % 8): the
@@ -278,27 +278,18 @@ static __device__ __forceinline__ void fg_attn_wg_softmax_step(float (&s)[BKV / 
 
 // Dropout on P (after the softmax step: the row sums are the softmax's, only P V sees the mask; the
 // 1 / (1 - p) goes on with the normalisation), the same draws as attention_tc.cu's forward: the
-// accumulators have mma.sync's layout (element e of n-tile nt: row `ig` + 8 (e >> 1), key
-// j0 + nt * 8 + 2 t + (e & 1)), so threads t and t ^ 1 hold the two halves of one Philox block per
-// row; the even one draws row ig's, the odd one row ig + 8's, and they trade the words the other
-// needs.
+// accumulators have mma.sync's layout, so attention_common.cuh's fg_attn_keep_fwd gives the keep
+// bits of a pair of n-tiles (row `ig` + 8 (e >> 1), key j0 + nt * 8 + 2 t + (e & 1)).
 template <int BKV>
 static __device__ __forceinline__ void fg_attn_wg_dropout(float (&s)[BKV / 8][4], const FgAttnParams& p,
                                                           unsigned int bh, int ig, int j0, int t) {
-  const unsigned long long nb4 = ((unsigned long long)p.Tk + 3) / 4;
-  const unsigned long long rowbase =
-      p.rng_offset + ((unsigned long long)bh * p.Tq + (unsigned long long)((t & 1) ? ig + 8 : ig)) * nb4;
+  static_assert(BKV % 16 == 0, "keep bits come a pair of n-tiles at a time");
 #pragma unroll
-  for (int nt = 0; nt < BKV / 8; ++nt) {
-    const FgAttnU4 w = fg_attn_philox_tc(p.seed, rowbase + (unsigned long long)((j0 + nt * 8) / 4 + (t >> 1)));
-    const unsigned int s0 = (t & 1) ? w.x[0] : w.x[2], s1 = (t & 1) ? w.x[1] : w.x[3];
-    const unsigned int r0 = __shfl_xor_sync(FG_FULL, s0, 1), r1 = __shfl_xor_sync(FG_FULL, s1, 1);
-    const unsigned int w0 = (t & 1) ? r0 : w.x[0], w1 = (t & 1) ? r1 : w.x[1];
-    const unsigned int w2 = (t & 1) ? w.x[2] : r0, w3 = (t & 1) ? w.x[3] : r1;
-    if ((w0 >> 8) < p.drop_thr) s[nt][0] = 0.f;
-    if ((w1 >> 8) < p.drop_thr) s[nt][1] = 0.f;
-    if ((w2 >> 8) < p.drop_thr) s[nt][2] = 0.f;
-    if ((w3 >> 8) < p.drop_thr) s[nt][3] = 0.f;
+  for (int nt = 0; nt < BKV / 8; nt += 2) {
+    const unsigned int keep = fg_attn_keep_fwd(p, bh, ig, j0 + nt * 8, t);
+#pragma unroll
+    for (int b = 0; b < 8; ++b)
+      if (!((keep >> b) & 1u)) s[nt + (b >> 2)][b & 3] = 0.f;
   }
 }
 

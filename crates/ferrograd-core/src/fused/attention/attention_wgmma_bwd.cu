@@ -60,7 +60,6 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int wg = warp >> 2;
   const int Tq = (int)p.Tq, Tk = (int)p.Tk;
-  const unsigned long long nb4 = ((unsigned long long)Tk + 3) / 4;  // Philox blocks a (b, h, query) row
   const FgWgTile tl = fg_wg_tile(p, (Tk + BKV - 1) / BKV);
   const unsigned int b = tl.b, h = tl.h, bh = tl.bh;
   const int j0 = tl.tile * BKV;
@@ -152,38 +151,23 @@ static __device__ __forceinline__ void fg_attn_bwd_wg(const T* __restrict__ q, c
 
     // P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta); with dropout dP sees the mask and dV the
     // dropped P (attention_tc.cu's backward, whose fragment layout this is: element e of n-tile
-    // nt is key wkv + g + 8 (e >> 1), query nt * 8 + 2 t + (e & 1), the same draws and trades).
-    const int slot = g & 3;  // key % 4: the Philox word of every element this thread holds
+    // nt is key wkv + g + 8 (e >> 1), query nt * 8 + 2 t + (e & 1), and its keep bits).
 #pragma unroll
-    for (int nt = 0; nt < NQ; ++nt) {
-      unsigned int w[4] = {0u, 0u, 0u, 0u};
-      if constexpr (DROP) {
-        const int qi = i0 + nt * 8 + 2 * t + (slot & 1);
-        const unsigned long long kvb = (unsigned long long)((j0 + wkv) / 4 + (g >> 2) + (slot >> 1) * 2);
-        const unsigned long long row = (unsigned long long)bh * Tq + (unsigned long long)qi;
-        const FgAttnU4 mine = fg_attn_philox_tc(p.seed, p.rng_offset + row * nb4 + kvb);
+    for (int np = 0; np < NQ; np += 2) {
+      unsigned int keep = 0u;  // bit 4 n + e: element e of n-tile np + n (attention_common.cuh)
+      if constexpr (DROP) keep = fg_attn_keep_bwd(p, bh, i0 + np * 8, j0 + wkv, g, t);
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const unsigned int send = fg_attn_word(mine, slot ^ s);
-          const unsigned int got = s == 0 ? send : __shfl_xor_sync(FG_FULL, send, s << 2);
-          const int blk = slot ^ s;
-          w[0] = blk == 0 ? got : w[0];
-          w[1] = blk == 1 ? got : w[1];
-          w[2] = blk == 2 ? got : w[2];
-          w[3] = blk == 3 ? got : w[3];
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int b = 0; b < 8; ++b) {
+        const int nt = np + (b >> 2), e = b & 3;
         const int ql = nt * 8 + 2 * t + (e & 1);
         const int kv = j0 + wkv + g + (e >> 1) * 8;
         float pv = fg_exp2(fmaf(sa[nt][e], p.scale_log2, -l2[ql]));
         if (need_mask && (kv >= Tk || (p.causal && kv > i0 + ql))) pv = 0.f;
         float dpv = dpa[nt][e], pk = pv;
         if constexpr (DROP) {
-          const bool keep = (w[e] >> 8) >= p.drop_thr;
-          dpv = keep ? dpv * p.rp_keep : 0.f;
-          pk = keep ? pv * p.rp_keep : 0.f;
+          const bool kept = (keep >> b) & 1u;
+          dpv = kept ? dpv * p.rp_keep : 0.f;
+          pk = kept ? pv * p.rp_keep : 0.f;
         }
         dpa[nt][e] = pv * (dpv - dl[ql]);
         sa[nt][e] = pk;

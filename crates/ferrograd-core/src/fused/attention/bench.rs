@@ -161,8 +161,7 @@ impl Workload {
             let e: Vec<f64> = match &drop {
                 Some(dr) => (0..n)
                     .map(|j| {
-                        let w = dr.words(b * self.h + h, self.t, self.t, i, j / 4)[j % 4];
-                        if dr.keeps(w) {
+                        if dr.keeps(&dr.words(b * self.h + h, self.t, self.t, i, j / 8), j) {
                             e[j] / (1.0 - dr.p)
                         } else {
                             0.0

@@ -61,7 +61,7 @@ fn axpy<A: Acc>(y: &mut [A], a: A, x: &[A]) {
     }
 }
 
-/// Dropout decisions along one query row, one Philox block per 4 keys, drawn as the keys are
+/// Dropout decisions along one query row, one Philox block per 8 keys, drawn as the keys are
 /// visited in increasing order.
 struct RowMask<'a> {
     drop: &'a Dropout,
@@ -77,16 +77,16 @@ impl<'a> RowMask<'a> {
     }
 
     fn keeps(&mut self, j: usize) -> bool {
-        let jb4 = j / 4;
+        let jb8 = j / 8;
         let words = match self.block {
-            Some((b, w)) if b == jb4 => w,
+            Some((b, w)) if b == jb8 => w,
             _ => {
-                let w = self.drop.words(self.bh, self.pb.tq, self.pb.tk, self.i, jb4);
-                self.block = Some((jb4, w));
+                let w = self.drop.words(self.bh, self.pb.tq, self.pb.tk, self.i, jb8);
+                self.block = Some((jb8, w));
                 w
             }
         };
-        self.drop.keeps(words[j % 4])
+        self.drop.keeps(&words, j)
     }
 }
 

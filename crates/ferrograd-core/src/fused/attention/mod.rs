@@ -187,11 +187,14 @@ pub const MODULES: [&Module; 15] = [
 
 /// Dropout of one call: which Philox numbers it reads and how it decides.
 ///
-/// Element `(b, h, i, j)` (query `i`, key `j`) takes word `j % 4` of Philox block
-/// `offset + ((b * H + h) * Tq + i) * ceil(Tk / 4) + j / 4` of `seed` (`rng::philox4x32_10`,
-/// counter `[index lo, index hi, 0, 0]`, key `[seed lo, seed hi]`), and is kept when
-/// `(word >> 8) >= thr`, `thr = ceil(p * 2^24)`: exactly when the uniform `(word >> 8) * 2^-24` of
-/// `rng::to_uniform` is `>= p`. Kept weights are scaled by `1 / (1 - p)`.
+/// Element `(b, h, i, j)` (query `i`, key `j`) takes 16-bit half `j % 2` (0: the low half) of word
+/// `(j % 8) / 2` of Philox block `offset + ((b * H + h) * Tq + i) * ceil(Tk / 8) + j / 8` of `seed`
+/// (`rng::philox4x32_10`, counter `[index lo, index hi, 0, 0]`, key `[seed lo, seed hi]`), and is
+/// kept when `half >= thr`, `thr = ceil(p * 2^16)`: exactly when the uniform `half * 2^-16` is
+/// `>= p` (so `p` counts in steps of 2^-16: 0.1 drops with probability 0.100006). Kept weights are
+/// scaled by `1 / (1 - p)`. Half a word an element rather than a word: the GPU kernels spend most of
+/// a dropout step drawing these blocks, and a block now serves 8 keys instead of 4 (BENCHMARKS.md,
+/// thirteenth session).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dropout {
     /// Dropout probability.
@@ -200,27 +203,28 @@ pub struct Dropout {
     pub seed: u64,
     /// First Philox block of this call.
     pub offset: u64,
-    /// Keep threshold on the top 24 bits of a word: `ceil(p * 2^24)`.
+    /// Keep threshold on a 16-bit half of a word: `ceil(p * 2^16)`.
     pub thr: u32,
 }
 
 impl Dropout {
     fn new(p: f64, seed: u64, offset: u64) -> Dropout {
-        Dropout { p, seed, offset, thr: (p * 16_777_216.0).ceil() as u32 }
+        Dropout { p, seed, offset, thr: (p * 65_536.0).ceil() as u32 }
     }
 
-    /// The 4 words of the block that holds keys `4 * jb4 .. 4 * jb4 + 3` of query row `i` of head `bh`.
-    pub fn words(&self, bh: usize, tq: usize, tk: usize, i: usize, jb4: usize) -> [u32; 4] {
-        let index = self.offset + ((bh * tq + i) * tk.div_ceil(4) + jb4) as u64;
+    /// The 4 words of the block that holds keys `8 * jb8 .. 8 * jb8 + 7` of query row `i` of head `bh`.
+    pub fn words(&self, bh: usize, tq: usize, tk: usize, i: usize, jb8: usize) -> [u32; 4] {
+        let index = self.offset + ((bh * tq + i) * tk.div_ceil(8) + jb8) as u64;
         crate::rng::philox4x32_10(
             [index as u32, (index >> 32) as u32, 0, 0],
             [self.seed as u32, (self.seed >> 32) as u32],
         )
     }
 
-    /// Whether the element drawing `word` is kept.
-    pub fn keeps(&self, word: u32) -> bool {
-        (word >> 8) >= self.thr
+    /// Whether key `j` is kept, given the words of its block (`words(.., j / 8)`).
+    pub fn keeps(&self, words: &[u32; 4], j: usize) -> bool {
+        let w = words[(j % 8) / 2];
+        ((w >> (16 * (j % 2))) & 0xffff) >= self.thr
     }
 }
 
@@ -248,7 +252,7 @@ pub struct Problem {
 impl Problem {
     /// Philox blocks one call's mask covers (the stream advance that reserves them).
     fn mask_blocks(&self) -> usize {
-        self.b * self.h * self.tq * self.tk.div_ceil(4)
+        self.b * self.h * self.tq * self.tk.div_ceil(8)
     }
 }
 
