@@ -168,6 +168,9 @@ static __device__ __forceinline__ unsigned int fg_attn_keep_fwd(const FgAttnPara
 // half of their own key g: thread g draws block 4 n + 2 q + c = g, turns its 8 halves into 8
 // keep bits (bit k: key 8 c + k of the chunk), and one ballot per k transposes them:
 // thread g keeps ballot g, whose bit 4 g' + t is block g''s bit g. One draw per 8 elements.
+// Inlined into the mma.sync backward, whose dropout is a run-time branch, it costs that kernel's
+// d = 64 build 24 more bytes of spills without dropout too (2-3% slower on an H100); out of line
+// it cost more (the call changes the whole kernel's register allocation: d = 128 10% slower).
 static __device__ __forceinline__ unsigned int fg_attn_keep_bwd(const FgAttnParams& p, unsigned int bh, int q0, int kw,
                                                                 int g, int t) {
   const FgAttnU4 w = fg_attn_philox_ni(p.seed, fg_attn_block(p, bh, q0 + 8 * (g >> 2) + 2 * t + ((g >> 1) & 1),

@@ -50,14 +50,14 @@
 // registers with 28 bytes spilled; 72 with the grouped grid's index math, which still gained).
 // d = 128 cannot: its dK and dV alone are 128 registers an m-tile.
 // Dropout (the `wgdrop` build, DROP = true; H100, bf16, p = 0.1, fwd+bwd at T = 4096, 2026-11-24):
-// 140-220 TFLOP/s, 1.2-1.46x the mma.sync kernels with dropout and 0.55-0.6 of PyTorch's SDPA
-// (cuDNN) with dropout; without dropout these kernels reach 346-409. The Philox draws are the
-// cost: one 10-round block per 4 elements, in the forward and again in the backward, about three
-// times the rest of a step's per-element work; the d = 64 backward spills 228 bytes with them.
-// Drawing the keep bits while the S (and S^T, dP^T) products run was measured and not kept: level
-// fwd+bwd, the forward 5-8% slower (the warps are issue-bound, the products short). What would
-// cut the draws: a mask word per 2 elements (16-bit halves against a 16-bit threshold, a change of
-// the documented mapping for every backend, mod.rs `Dropout`), half the blocks.
+// 163-257 TFLOP/s, 1.17-1.43x the mma.sync kernels with dropout and 0.70-0.77 of PyTorch's SDPA
+// (cuDNN) with dropout; without dropout these kernels reach 312-403. The Philox draws are the
+// cost, in the forward and again in the backward: with a block per 4 elements (the mapping before
+// 7a5a7e9) they were about three times the rest of a step's per-element work and these rows read
+// 131-220; a block per 8 elements (16-bit halves, attention_common.cuh) gave 1.12-1.27x. Drawing
+// the keep bits while the S (and S^T, dP^T) products run was measured and not kept: level
+// fwd+bwd, the forward 5-8% slower (the warps are issue-bound, the products short). The d = 64
+// backward spills 120 bytes with dropout (72 without).
 //
 // Ordering rules kept here: (1) data written by threads (cp.async, st.shared) reaches wgmma (the
 // async proxy) only after `fence.proxy.async.shared::cta` and a barrier (TMA writes are in the
