@@ -165,12 +165,13 @@ static __device__ __forceinline__ unsigned int fg_attn_keep_fwd(const FgAttnPara
 // keys kw + g + 8 (e >> 1) (kw: the warp's first key, a multiple of 16) and queries
 // q0 + 8 n + 2 t + (e & 1) of n-tiles n = 0, 1; bit 4 n + e is element e of n-tile n. The eight
 // threads sharing t need eight blocks (n-tile n, query parity q, key chunk c) and from each the
-// half of their own key g: thread g draws block 4 n + 2 q + c = g, turns its 8 halves into 8
-// keep bits (bit k: key 8 c + k of the chunk), and one ballot per k transposes them:
-// thread g keeps ballot g, whose bit 4 g' + t is block g''s bit g. One draw per 8 elements.
-// Inlined into the mma.sync backward, whose dropout is a run-time branch, it costs that kernel's
-// d = 64 build 24 more bytes of spills without dropout too (2-3% slower on an H100); out of line
-// it cost more (the call changes the whole kernel's register allocation: d = 128 10% slower).
+// half of their own key g: thread g draws block 4 n + 2 q + c = g, turns its 8 halves into a byte
+// of keep bits (bit k: key 8 c + k of the chunk), and eight shuffles gather the bytes of the
+// eight threads, from each of which thread g keeps bit g. One draw per 8 elements.
+// The mma.sync backward inlines it behind a run-time branch, so its registers count without
+// dropout too: gathering by shuffles, its d = 64 build spills 8 bytes (24 with 8c87981's draws);
+// transposing by 8 ballots and a select it spilled 48 and ran 2-3% slower without dropout on an
+// H100, and out of line (a call changes the whole kernel's register allocation) d = 128 lost 10%.
 static __device__ __forceinline__ unsigned int fg_attn_keep_bwd(const FgAttnParams& p, unsigned int bh, int q0, int kw,
                                                                 int g, int t) {
   const FgAttnU4 w = fg_attn_philox_ni(p.seed, fg_attn_block(p, bh, q0 + 8 * (g >> 2) + 2 * t + ((g >> 1) & 1),
@@ -178,17 +179,12 @@ static __device__ __forceinline__ unsigned int fg_attn_keep_bwd(const FgAttnPara
   unsigned int byte = 0u;
 #pragma unroll
   for (int k = 0; k < 8; ++k) byte |= (unsigned int)fg_attn_kept(w.x[k >> 1], k & 1, p) << k;
-  unsigned int mine = 0u;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const unsigned int b = __ballot_sync(FG_FULL, (byte >> k) & 1u);
-    mine = k == g ? b : mine;
-  }
-  mine >>= t;
   unsigned int keep = 0u;
 #pragma unroll
-  for (int gp = 0; gp < 8; ++gp)  // block gp = 4 n + 2 q + c is element e = 2 c + q of n-tile n
-    keep |= ((mine >> (4 * gp)) & 1u) << (4 * (gp >> 2) + 2 * (gp & 1) + ((gp >> 1) & 1));
+  for (int gp = 0; gp < 8; ++gp) {  // block gp = 4 n + 2 q + c is element e = 2 c + q of n-tile n
+    const unsigned int b = __shfl_sync(FG_FULL, byte, 4 * gp + t);
+    keep |= ((b >> g) & 1u) << (4 * (gp >> 2) + 2 * (gp & 1) + ((gp >> 1) & 1));
+  }
   return keep;
 }
 
