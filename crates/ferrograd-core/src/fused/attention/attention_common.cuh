@@ -161,6 +161,23 @@ static __device__ __forceinline__ unsigned int fg_attn_keep_fwd(const FgAttnPara
   return keep;
 }
 
+// Dropout on the P of a forward fragment (NT n-tiles of the layout above, rows ig and ig + 8, keys
+// from j0, a multiple of 8), after the softmax step: the row sums stay the softmax's, only P V
+// sees the mask, and the 1 / (1 - p) goes on with the normalisation. Both forward kernel families
+// (attention_tc.cu, attention_wgmma.cu) call it.
+template <int NT>
+static __device__ __forceinline__ void fg_attn_dropout_fwd(float (&s)[NT][4], const FgAttnParams& p, unsigned int bh,
+                                                           int ig, int j0, int t) {
+  static_assert(NT % 2 == 0, "keep bits come a pair of n-tiles at a time");
+#pragma unroll
+  for (int nt = 0; nt < NT; nt += 2) {
+    const unsigned int keep = fg_attn_keep_fwd(p, bh, ig, j0 + nt * 8, t);
+#pragma unroll
+    for (int b = 0; b < 8; ++b)
+      if (!((keep >> b) & 1u)) s[nt + (b >> 2)][b & 3] = 0.f;
+  }
+}
+
 // Keep bits of a backward fragment pair (the transposed S^T accumulators): thread (g, t) holds
 // keys kw + g + 8 (e >> 1) (kw: the warp's first key, a multiple of 16) and queries
 // q0 + 8 n + 2 t + (e & 1) of n-tiles n = 0, 1; bit 4 n + e is element e of n-tile n. The eight

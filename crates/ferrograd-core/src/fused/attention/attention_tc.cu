@@ -158,19 +158,10 @@ static __device__ __forceinline__ void fg_attn_fwd_tc(const T* __restrict__ q, c
       }
     }
 
-    // Dropout: the row sum above is the softmax's; only P V sees the mask (the 1 / (1 - p) is
-    // applied with the normalisation). Keep bits a pair of n-tiles (attention_common.cuh).
+    // Dropout (attention_common.cuh): only P V sees the mask.
     if (p.drop_thr) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < NT; nt += 2) {
-          const unsigned int keep = fg_attn_keep_fwd(p, bh, i0 + wrow + mt * 16 + g, j0 + nt * 8, t);
-#pragma unroll
-          for (int e = 0; e < 8; ++e)
-            if (!((keep >> e) & 1u)) s[mt][nt + (e >> 2)][e & 3] = 0.f;
-        }
-      }
+      for (int mt = 0; mt < MT; ++mt) fg_attn_dropout_fwd<NT>(s[mt], p, bh, i0 + wrow + mt * 16 + g, j0, t);
     }
 
     // O += P V: the S accumulators of n-tiles 2c and 2c + 1 are the A fragment of k-chunk c.

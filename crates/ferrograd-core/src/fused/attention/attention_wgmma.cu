@@ -49,15 +49,15 @@
 // two m-tiles (256 keys a block: half the traffic; T = 4096 backward 2.64 -> 1.92 ms, at 255
 // registers with 28 bytes spilled; 72 with the grouped grid's index math, which still gained).
 // d = 128 cannot: its dK and dV alone are 128 registers an m-tile.
-// Dropout (the `wgdrop` build, DROP = true; H100, bf16, p = 0.1, fwd+bwd at T = 4096, 2026-11-24):
-// 163-257 TFLOP/s, 1.17-1.43x the mma.sync kernels with dropout and 0.70-0.77 of PyTorch's SDPA
-// (cuDNN) with dropout; without dropout these kernels reach 312-403. The Philox draws are the
-// cost, in the forward and again in the backward: with a block per 4 elements (the mapping before
-// 7a5a7e9) they were about three times the rest of a step's per-element work and these rows read
-// 131-220; a block per 8 elements (16-bit halves, attention_common.cuh) gave 1.12-1.27x. Drawing
-// the keep bits while the S (and S^T, dP^T) products run was measured and not kept: level
-// fwd+bwd, the forward 5-8% slower (the warps are issue-bound, the products short). The d = 64
-// backward spills 120 bytes with dropout (72 without).
+// Dropout (the `wgdrop` build, DROP = true; H100, bf16, p = 0.1, fwd+bwd at T = 4096, 2026-11-24,
+// BENCHMARKS.md call J8): 173-265 TFLOP/s, 1.20-1.50x the mma.sync kernels with dropout and
+// 0.71-0.82 of PyTorch's SDPA (cuDNN) with dropout; without dropout these kernels reach 312-403.
+// The Philox draws are the cost, in the forward and again in the backward: with a block per 4
+// elements (the mapping before 7a5a7e9) they were about three times the rest of a step's
+// per-element work and these rows read 131-220; a block per 8 elements (16-bit halves,
+// attention_common.cuh) gave 1.12-1.27x. Drawing the keep bits while the S (and S^T, dP^T)
+// products run was measured and not kept: level fwd+bwd, the forward 5-8% slower (the warps are
+// issue-bound, the products short). The d = 64 backward spills 116 bytes with dropout (72 without).
 //
 // Ordering rules kept here: (1) data written by threads (cp.async, st.shared) reaches wgmma (the
 // async proxy) only after `fence.proxy.async.shared::cta` and a barrier (TMA writes are in the
@@ -276,23 +276,6 @@ static __device__ __forceinline__ void fg_attn_wg_softmax_step(float (&s)[BKV / 
   }
 }
 
-// Dropout on P (after the softmax step: the row sums are the softmax's, only P V sees the mask; the
-// 1 / (1 - p) goes on with the normalisation), the same draws as attention_tc.cu's forward: the
-// accumulators have mma.sync's layout, so attention_common.cuh's fg_attn_keep_fwd gives the keep
-// bits of a pair of n-tiles (row `ig` + 8 (e >> 1), key j0 + nt * 8 + 2 t + (e & 1)).
-template <int BKV>
-static __device__ __forceinline__ void fg_attn_wg_dropout(float (&s)[BKV / 8][4], const FgAttnParams& p,
-                                                          unsigned int bh, int ig, int j0, int t) {
-  static_assert(BKV % 16 == 0, "keep bits come a pair of n-tiles at a time");
-#pragma unroll
-  for (int nt = 0; nt < BKV / 8; nt += 2) {
-    const unsigned int keep = fg_attn_keep_fwd(p, bh, ig, j0 + nt * 8, t);
-#pragma unroll
-    for (int b = 0; b < 8; ++b)
-      if (!((keep >> b) & 1u)) s[nt + (b >> 2)][b & 3] = 0.f;
-  }
-}
-
 // One key tile of the forward for this warpgroup, both kernels': S = Q K^T (SS: the warpgroup's
 // 64 query rows at `qwg` of a BQ-row Q tile, the tile's keys at `kst`), the online softmax, and
 // O += P V (RS, V's rows are the contraction: MN-major B, at `vst`); every wgmma done on return.
@@ -310,7 +293,7 @@ static __device__ __forceinline__ void fg_attn_wg_fwd_tile(unsigned int qwg, uns
   fg_wg_wait<0>();
   fg_wg_pin(s);
   fg_attn_wg_softmax_step<T, D, BKV>(s, acc, mrow, lrow, p, i0, j0, r, wg, t);
-  if constexpr (DROP) fg_attn_wg_dropout<BKV>(s, p, bh, i0 + r, j0, t);
+  if constexpr (DROP) fg_attn_dropout_fwd<BKV / 8>(s, p, bh, i0 + r, j0, t);  // attention_common.cuh
   unsigned int pa[BKV / 16][4];
   fg_wg_pack_a<T, BKV / 16>(s, pa);
   fg_wg_fence();
@@ -510,8 +493,8 @@ static __device__ __forceinline__ void fg_attn_fwd_wg_tma(const T* __restrict__ 
   for (int jb = 0; jb < nkv; ++jb) {
     const int stage = jb % S;
     fg_mbar_wait(full + 8 * stage, (unsigned int)((jb / S) & 1));
-    fg_attn_wg_fwd_tile<T, D, BQ, BKV, DROP>(qs + wg * 64 * 128, ks + stage * BKV * D * SZ, vs + stage * BKV * D * SZ, acc,
-                                       mrow, lrow, p, bh, i0, jb * BKV, wrow + g, wg, t);
+    fg_attn_wg_fwd_tile<T, D, BQ, BKV, DROP>(qs + wg * 64 * 128, ks + stage * BKV * D * SZ, vs + stage * BKV * D * SZ,
+                                             acc, mrow, lrow, p, bh, i0, jb * BKV, wrow + g, wg, t);
     __syncwarp();
     if (lane == 0) fg_mbar_arrive(empty + 8 * stage);
   }
