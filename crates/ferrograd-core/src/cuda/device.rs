@@ -369,6 +369,21 @@ impl CudaDevice {
         self.funcs.module(module, |m| self.load_cuda_module(m))
     }
 
+    /// Start compiling `modules` for this GPU in the background, all at once (`nvrtc::warm`): a
+    /// run that knows its modules calls this first, so that a cold kernel cache costs it about its
+    /// longest module instead of their sum. Loading into the context stays with [`load_module`].
+    ///
+    /// [`load_module`]: CudaDevice::load_module
+    pub fn warm(&self, modules: &[&'static Module]) -> nvrtc::Warm {
+        nvrtc::warm(self.arch, modules)
+    }
+
+    /// The names of the modules loaded into this context so far, sorted (what a run really used:
+    /// the tests compare it with the modules a run warms).
+    pub fn loaded_modules(&self) -> Vec<&'static str> {
+        self.funcs.names()
+    }
+
     fn load_cuda_module(&self, module: &Module) -> Result<Arc<CudaModule>> {
         sync::not_capturable("cuModuleLoadData")?;
         super::startup::timed(Cost::KernelModules, || {
@@ -376,9 +391,26 @@ impl CudaDevice {
             if !compiled.from_cache {
                 super::startup::add(Cost::Nvrtc, compiled.compile_time);
             }
+            if log_modules() {
+                // Waiting for a warm start's compile shows as a `memory` origin with a long wait.
+                eprintln!(
+                    "ferrograd: module {} from {:?} in {:.1} ms (NVRTC {:.1} ms)",
+                    module.name,
+                    compiled.origin,
+                    compiled.elapsed.as_secs_f64() * 1e3,
+                    compiled.compile_time.as_secs_f64() * 1e3
+                );
+            }
             self.ctx
                 .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.to_vec()))
                 .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))
         })
     }
+}
+
+/// `FERROGRAD_LOG_MODULES=1`: one stderr line per module a context loads (name, where its CUBIN
+/// came from, the time it took), to see what a run compiles and waits for.
+fn log_modules() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROGRAD_LOG_MODULES").is_ok_and(|v| v.trim() == "1"))
 }

@@ -208,6 +208,14 @@ impl<M: Clone, F: Clone> FuncCache<M, F> {
         Ok(f)
     }
 
+    /// The names of the modules loaded so far, sorted.
+    pub(crate) fn names(&self) -> Vec<&'static str> {
+        let mut v: Vec<&'static str> =
+            self.modules.lock().unwrap_or_else(PoisonError::into_inner).keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
     /// The loaded handle of `module`, loading it on first use.
     pub(crate) fn module(&self, module: &Module, load_module: impl FnOnce(&Module) -> Result<M>) -> Result<M> {
         let mut map = self.modules.lock().unwrap_or_else(PoisonError::into_inner);

@@ -6,6 +6,7 @@
 //! - `plan`: how many copies fit, measured from the allocator.
 //! - `model`: the 71-47-23-11-5-11-23-47-71 autoencoder and its PyTorch-named weights.
 //! - `fused`: the CUDA training step in two kernel launches.
+//! - `kernels`: the kernel modules a GPU run launches (compiled at once at its start).
 //! - `persistent`: the whole run in one cooperative kernel (`crate::persistent`), the default on a GPU.
 //! - `train`: the training run and its report.
 //! - `dp`: data parallel under `ferrograd launch` (hooks into the process group, the fused step
@@ -14,6 +15,7 @@
 pub mod data;
 pub mod dp;
 pub mod fused;
+pub mod kernels;
 pub mod model;
 pub mod persistent;
 pub mod plan;

@@ -19,9 +19,9 @@
 //! snapshot and its restore copy into the same tensors the graph reads and writes (the device's
 //! Adam step count among them), and the loss tensor each replay overwrites is read as any other.
 //!
-//! (About 630 lines: the run, its non-finite guard and the guard's tests belong together; the
+//! (About 640 lines: the run, its non-finite guard and the guard's tests belong together; the
 //! three steps it drives live in `stepper`, the persistent kernel in `persistent`, the
-//! data-parallel step in `dp`.)
+//! data-parallel step in `dp`, the kernel modules it warms in `kernels`.)
 
 use super::data::{CopyData, COPY_BYTES};
 pub use super::dp::{DistHooks, TensorHook};
@@ -30,7 +30,7 @@ use super::plan::{human, measure_copy, plan, MemoryPlan, PlanRequest};
 use super::stepper::{Autograd, GraphSteps, Stepper};
 use super::walk::{ENTRIES, RINGS, SAMPLES, STEPS};
 use crate::persistent::{PhaseProfile, Precision};
-use ferrograd_core::cuda::{modules, CudaDevice};
+use ferrograd_core::cuda::CudaDevice;
 use ferrograd_core::optim::AdamConfig;
 use ferrograd_core::{Device, Error, Result, Tensor};
 use ferrograd_nn::checkpoint::LoadOptions;
@@ -180,6 +180,17 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
     // The plan by arithmetic first: an impossible request fails before anything is built.
     let free = free_bytes(cfg.device)?;
     check_fits(&plan(cfg.plan, COPY_BYTES, free)?, cfg.device)?;
+    // The run's kernel modules start compiling now, all at once, while the weights are drawn and
+    // the data is built (on a warm kernel cache: a few disk reads); loaded before the timed loop.
+    let kernels = match cfg.device {
+        Device::Cuda(o) => {
+            let dev = CudaDevice::get(o)?;
+            let list = super::kernels::modules(cfg, &dev)?;
+            drop(dev.warm(&list));
+            list
+        }
+        Device::Cpu => vec![],
+    };
     // Weights next: a bad --init file fails before minutes of data building.
     let model = match &cfg.init {
         Some(p) => Autoencoder::load_with(p, cfg.device, LoadOptions { allow_nonfinite: cfg.allow_nonfinite })?,
@@ -214,8 +225,9 @@ pub fn run(cfg: &TrainConfig, mut on_epoch: impl FnMut(&EpochStats)) -> Result<(
     let measured = match cfg.device {
         Device::Cuda(o) => {
             let dev = CudaDevice::get(o)?;
-            // Compile or load every kernel now, so the timed loop measures training only.
-            for m in modules::ALL {
+            // Every kernel module of the run loaded now (waiting for the warm start's compiles), so
+            // the timed loop measures training only.
+            for m in &kernels {
                 dev.load_module(m)?;
             }
             dev.synchronize()?;

@@ -49,6 +49,12 @@ pub fn layout_for(spec: &MlpSpec, sms: usize, max_rows: usize) -> Layout {
     Layout::new(spec, grid, 8 * tiles.div_ceil(grid))
 }
 
+/// The module a run of `spec` in batches of up to `max_rows` rows launches on `dev` (the one
+/// [`PersistentMlp::new`] loads): what a warm start compiles ahead.
+pub fn module_on(spec: &MlpSpec, dev: &CudaDevice, max_rows: usize, precision: Precision) -> &'static Module {
+    specialized(precision, &layout_for(spec, dev.info.multiprocessors.max(1) as usize, max_rows))
+}
+
 /// `precision`'s module with `layout`'s descriptor compiled in as constants (`MLP_FIXED_DESC`;
 /// the kernel says why: 16% of a Monster Walk run). One module per layout and precision, named
 /// `mlp_persistent_<precision>_<16 hex digits of the descriptor's FNV-1a hash>` (loaded modules

@@ -1,7 +1,7 @@
 //! Embedded CUDA C -> NVRTC -> CUBIN, behind an in-process cache and an on-disk cache. One file
 //! per concern: `source` (what is compiled: modules, shared headers, defines), `arch`, `key`, `disk`,
 //! `include` (CUDA header search), `source_dir` (a developer's edited sources), `compiler` (libnvrtc), `cache` (the layers together and
-//! parallel precompile), `report`, `error`.
+//! parallel precompile), `warm` (a run's own modules compiled in the background at its start), `report`, `error`.
 //!
 //! Why CUBIN and not PTX: PTX is JIT-compiled by the driver every time a module is loaded (the
 //! driver's own cache is per-user, size-capped and keyed on things we do not control), while a
@@ -47,6 +47,7 @@ mod source_dir;
 mod tests;
 #[cfg(test)]
 mod testutil;
+mod warm;
 
 pub use arch::Arch;
 pub use cache::{get_or_compile, global, precompile, CompiledKernel, KernelCache, Origin};
@@ -59,3 +60,4 @@ pub use key::CacheKey;
 pub use report::{PrecompileEntry, PrecompileReport};
 pub use source::{env_options, CompileOptions, Define, Header, KernelSource, Module, NVRTC_OPTIONS_ENV};
 pub use source_dir::KERNEL_DIR_ENV;
+pub use warm::{warm, Warm, WARM_ENV};

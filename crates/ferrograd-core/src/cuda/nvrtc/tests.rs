@@ -244,3 +244,37 @@ fn concurrent_requests_for_one_module_compile_it_once() {
     });
     assert_eq!(origins.iter().filter(|o| **o == Origin::Compiled).count(), 1, "{origins:?}");
 }
+
+/// A warm start compiles what it is given on background threads, each module once and longest
+/// first, leaves out a module listed twice and one the architecture does not run (sm_90a-only on
+/// sm_80); a lookup racing it gets the same CUBIN without a second compile, and later lookups are
+/// memory hits.
+#[test]
+fn warm_compiles_each_module_once_in_the_background() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    static LONG: Module = Module::new("warm_long.cu", SAMPLE);
+    static SHORT: Module =
+        Module::new("warm_short.cu", "extern \"C\" __global__ void twice(float* x) { x[threadIdx.x] *= 2.f; }");
+    static HOPPER: Module = Module::new("warm_hopper.cu", "extern \"C\" __global__ void h(float* x) { x[0] = 1.f; }")
+        .with_options(CompileOptions { sm90a: true, ..CompileOptions::DEFAULT });
+    let dir = TempDir::new("warm");
+    let cache: &'static KernelCache = Box::leak(Box::new(KernelCache::new(Some(DiskCache::new(dir.path())))));
+    let warm = cache.warm(Arch::SM80, &[&SHORT, &LONG, &SHORT, &HOPPER]);
+    assert_eq!(warm.modules(), ["warm_long.cu", "warm_short.cu"]);
+    // The launch's own lookup, racing the warm threads.
+    let racing = cache.get_or_compile(&SHORT.source(), Arch::SM80).expect("compile");
+    let done = warm.wait();
+    assert_eq!(done.len(), 2);
+    let short = done.iter().find(|(n, _)| *n == "warm_short.cu").map(|(_, r)| r.as_ref().expect("warm compile"));
+    let compiles = [Some(&racing.origin), short].iter().filter(|o| **o == Some(&Origin::Compiled)).count();
+    assert_eq!(compiles, 1, "one NVRTC run for warm_short.cu: racing {:?}, warm {short:?}", racing.origin);
+    assert_eq!(done[0].1.as_ref().ok(), Some(&Origin::Compiled));
+    for m in [&LONG, &SHORT] {
+        assert_eq!(cache.get_or_compile(&m.source(), Arch::SM80).expect("hit").origin, Origin::Memory, "{}", m.name);
+    }
+    // Everything in memory: a second warm start compiles nothing.
+    let again = cache.warm(Arch::SM80, &[&LONG, &SHORT]).wait();
+    assert!(again.iter().all(|(_, r)| r.as_ref().ok() == Some(&Origin::Memory)), "{again:?}");
+}
