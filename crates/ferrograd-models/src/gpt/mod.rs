@@ -19,6 +19,7 @@ pub mod config;
 pub mod dp;
 pub(crate) mod fit;
 pub mod hf;
+pub mod kernels;
 pub mod loader;
 pub mod model;
 pub mod ops;

@@ -245,7 +245,10 @@ impl Run {
         }
         let mut notes = vec![];
         if let Device::Cuda(o) = cfg.device {
-            CudaDevice::get(o)?;
+            let dev = CudaDevice::get(o)?;
+            // The run's kernel modules start compiling now, all at once, while the model is built
+            // (on a warm kernel cache: a few disk reads).
+            drop(dev.warm(&super::kernels::modules(&cfg, &dev)?));
             startup.mark("device open (context, streams, cuBLAS handle)");
         }
         let mut model = Gpt::new(cfg.model, cfg.seed, cfg.device)?;

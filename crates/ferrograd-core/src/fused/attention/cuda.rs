@@ -224,6 +224,13 @@ fn wgmma(dev: &CudaDevice, pb: &Problem, dtype: DType) -> bool {
         && pb.b * pb.h * pb.tq.max(pb.tk).div_ceil(64) <= i32::MAX as usize
 }
 
+/// The module our kernels load for `pb` in `dtype` on `dev` (the Hopper build where it runs the
+/// call); none for a head dim or dtype CUDA has no kernel for.
+pub(super) fn modules_for(dev: &CudaDevice, pb: &Problem, dtype: DType) -> Vec<&'static Module> {
+    let m = if wgmma(dev, pb, dtype) { wg_module(pb.d, dtype, pb.dropout.is_some()) } else { module(pb.d, dtype) };
+    m.ok().into_iter().collect()
+}
+
 /// The Hopper forward's and backward's name infix: `wgdrop` for the build with dropout.
 fn wg_kind(pb: &Problem) -> &'static str {
     if pb.dropout.is_some() {

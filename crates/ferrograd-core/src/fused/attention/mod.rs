@@ -447,6 +447,18 @@ impl FusedOp for SdpaBackward {
     }
 }
 
+/// The kernel modules a causal training call (more than one query, no dropout) of head dim `d`
+/// in `dtype` loads on `dev` under the backend in force: none where cuDNN takes it or where CUDA
+/// has no kernel for `d` (the composed fallback), else our kernels' module, the Hopper build
+/// where it applies. What a training run's warm start compiles ahead (`CudaDevice::warm`).
+pub fn training_modules(dev: &crate::cuda::CudaDevice, d: usize, dtype: DType) -> Result<Vec<&'static Module>> {
+    let pb = Problem { b: 1, h: 1, tq: 2, tk: 2, d, causal: true, scale: 1.0, dropout: None };
+    if wants_cudnn(&pb, dtype)? {
+        return Ok(vec![]);
+    }
+    Ok(cuda::modules_for(dev, &pb, dtype))
+}
+
 /// Whether this CUDA forward or backward should try cuDNN (the backend in force and the case).
 /// Either direction may run on either implementation: both save and read the same statistics.
 fn wants_cudnn(pb: &Problem, dtype: DType) -> Result<bool> {
