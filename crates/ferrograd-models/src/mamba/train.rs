@@ -148,6 +148,10 @@ fn step_body(
 impl MambaRun {
     pub fn new(cfg: MambaTrainConfig) -> Result<MambaRun> {
         cfg.validate()?;
+        if let Device::Cuda(o) = cfg.device {
+            // The run's kernel modules start compiling now, all at once, while the model is built.
+            drop(CudaDevice::get(o)?.warm(&super::kernels::modules(&cfg)?));
+        }
         let model = MambaLm::new(cfg.model, cfg.seed, cfg.device)?;
         let no_decay = |n: &str, t: &Tensor| t.rank() < 2 || n.ends_with("A_log") || n.ends_with(".D");
         // The checkpoint holds the padded embedding (the model's own view), so its moments stay whole.

@@ -56,7 +56,7 @@ fn params(pb: &Problem) -> ScanParams {
 /// steps (`CHUNK`), as mamba_ssm picks its kernel. Every choice gives `ceil(len / CHUNK)` chunks.
 /// The backward runs chunks of more than 256 steps with twice the threads and half the steps a
 /// thread (selective_scan.cu says why).
-fn config(len: usize, backward: bool) -> (usize, usize) {
+pub(super) fn config(len: usize, backward: bool) -> (usize, usize) {
     let (nt, k) = match len {
         ..=128 => (32, 4),
         129..=256 => (32, 8),

@@ -233,6 +233,15 @@ fn resolve(u: &Tensor, delta: &Tensor, a: &Tensor, b: &Tensor, c: &Tensor, args:
     Ok(pb)
 }
 
+/// The kernel modules a CUDA training call over `len` steps in `dtype` loads (its forward's and
+/// its backward's, whose block sizes follow `len`): what a training run's warm start compiles
+/// ahead (`CudaDevice::warm`).
+pub fn training_modules(dtype: DType, len: usize) -> Result<Vec<&'static Module>> {
+    let (fwd, _) = cuda::config(len, false);
+    let (bwd, _) = cuda::config(len, true);
+    Ok(vec![cuda::module("fwd", dtype, fwd)?, cuda::module("bwd", dtype, bwd)?])
+}
+
 /// The selective scan of Mamba, `mamba_ssm.ops.selective_scan_interface.selective_scan_fn(u,
 /// delta, A, B, C, D, z, delta_bias, delta_softplus)` with real `A` and variable `B` / `C`
 /// (the recurrence is in the module documentation). Recorded as one op with its own backward
