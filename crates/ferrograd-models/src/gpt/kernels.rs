@@ -11,26 +11,31 @@ use ferrograd_core::cuda::CudaDevice;
 use ferrograd_core::fused::{add_layer_norm, attention, classifier, cross_entropy, fake_quantize, layer_norm, linear};
 use ferrograd_core::{DType, Result};
 
+/// What a language model's training run over token shards loads whatever its blocks are: the
+/// weights drawn on the device, copies and autocast's casts, the embedding (index), the fused layer
+/// norms and residual adds, the classifier and validation's cross entropy, sums and AdamW. Mamba's
+/// run (`mamba::kernels`) adds its own to the same list.
+pub const LM_MODULES: [&Module; 12] = [
+    &RNG,
+    &COPY,
+    &CAST,
+    &INDEX,
+    &BINARY,
+    &REDUCE,
+    &OPTIM,
+    &layer_norm::MODULE,
+    &layer_norm::MODULE_BWD,
+    &add_layer_norm::MODULE,
+    &classifier::MODULE,
+    &cross_entropy::MODULE,
+];
+
 /// The modules a run of `cfg` loads on `dev`.
 pub fn modules(cfg: &TrainConfig, dev: &CudaDevice) -> Result<Vec<&'static Module>> {
-    // The weights drawn on the device, token and position embeddings (index), the fused layer
-    // norms, the classifier and validation's cross entropy, the linear layers' activation
-    // gradients (f32: the master weights' bias sums), sums and Adam, casts of autocast.
-    let mut v: Vec<&'static Module> = vec![
-        &RNG,
-        &COPY,
-        &CAST,
-        &INDEX,
-        &BINARY,
-        &REDUCE,
-        &OPTIM,
-        &layer_norm::MODULE,
-        &layer_norm::MODULE_BWD,
-        &add_layer_norm::MODULE,
-        &classifier::MODULE,
-        &cross_entropy::MODULE,
-        &linear::LINEAR_F32,
-    ];
+    // The linear layers' activation gradients: f32 (the master weights' bias sums) and the
+    // autocast dtype's.
+    let mut v: Vec<&'static Module> = LM_MODULES.to_vec();
+    v.push(&linear::LINEAR_F32);
     let dtype = match cfg.precision {
         Precision::Bf16 => DType::BF16,
         Precision::F32 => DType::F32,

@@ -6,31 +6,17 @@
 //! fails when a run loads one.
 
 use super::train::MambaTrainConfig;
-use ferrograd_core::cuda::modules::{Module, BINARY, CAST, COPY, INDEX, OPTIM, REDUCE, RNG, UNARY};
-use ferrograd_core::fused::{add_layer_norm, classifier, conv1d_causal, cross_entropy, layer_norm, selective_scan};
+use crate::gpt::kernels::LM_MODULES;
+use ferrograd_core::cuda::modules::{Module, UNARY};
+use ferrograd_core::fused::{conv1d_causal, selective_scan};
 use ferrograd_core::{DType, Result};
 
 /// The modules a run of `cfg` loads on a GPU.
 pub fn modules(cfg: &MambaTrainConfig) -> Result<Vec<&'static Module>> {
-    // The weights drawn on the device, the embedding (index), the fused norms and residual adds,
-    // the classifier and validation's cross entropy, SiLU and softplus (unary), sums and AdamW,
-    // the causal convolution; the scan runs in f32 under either precision.
-    let mut v: Vec<&'static Module> = vec![
-        &RNG,
-        &COPY,
-        &CAST,
-        &UNARY,
-        &INDEX,
-        &BINARY,
-        &REDUCE,
-        &OPTIM,
-        &layer_norm::MODULE,
-        &layer_norm::MODULE_BWD,
-        &add_layer_norm::MODULE,
-        &classifier::MODULE,
-        &cross_entropy::MODULE,
-        &conv1d_causal::MODULE,
-    ];
+    // A language model's (`gpt::kernels::LM_MODULES`), then SiLU and softplus (unary), the causal
+    // convolution and the scan, which runs in f32 under either precision.
+    let mut v: Vec<&'static Module> = LM_MODULES.to_vec();
+    v.extend([&UNARY, &conv1d_causal::MODULE]);
     v.extend(selective_scan::training_modules(DType::F32, cfg.context)?);
     Ok(v)
 }
