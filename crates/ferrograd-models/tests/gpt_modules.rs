@@ -1,17 +1,20 @@
-//! The kernel modules a GPT training run loads on a GPU (steps, validation) are the ones
-//! `gpt::kernels` lists, which `Run::new` warms at the start: a module outside the list compiles
-//! on the training thread, one after another, on a cold kernel cache. Its own test binary, so that
-//! the device's loaded modules are this test's alone. Prints one line and passes without a GPU.
+//! The kernel modules a GPT training run loads on a GPU (steps, validation), and then sampling as
+//! `gpt sample` does, are the ones `gpt::kernels` lists (`Run::new` and `gpt sample` warm them): a
+//! module outside the lists compiles on the running thread, one after another, on a cold kernel
+//! cache. Its own test binary, so that the device's loaded modules are this test's alone. Prints
+//! one line and passes without a GPU.
 
 mod common;
 
 use common::gpu;
 use ferrograd_core::cuda::CudaDevice;
-use ferrograd_core::{Device, Result};
+use ferrograd_core::{DType, Device, Result};
 use ferrograd_models::gpt::kernels;
 use ferrograd_models::gpt::prepare::{prepare, PrepareConfig};
+use ferrograd_models::gpt::sample::{generate, SampleConfig};
 use ferrograd_models::gpt::train::{BatchSize, Precision, Run, TrainConfig};
-use ferrograd_models::gpt::GptConfig;
+use ferrograd_models::gpt::{Gpt, GptConfig};
+use ferrograd_nn::amp::autocast;
 use std::collections::BTreeSet;
 
 #[test]
@@ -50,6 +53,29 @@ fn cuda_training_loads_only_the_modules_it_lists() -> Result<()> {
         let extra: Vec<&&str> = loaded.difference(&listed).collect();
         println!("{precision:?}: listed {:?}", list.iter().map(|m| m.name).collect::<Vec<_>>());
         assert!(extra.is_empty(), "{precision:?}: loaded {extra:?}, which gpt::kernels does not list");
+    }
+    // Sampling as `gpt sample` does it, in f32 and with `--bf16` (projections cast, autocast).
+    for bf16 in [false, true] {
+        let mut m = Gpt::new(model, 3, dev)?;
+        if bf16 {
+            m.cast_projections(DType::BF16)?;
+        }
+        let list = kernels::sample_modules(&model, &cuda, bf16)?;
+        listed.extend(list.iter().map(|m| m.name));
+        let _ac = if bf16 { Some(autocast(DType::BF16)?) } else { None };
+        let cfg = SampleConfig {
+            max_new_tokens: 4,
+            temperature: 1.0,
+            top_k: Some(5),
+            seed: 1,
+            stop_at_eot: false,
+            graph: true,
+        };
+        generate(&m, &[5, 17, 3], &cfg, |_| Ok(()))?;
+        let loaded: BTreeSet<&str> = cuda.loaded_modules().into_iter().collect();
+        let extra: Vec<&&str> = loaded.difference(&listed).collect();
+        println!("sample, bf16 {bf16}: listed {:?}", list.iter().map(|m| m.name).collect::<Vec<_>>());
+        assert!(extra.is_empty(), "sample, bf16 {bf16}: loaded {extra:?}, which gpt::kernels does not list");
     }
     Ok(())
 }

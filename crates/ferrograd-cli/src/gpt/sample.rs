@@ -94,6 +94,11 @@ pub fn run(a: SampleArgs, out: &mut dyn Write) -> CliResult<()> {
         None => Device::best()?,
     };
     let (mut model, note) = super::quant::load_for_sampling(&a.checkpoint, device, a.int8)?;
+    if let Device::Cuda(o) = device {
+        // The prompt's and the decode's kernel modules start compiling now, all at once.
+        let dev = ferrograd_core::cuda::CudaDevice::get(o)?;
+        drop(dev.warm(&ferrograd_models::gpt::kernels::sample_modules(&model.config, &dev, a.bf16)?));
+    }
     if a.bf16 {
         // Cast once here rather than by autocast at every decode step.
         model.cast_projections(DType::BF16)?;

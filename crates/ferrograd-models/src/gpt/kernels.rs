@@ -2,13 +2,20 @@
 //! (`Run::new`, a warm start: `CudaDevice::warm`). Before, each compiled when its first kernel
 //! launched, one after another on the training thread: on a cold kernel cache (a new machine or a
 //! new ferrograd version) GPT-2 124M in bf16 started its first step after 14.7 s on an H100, 14
-//! modules of NVRTC in a row. A module left out of this list still compiles when first used; the
-//! CUDA test `gpt_modules` fails when a run loads one.
+//! modules of NVRTC in a row. `gpt sample` warms its own (`sample_modules`): right after a
+//! training run it compiled 4 more modules one after another (11.9 s for 32 tokens, 0.9 s once
+//! cached). A module left out of these lists still compiles when first used; the CUDA test
+//! `gpt_modules` fails when a run or a sample loads one.
 
 use super::settings::{Precision, TrainConfig};
-use ferrograd_core::cuda::modules::{Module, BINARY, CAST, COPY, INDEX, OPTIM, REDUCE, RNG};
+use super::GptConfig;
+use ferrograd_core::cuda::modules::{
+    Module, BINARY, BINARY_HALF, BINARY_REST, CAST, COPY, INDEX, OPTIM, REDUCE, RNG, UNARY,
+};
 use ferrograd_core::cuda::CudaDevice;
-use ferrograd_core::fused::{add_layer_norm, attention, classifier, cross_entropy, fake_quantize, layer_norm, linear};
+use ferrograd_core::fused::{
+    add_layer_norm, attention, classifier, cross_entropy, fake_quantize, layer_norm, linear, softmax,
+};
 use ferrograd_core::{DType, Result};
 
 /// What a language model's training run over token shards loads whatever its blocks are: the
@@ -46,6 +53,32 @@ pub fn modules(cfg: &TrainConfig, dev: &CudaDevice) -> Result<Vec<&'static Modul
     if cfg.qat {
         v.push(&fake_quantize::MODULE);
     }
-    v.extend(attention::training_modules(dev, cfg.model.head_dim(), dtype)?);
+    v.extend(attention::call_modules(dev, cfg.context, cfg.model.head_dim(), dtype)?);
+    Ok(v)
+}
+
+/// The modules `gpt sample` loads for `config` (`bf16`: its `--bf16` projections and autocast):
+/// the prompt's forward and then one token at a time with the KV cache. Copies, the embedding
+/// (index), adds and comparisons, GELU and the logits' scaling (unary), the layer norms, the
+/// sampling softmax; attention's for the prompt (cuDNN's where it takes it) and for a single
+/// query (ours).
+pub fn sample_modules(config: &GptConfig, dev: &CudaDevice, bf16: bool) -> Result<Vec<&'static Module>> {
+    let dtype = if bf16 { DType::BF16 } else { DType::F32 };
+    let mut v: Vec<&'static Module> = vec![
+        &COPY,
+        &INDEX,
+        &BINARY,
+        &BINARY_REST,
+        &UNARY,
+        &layer_norm::MODULE,
+        &add_layer_norm::MODULE,
+        &softmax::MODULE,
+    ];
+    if bf16 {
+        v.extend([&CAST, &BINARY_HALF]);
+    }
+    let d = config.head_dim();
+    v.extend(attention::call_modules(dev, 2, d, dtype)?);
+    v.extend(attention::call_modules(dev, 1, d, dtype)?);
     Ok(v)
 }

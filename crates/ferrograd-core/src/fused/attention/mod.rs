@@ -447,12 +447,13 @@ impl FusedOp for SdpaBackward {
     }
 }
 
-/// The kernel modules a causal training call (more than one query, no dropout) of head dim `d`
-/// in `dtype` loads on `dev` under the backend in force: none where cuDNN takes it or where CUDA
-/// has no kernel for `d` (the composed fallback), else our kernels' module, the Hopper build
-/// where it applies. What a training run's warm start compiles ahead (`CudaDevice::warm`).
-pub fn training_modules(dev: &crate::cuda::CudaDevice, d: usize, dtype: DType) -> Result<Vec<&'static Module>> {
-    let pb = Problem { b: 1, h: 1, tq: 2, tk: 2, d, causal: true, scale: 1.0, dropout: None };
+/// The kernel modules a causal call of `tq` queries (no dropout) of head dim `d` in `dtype` loads
+/// on `dev` under the backend in force: none where cuDNN takes it or where CUDA has no kernel for
+/// `d` (the composed fallback), else our kernels' module, the Hopper build where it applies.
+/// Training and a prompt's forward are calls of more than one query, a decode step one. What a
+/// run's warm start compiles ahead (`CudaDevice::warm`).
+pub fn call_modules(dev: &crate::cuda::CudaDevice, tq: usize, d: usize, dtype: DType) -> Result<Vec<&'static Module>> {
+    let pb = Problem { b: 1, h: 1, tq: tq.max(1), tk: tq.max(1), d, causal: true, scale: 1.0, dropout: None };
     if wants_cudnn(&pb, dtype)? {
         return Ok(vec![]);
     }
