@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -188,21 +188,12 @@ impl KernelCache {
         let start = Instant::now();
         nvrtc_info()?.check_arch(arch)?;
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(1, kernels.len().max(1));
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<Mutex<Option<Result<CompiledKernel, KernelError>>>> =
-            kernels.iter().map(|_| Mutex::new(None)).collect();
-        // Longest expected compile first (LPT scheduling): a long module started last would
-        // finish alone while the other threads sit idle.
-        let mut order: Vec<usize> = (0..kernels.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(kernels[i].expected_ms()));
+        let next = AtomicUsize::new(0);
+        let results: Vec<BatchSlot> = kernels.iter().map(|_| Mutex::new(None)).collect();
+        let order = longest_first(kernels);
         std::thread::scope(|s| {
             for _ in 0..threads {
-                s.spawn(|| loop {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&i) = order.get(n) else { break };
-                    let r = self.get_or_compile(&kernels[i], arch);
-                    *results[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
-                });
+                s.spawn(|| self.drain(kernels, &order, &next, &results, arch));
             }
         });
         let entries = kernels
@@ -226,6 +217,38 @@ impl KernelCache {
             elapsed: start.elapsed(),
             threads,
         })
+    }
+}
+
+/// Where one compile of a parallel batch leaves its result.
+pub(super) type BatchSlot = Mutex<Option<Result<CompiledKernel, KernelError>>>;
+
+/// Indices of `kernels`, longest expected compile first (LPT scheduling): a long module started
+/// last would finish alone while the other threads sit idle.
+pub(super) fn longest_first(kernels: &[KernelSource<'_>]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..kernels.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(kernels[i].expected_ms()));
+    order
+}
+
+impl KernelCache {
+    /// One worker of a parallel batch (`precompile`'s scoped threads, `warm`'s detached ones):
+    /// takes the next index of `order` until none is left and puts that kernel's CUBIN, or why
+    /// there is none, in its slot of `results`.
+    pub(super) fn drain(
+        &self,
+        kernels: &[KernelSource<'_>],
+        order: &[usize],
+        next: &AtomicUsize,
+        results: &[BatchSlot],
+        arch: Arch,
+    ) {
+        loop {
+            let n = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&i) = order.get(n) else { break };
+            let r = self.get_or_compile(&kernels[i], arch);
+            *results[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
+        }
     }
 }
 

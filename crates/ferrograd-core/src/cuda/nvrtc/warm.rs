@@ -14,10 +14,10 @@
 //! compiles only the run's own. `FERROGRAD_WARM=0` turns it off (to measure both sides).
 
 use super::arch::Arch;
-use super::cache::{global, KernelCache, Origin};
+use super::cache::{global, longest_first, BatchSlot, KernelCache, Origin};
 use super::error::KernelError;
-use super::source::Module;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use super::source::{KernelSource, Module};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 
@@ -30,20 +30,18 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var(WARM_ENV).map_or(true, |v| v.trim() != "0"))
 }
 
-type Outcome = Option<Result<Origin, KernelError>>;
-
 /// Compiles started by [`KernelCache::warm`]. Dropping it leaves them running: each ends in the
 /// cache (and on disk, written atomically), where the run's launches find it.
 #[derive(Debug)]
 pub struct Warm {
     names: Vec<&'static str>,
-    results: Arc<Vec<Mutex<Outcome>>>,
+    results: Arc<Vec<BatchSlot>>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Warm {
-    /// The modules being compiled or read, in the order given (duplicates and modules the
-    /// architecture does not run left out).
+    /// The modules being compiled or read, longest expected compile first (duplicates and modules
+    /// the architecture does not run left out).
     pub fn modules(&self) -> &[&'static str] {
         &self.names
     }
@@ -63,7 +61,7 @@ impl Warm {
                 let r = r.lock().unwrap_or_else(PoisonError::into_inner).take().unwrap_or_else(|| {
                     Err(KernelError::Nvrtc { name: name.to_string(), call: "warm thread", code: "did not run".into() })
                 });
-                (name, r)
+                (name, r.map(|c| c.origin))
             })
             .collect()
     }
@@ -74,31 +72,28 @@ impl KernelCache {
     /// longest expected compile first, and return at once (see the module docs). Modules that
     /// `arch` does not run are left out; with `FERROGRAD_WARM=0` nothing starts.
     pub fn warm(&'static self, arch: Arch, modules: &[&'static Module]) -> Warm {
-        let mut list: Vec<&'static Module> = Vec::with_capacity(modules.len());
-        for &m in modules {
-            if m.source().needed_for(arch) && !list.iter().any(|k| k.name == m.name) {
-                list.push(m);
+        let mut kernels: Vec<KernelSource<'static>> = Vec::with_capacity(modules.len());
+        for m in modules {
+            let k = m.source();
+            if enabled() && k.needed_for(arch) && !kernels.iter().any(|x| x.name == k.name) {
+                kernels.push(k);
             }
         }
-        if !enabled() {
-            list.clear();
-        }
-        // Longest first (LPT), as `precompile` does: the longest module bounds the wall time.
-        list.sort_by_key(|m| std::cmp::Reverse(m.source().expected_ms()));
-        let names: Vec<&'static str> = list.iter().map(|m| m.name).collect();
-        let results: Arc<Vec<Mutex<Outcome>>> = Arc::new(list.iter().map(|_| Mutex::new(None)).collect());
-        let list = Arc::new(list);
+        // Sorted longest first here, so that `modules()` lists them in the order they start.
+        let order = longest_first(&kernels);
+        let kernels: Arc<Vec<KernelSource<'static>>> = Arc::new(order.iter().map(|&i| kernels[i]).collect());
+        let order: Arc<Vec<usize>> = Arc::new((0..kernels.len()).collect());
+        let names: Vec<&'static str> = kernels.iter().map(|k| k.name).collect();
+        let results: Arc<Vec<BatchSlot>> = Arc::new(kernels.iter().map(|_| Mutex::new(None)).collect());
         let next = Arc::new(AtomicUsize::new(0));
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
         let mut threads = Vec::new();
-        for i in 0..cores.min(list.len()) {
-            let (list, results, next) = (Arc::clone(&list), Arc::clone(&results), Arc::clone(&next));
-            let spawned = std::thread::Builder::new().name(format!("ferrograd-warm-{i}")).spawn(move || loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                let Some(m) = list.get(n) else { break };
-                let r = self.get_or_compile(&m.source(), arch).map(|c| c.origin);
-                *results[n].lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
-            });
+        for i in 0..cores.min(kernels.len()) {
+            let (kernels, order, results, next) =
+                (Arc::clone(&kernels), Arc::clone(&order), Arc::clone(&results), Arc::clone(&next));
+            let spawned = std::thread::Builder::new()
+                .name(format!("ferrograd-warm-{i}"))
+                .spawn(move || self.drain(&kernels, &order, &next, &results, arch));
             // No thread (a process at its limit): the launches compile what is left, as before.
             match spawned {
                 Ok(t) => threads.push(t),
