@@ -11,6 +11,7 @@ use ferrograd_core::cuda::CudaDevice;
 use ferrograd_core::{DType, Device, Result};
 use ferrograd_models::gpt::kernels;
 use ferrograd_models::gpt::prepare::{prepare, PrepareConfig};
+use ferrograd_models::gpt::quant::{self, QuantMode};
 use ferrograd_models::gpt::sample::{generate, SampleConfig};
 use ferrograd_models::gpt::train::{BatchSize, Precision, Run, TrainConfig};
 use ferrograd_models::gpt::{Gpt, GptConfig};
@@ -54,13 +55,19 @@ fn cuda_training_loads_only_the_modules_it_lists() -> Result<()> {
         println!("{precision:?}: listed {:?}", list.iter().map(|m| m.name).collect::<Vec<_>>());
         assert!(extra.is_empty(), "{precision:?}: loaded {extra:?}, which gpt::kernels does not list");
     }
-    // Sampling as `gpt sample` does it, in f32 and with `--bf16` (projections cast, autocast).
-    for bf16 in [false, true] {
+    // Sampling as `gpt sample` does it: in f32, with `--bf16` (projections cast, autocast), and
+    // with `--int8` in both modes (quantized as on load, the float projections dropped).
+    let cases = [(false, None), (true, None), (false, Some(QuantMode::W8A8)), (true, Some(QuantMode::W8A16))];
+    for (bf16, int8) in cases {
         let mut m = Gpt::new(model, 3, dev)?;
+        if let Some(mode) = int8 {
+            quant::quantize(&mut m, mode)?;
+            quant::drop_float_projections(&mut m)?;
+        }
         if bf16 {
             m.cast_projections(DType::BF16)?;
         }
-        let list = kernels::sample_modules(&model, &cuda, bf16)?;
+        let list = kernels::sample_modules(&m, &cuda, bf16)?;
         listed.extend(list.iter().map(|m| m.name));
         let _ac = if bf16 { Some(autocast(DType::BF16)?) } else { None };
         let cfg = SampleConfig {
@@ -74,8 +81,11 @@ fn cuda_training_loads_only_the_modules_it_lists() -> Result<()> {
         generate(&m, &[5, 17, 3], &cfg, |_| Ok(()))?;
         let loaded: BTreeSet<&str> = cuda.loaded_modules().into_iter().collect();
         let extra: Vec<&&str> = loaded.difference(&listed).collect();
-        println!("sample, bf16 {bf16}: listed {:?}", list.iter().map(|m| m.name).collect::<Vec<_>>());
-        assert!(extra.is_empty(), "sample, bf16 {bf16}: loaded {extra:?}, which gpt::kernels does not list");
+        println!("sample, bf16 {bf16}, int8 {int8:?}: listed {:?}", list.iter().map(|m| m.name).collect::<Vec<_>>());
+        assert!(
+            extra.is_empty(),
+            "sample, bf16 {bf16}, int8 {int8:?}: loaded {extra:?}, which gpt::kernels does not list"
+        );
     }
     Ok(())
 }

@@ -7,8 +7,9 @@
 //! cached). A module left out of these lists still compiles when first used; the CUDA test
 //! `gpt_modules` fails when a run or a sample loads one.
 
+use super::quant::Linears;
 use super::settings::{Precision, TrainConfig};
-use super::GptConfig;
+use super::Gpt;
 use ferrograd_core::cuda::modules::{
     Module, BINARY, BINARY_HALF, BINARY_REST, CAST, COPY, INDEX, OPTIM, REDUCE, RNG, UNARY,
 };
@@ -57,12 +58,14 @@ pub fn modules(cfg: &TrainConfig, dev: &CudaDevice) -> Result<Vec<&'static Modul
     Ok(v)
 }
 
-/// The modules `gpt sample` loads for `config` (`bf16`: its `--bf16` projections and autocast):
+/// The modules `gpt sample` loads for `model` (`bf16`: its `--bf16` projections and autocast):
 /// the prompt's forward and then one token at a time with the KV cache. Copies, the embedding
 /// (index), adds and comparisons, GELU and the logits' scaling (unary), the layer norms, the
 /// sampling softmax; attention's for the prompt (cuDNN's where it takes it) and for a single
-/// query (ours).
-pub fn sample_modules(config: &GptConfig, dev: &CudaDevice, bf16: bool) -> Result<Vec<&'static Module>> {
+/// query (ours); int8 projections (`--int8`, an int8 file) their quantize, dequantize, int8 GEMM
+/// and rescale kernels.
+pub fn sample_modules(model: &Gpt, dev: &CudaDevice, bf16: bool) -> Result<Vec<&'static Module>> {
+    let config = &model.config;
     let dtype = if bf16 { DType::BF16 } else { DType::F32 };
     let mut v: Vec<&'static Module> = vec![
         &COPY,
@@ -76,6 +79,9 @@ pub fn sample_modules(config: &GptConfig, dev: &CudaDevice, bf16: bool) -> Resul
     ];
     if bf16 {
         v.extend([&CAST, &BINARY_HALF]);
+    }
+    if matches!(model.linears, Linears::Int8 { .. }) {
+        v.push(&ferrograd_core::quant::MODULE);
     }
     let d = config.head_dim();
     v.extend(attention::call_modules(dev, 2, d, dtype)?);
