@@ -30,14 +30,14 @@ S=${STEPS:-"cudnn_tests bench_cudnn bench_flash twin tests_auto memcheck tests_f
 BA="--seqs 1024,2048,4096 --head-dims 64,128 --causal full,causal"
 for s in $S; do
   case $s in
-    cudnn_tests) CUDNN_LOGLEVEL_DBG=1 CUDNN_LOGDEST_DBG="$OUT/cudnn_errors.log" step cudnn_tests 90 "$T/attention_cudnn-test" --nocapture ;;
+    cudnn_tests) CUDNN_LOGLEVEL_DBG=1 CUDNN_LOGDEST_DBG="$OUT/cudnn_errors.log" step cudnn_tests 90 "$T/core_suite-test" --nocapture attention_cudnn:: ;;
     bench_cudnn) step bench_cudnn 100 "$G/bin/ferrograd" bench attention $BA --backend cudnn --json "$OUT/fg_cudnn.json" ;;
     bench_flash) step bench_flash 80 "$G/bin/ferrograd" bench attention $BA --backend flash --json "$OUT/fg_flash.json" ;;
     twin) step twin 100 python3 "$P/torch_attention.py" $BA --json "$OUT/torch.json" ;;
-    tests_auto) step tests_auto 70 "$T/attention-test" ;;
-    memcheck) step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 97 "$T/attention_cudnn-test" cuda_cudnn_sanitizer_smoke ;;
-    tests_flash) FERROGRAD_ATTENTION=flash step tests_flash 60 "$T/attention-test" ;;
-    tests_cudnn) FERROGRAD_ATTENTION=cudnn step tests_cudnn 60 "$T/attention-test" ;;
+    tests_auto) step tests_auto 70 "$T/core_suite-test" attention:: ;;
+    memcheck) step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 97 "$T/core_suite-test" attention_cudnn::cuda_cudnn_sanitizer_smoke ;;
+    tests_flash) FERROGRAD_ATTENTION=flash step tests_flash 60 "$T/core_suite-test" attention:: ;;
+    tests_cudnn) FERROGRAD_ATTENTION=cudnn step tests_cudnn 60 "$T/core_suite-test" attention:: ;;
   esac
 done
 for b in cudnn flash; do

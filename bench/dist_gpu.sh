@@ -6,7 +6,7 @@
 #   bash bench/dist_gpu.sh [BUNDLE]        BUNDLE: default .gpu (e.g. .gpu-dist)
 #
 # 1. `ferrograd launch --nproc-per-node 2 -- ferrograd dist check`;
-# 2. the 2-GPU tests (crates/ferrograd-cli/tests/dist_gpu.rs: every collective across
+# 2. the 2-GPU tests (crates/ferrograd-cli/tests/cli_suite/dist_gpu.rs: every collective across
 #    processes, 2 GPUs = 1 GPU on the same global batch for plain, ZeRO-1 and two one-GPU "nodes"
 #    over 127.0.0.1, a 2-GPU checkpoint resumed on 1, a killed rank stopping the group, a
 #    rendezvous timeout naming the missing rank, `gpt train` on 2 GPUs = 1 GPU and a 2-GPU GPT
@@ -40,7 +40,7 @@ step precompile 120 ferro kernels --precompile
 # In order of what matters most, should the time budget run out: correctness across GPUs, the
 # agreement with one GPU, the benchmarks, then the tests that CI also runs without GPUs.
 step dist_check 60 launch2 29611 dist check
-step tests_2gpu 200 run_tests "" dist_gpu-test
+step tests_2gpu 200 run_tests dist_gpu:: cli_suite-test
 
 # Data parallel = one GPU on the same global batch (the reference MLP, f32, 10 AdamW steps).
 step mlp_1gpu 60 ferro launch --nproc-per-node 1 --master-port 29614 -- ferrograd dist mlp --steps 10 \
@@ -77,8 +77,8 @@ step transfer_ferrograd 90 ferro bench transfer --device cuda:0 --json "$out/tra
 step transfer_torch 90 python3 "$PY_DIR/torch_transfer.py" --device cuda:0 --json "$out/transfer_torch.json"
 
 # This branch's other tests, on this machine (CPU, and CUDA where they can).
-step tests_dist 150 run_tests "" ferrograd_dist-lib dp-test comm-test launch-test backward_hook-test
-step tests_monster_dp 90 run_tests rank monster_walk-test
+step tests_dist 150 bash -c 'run_tests "" ferrograd_dist-lib dist_suite-test && run_tests launch:: cli_suite-test && run_tests backward_hook:: core_suite-test'
+step tests_monster_dp 90 run_tests "monster_walk::data_parallel monster_walk::two_ranks" models_suite-test
 
 python3 - "$out" "${status[@]}" <<'PY' | tee "$out/summary.txt"
 import json, os, re, sys

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One 2-GPU call (kind nvidia-h200-x2, ~5 min), `bash bench/gpt2_dp_gpu.sh [BUNDLE]`: the 2-GPU tests (dist_gpu-test, incl. gpt train 2 GPUs = 1), the CPU
+# One 2-GPU call (kind nvidia-h200-x2, ~5 min), `bash bench/gpt2_dp_gpu.sh [BUNDLE]`: the 2-GPU tests (cli_suite-test dist_gpu::, incl. gpt train 2 GPUs = 1), the CPU
 # GPT data-parallel tests, then bench/gpt2_dp_compare.sh (ferrograd 1/2 GPUs, PyTorch 1 GPU/DDP 2).
 set -uo pipefail
 G=${1:-.gpu}   # the bundle folder (copy gpt2_dp_compare.sh and gpt2_torch.py into $G/py, shards into $G/data/shakespeare)
@@ -14,8 +14,8 @@ export FERROGRAD_CACHE_DIR=/tmp/ferrograd-cache FERROGRAD_BIN=$(pwd)/$G/bin/ferr
 t0=$SECONDS
 timeout 90 $G/bin/ferrograd kernels --precompile > "$out/precompile.log" 2>&1; echo "precompile rc=$? $((SECONDS-t0))s" >> "$out/status.txt"
 t0=$SECONDS
-timeout 200 $G/tests/dist_gpu-test --test-threads=1 --nocapture > "$out/tests_2gpu.log" 2>&1; echo "tests_2gpu rc=$? $((SECONDS-t0))s" >> "$out/status.txt"
-timeout 60 $G/tests/gpt_dp-test --nocapture > "$out/tests_gpt_dp_cpu.log" 2>&1; echo "tests_gpt_dp_cpu rc=$?" >> "$out/status.txt"
+timeout 200 $G/tests/cli_suite-test --test-threads=1 --nocapture dist_gpu:: > "$out/tests_2gpu.log" 2>&1; echo "tests_2gpu rc=$? $((SECONDS-t0))s" >> "$out/status.txt"
+timeout 60 $G/tests/cli_suite-test --nocapture gpt_dp:: > "$out/tests_gpt_dp_cpu.log" 2>&1; echo "tests_gpt_dp_cpu rc=$?" >> "$out/status.txt"
 t0=$SECONDS
 PRECOMPILE=0 BUNDLE=$G DATA=$G/data/shakespeare PY_DIR=$G/py timeout 300 bash $G/py/gpt2_dp_compare.sh 30 "$out/gpt2dp" > "$out/compare.log" 2>&1
 echo "compare rc=$? $((SECONDS-t0))s" >> "$out/status.txt"

@@ -24,7 +24,7 @@ done
 [ -d /usr/local/cuda ] && export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export FERROGRAD_CACHE_DIR=/tmp/ferrograd-cache PYTHONUNBUFFERED=1
 FG=$G/bin/ferrograd
-PT=$G/tests/persistent_mlp-test
+PT=$G/tests/models_suite-test  # with the filter persistent_mlp:: (the module of that file)
 log() { echo "[$((SECONDS - T0)) s] $*" | tee -a "$OUT/summary.txt"; }
 left() { echo $((BUDGET - (SECONDS - T0))); }
 # timeout of at most $1 seconds, less if the budget is shorter (0: skip)
@@ -48,15 +48,15 @@ if want sanitize && [ -n "$CS" ]; then
   sanit racecheck mw "110" $FG monster-walk --device cuda --copies 2 --epochs 1
   sanit memcheck mw "70" $FG monster-walk --device cuda --copies 2 --epochs 1
   # racecheck of the 20-step Monster Walk test (autograd and all) takes minutes: it comes last
-  sanit racecheck tests "100" $PT --test-threads=1 --skip monster_walk
-  sanit memcheck tests "90" $PT --test-threads=1
+  sanit racecheck tests "100" $PT --test-threads=1 persistent_mlp:: --skip monster_walk
+  sanit memcheck tests "90" $PT --test-threads=1 persistent_mlp::
 fi
 
 # 2. the tests, unsanitized
 if want tests; then
-  timeout "$(tmo 90)" $PT --test-threads=1 --nocapture > "$OUT/tests_persistent.log" 2>&1
+  timeout "$(tmo 90)" $PT --test-threads=1 --nocapture persistent_mlp:: > "$OUT/tests_persistent.log" 2>&1
   log "persistent_mlp tests rc=$? $(grep -E '^test result' "$OUT/tests_persistent.log")"
-  timeout "$(tmo 90)" $G/tests/monster_walk-test --test-threads=1 > "$OUT/tests_monster.log" 2>&1
+  timeout "$(tmo 90)" $PT --test-threads=1 monster_walk:: > "$OUT/tests_monster.log" 2>&1
   log "monster_walk tests rc=$? $(grep -E '^test result' "$OUT/tests_monster.log")"
 fi
 

@@ -8,9 +8,10 @@
 #                                        steps: tests memcheck racecheck bench twin (default: all)
 #   BENCH_ARGS="--seqs 1024,4096" bash bench/op_gpu.sh attention bench twin
 #
-# What OP picks (each overridable from the environment): TEST, the test binary (.gpu/tests/OP-test);
-# MEMCHECK, the test filter run under memcheck ("cuda": the CUDA tests); RACECHECK, the filter run
-# under racecheck (a small test that reaches every kernel with shared memory); BENCH, the
+# What OP picks (each overridable from the environment): TEST, the test binary
+# (.gpu/tests/core_suite-test, where the op's tests are the module OP); MOD, the filter prefix that
+# selects that module ("OP::"); MEMCHECK, the test filter run under memcheck after MOD ("cuda": the
+# CUDA tests); RACECHECK, the filter run under racecheck after MOD (a small test that reaches every kernel with shared memory); BENCH, the
 # `ferrograd bench` subcommand; TWIN, its bench/ script. Logs and JSON go to $OUT (default
 # /tmp/OP-gpu); the last lines summarise every step.
 set -uo pipefail
@@ -32,7 +33,8 @@ done
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} FERROGRAD_CACHE_DIR=${FERROGRAD_CACHE_DIR:-/tmp/ferrograd-cache}
 OUT=${OUT:-/tmp/$OP-gpu}
 mkdir -p "$OUT"
-T=${TEST:-$G/tests/$OP-test}
+T=${TEST:-$G/tests/core_suite-test}
+MOD=${MOD-$OP::}
 OURS=$OUT/ferrograd_$OP.json
 THEIRS=$OUT/pytorch_$OP.json
 SUMMARY=""
@@ -50,9 +52,9 @@ step() {
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
 for s in ${*:-tests memcheck racecheck bench twin}; do
   case $s in
-    tests) step tests 300 "$T" --test-threads=1 --nocapture ;;
-    memcheck) step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 97 "$T" --test-threads=1 "$MEMCHECK" ;;
-    racecheck) step racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 97 "$T" --test-threads=1 "$RACECHECK" ;;
+    tests) step tests 300 "$T" --test-threads=1 --nocapture "$MOD" ;;
+    memcheck) step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 97 "$T" --test-threads=1 "$MOD$MEMCHECK" ;;
+    racecheck) step racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 97 "$T" --test-threads=1 "$MOD$RACECHECK" ;;
     bench) step bench 300 "$G/bin/ferrograd" bench "$BENCH" --json "$OURS" ${BENCH_ARGS:-} ;;
     twin) step twin 300 python3 "bench/$TWIN" --json "$THEIRS" ${BENCH_ARGS:-} ;;
     *) echo "unknown step $s" >&2 ;;

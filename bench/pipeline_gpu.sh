@@ -4,7 +4,7 @@
 #
 #   bash bench/pipeline_gpu.sh [BUNDLE]        BUNDLE: default .gpu (e.g. .gpu-pipe16)
 #
-# 1. the pipeline tests: crates/ferrograd-cli/tests/pipeline_gpu.rs (monster-walk --pipeline 4 on
+# 1. the pipeline tests: crates/ferrograd-cli/tests/cli_suite/pipeline_gpu.rs (monster-walk --pipeline 4 on
 #    2 GPUs over NCCL = on 1 GPU for the same micro-batches, GPipe = 1F1B, a failing stage stopping
 #    every rank; a run past 90 s is a hang and fails) and ferrograd-dist's pipeline tests (the
 #    single-process pipeline over peer copies on 2 GPUs; the CPU ones under NCCL's semantics);
@@ -40,7 +40,7 @@ source "$(dirname "$0")/lib/gpu2.sh"
 
 { nvidia-smi -L; nvidia-smi topo -m; } > "$out/gpus.log" 2>&1
 step precompile 90 ferro kernels --precompile
-step tests 150 run_tests "" pipeline_gpu-test pipeline-test
+step tests 150 bash -c 'run_tests pipeline_gpu:: cli_suite-test && run_tests pipeline:: dist_suite-test'
 W="--copies $COPIES --epochs $EPOCHS"
 mw() { # mw NAME PORT|1 ARGS...: monster-walk --pipeline 4 on 2 ranks (PORT) or cuda:0 (1)
   local name=$1 where=$2; shift 2

@@ -104,7 +104,7 @@ impl Tensor {
 
     /// A new view over the same storage, which must cover `layout` (views only ever narrow,
     /// reorder or broadcast a covered layout; the assertion guards that claim in debug builds and
-    /// `tests/sizes.rs` checks it for every view).
+    /// `tests/core_suite/sizes.rs` checks it for every view).
     pub(crate) fn view(&self, layout: Layout, op: Option<Op>) -> Tensor {
         debug_assert!(
             layout.elem_count() <= MAX_ELEMS && layout.required_len().is_some_and(|n| n <= self.storage_len()),

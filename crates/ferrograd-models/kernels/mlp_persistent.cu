@@ -86,7 +86,7 @@
 // What would cut more (not done): clusters with distributed shared memory. A cooperative launch
 // with clusters runs on an H100 (bench/kernels/cluster_probe.py: up to 8 clusters of 16 = 128
 // blocks resident, 7 = 112 through CudaDevice::launch_cooperative_cluster_raw on the same GPU,
-// tests/cuda_clusters.rs; a cluster barrier 0.045 us against 1.03 us for a grid barrier). Each
+// tests/core_suite/cuda_clusters.rs; a cluster barrier 0.045 us against 1.03 us for a grid barrier). Each
 // cluster could sum its partials over DSMEM, one grid barrier exchange the cluster sums, every
 // cluster run Adam on its own copy and pass the new W around over DSMEM: one grid barrier a step,
 // no L2 refresh.

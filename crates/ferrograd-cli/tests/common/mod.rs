@@ -1,4 +1,4 @@
-//! What the CLI's integration tests share (each `tests/*.rs` includes it with `mod common;`): where
+//! What the CLI's integration tests share (`tests/cli_suite/main.rs` includes it): where
 //! the `ferrograd` binary under test is, and its output as text.
 #![allow(dead_code)] // each test crate uses a different part
 

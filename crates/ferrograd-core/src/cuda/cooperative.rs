@@ -93,7 +93,7 @@ impl CudaDevice {
     /// co-resident depends on the chip, not only on its model (its GPCs hold different numbers of
     /// SMs) and, measured, on the process: at 512 threads and 154 KiB a block the probe
     /// (bench/kernels/cluster_probe.py) ran 33 clusters of 4 on an H100 where this launch, same
-    /// GPU, fits 30 (tests/cuda_clusters.rs; 15 of 8, 7 of 16; the cause is not found yet). A grid
+    /// GPU, fits 30 (tests/core_suite/cuda_clusters.rs; 15 of 8, 7 of 16; the cause is not found yet). A grid
     /// that does not fit is an `Error::Cuda` naming CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
     /// (nothing runs), and the caller sizes its grid down a cluster at a time (the test does).
     /// `grid` must be a multiple of `cluster`, 1 <= cluster <= 16.

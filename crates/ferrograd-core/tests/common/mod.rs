@@ -1,5 +1,6 @@
-//! What the core's integration tests share. Each `tests/*.rs` is a crate of its own and includes
-//! this module with `mod common;` (a folder, so cargo does not run it as a test of its own).
+//! What the core's integration tests share: `tests/core_suite/main.rs` (one binary, a module per
+//! file) and each `tests/*.rs` (a binary of its own) include it with `mod common;` (a folder, so
+//! cargo does not run it as a test of its own).
 //!
 //! - The backend suite: [`backend_tests!`] turns test bodies into one `#[test]` per device, in
 //!   modules `on_cpu` and `on_cuda` (burn's backend tests: one suite every backend must pass). The

@@ -140,7 +140,7 @@ impl Pipeline {
     }
 
     /// A pipeline that leaves NCCL's connections to its first step: only for the test that shows
-    /// that this hangs (`tests/pipeline.rs`).
+    /// that this hangs (`tests/dist_suite/pipeline.rs`).
     #[doc(hidden)]
     pub fn unconnected(comm: Arc<dyn Communicator>, stage: Stage, cfg: PipelineConfig) -> DistResult<Pipeline> {
         let schedule = Schedule::new(cfg.schedule, comm.world_size(), cfg.micro_batches)?;

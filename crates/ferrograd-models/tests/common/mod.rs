@@ -1,4 +1,5 @@
-//! What the model tests share (each `tests/*.rs` that needs it includes it with `mod common;`).
+//! What the model tests share (`tests/models_suite/main.rs` and each `tests/*.rs` that needs it
+//! include it with `mod common;`).
 #![allow(dead_code)] // each test crate uses a different part
 
 use ferrograd_core::Device;

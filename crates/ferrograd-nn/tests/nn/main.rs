@@ -11,5 +11,6 @@ mod learn;
 mod mamba;
 mod modules;
 mod optim;
+mod quant;
 mod safetensors_files;
 mod trainer;

@@ -1,7 +1,7 @@
 //! The graphs' descriptors against a real libcudnn where one loads without a GPU
 //! (`FERROGRAD_CUDNN_LIBRARY=.../libcudnn.so.9`): every tensor and operation finalizes, and so does
 //! the operation graph (cuDNN 9.14+ finalizes one without a handle). Skipped, with a line, where
-//! no cuDNN loads. Whether an engine takes the graph needs a GPU (tests/attention.rs).
+//! no cuDNN loads. Whether an engine takes the graph needs a GPU (tests/core_suite/attention.rs).
 
 use super::graph::{Builder, Shape};
 use super::library;
