@@ -34,6 +34,21 @@ pub fn cfg_elementwise(dev: &CudaDevice, n: usize) -> LaunchConfig {
     c
 }
 
+/// [`cfg_elementwise`] for `n` elements of `dtype` in the maps' (`unary_*`, `binary_*`) own
+/// units. Where every operand is contiguous, a floating dtype takes the 16-byte vector path:
+/// `16 / size` elements a vector, so f16 / bf16 need half the threads f32 does. Counting their
+/// elements as f32's gave each thread two vectors, both in the remainder loop (one load in
+/// flight), and bf16 add / mul ran at 0.97-0.98x of PyTorch's GB/s where f32's ran at 1.00x
+/// (BENCHMARKS.md, call D). `vector`: every operand contiguous and 16-byte aligned (the
+/// kernels' own test); otherwise, and for the integers, the element count, for the scalar loops.
+pub fn cfg_map(dev: &CudaDevice, n: usize, dtype: DType, vector: bool) -> LaunchConfig {
+    if !(vector && dtype.is_float()) {
+        return cfg_elementwise(dev, n);
+    }
+    // Four f32 make one vector; `cfg_elementwise`'s unit is an f32.
+    cfg_elementwise(dev, n.div_ceil(16 / dtype.size_in_bytes()) * 4)
+}
+
 /// One block per row (grid-stride over rows), threads chosen by the row length, at most one
 /// resident wave of blocks.
 pub fn cfg_rows(dev: &CudaDevice, rows: usize, cols: usize, shared_mem_bytes: u32) -> LaunchConfig {

@@ -2,7 +2,7 @@
 
 use super::same_dtype;
 use crate::cuda::klayout::KLayout;
-use crate::cuda::launch::{cfg_1d, cfg_elementwise, launch, width_suffix};
+use crate::cuda::launch::{cfg_1d, cfg_map, launch, width_suffix};
 use crate::cuda::modules;
 use crate::cuda::storage::CudaStorage;
 use crate::op::{BinaryOp, CmpOp};
@@ -23,7 +23,8 @@ pub(super) fn binary(a: &CudaStorage, l: &Layout, b: &CudaStorage, rl: &Layout, 
     let dev = a.dev();
     let out = CudaStorage::uninit(dev, n, a.dtype())?;
     if n > 0 {
-        launch!(dev, *module(a.dtype()), format!("binary_{}", a.dtype()), cfg_elementwise(dev, n);
+        let vector = super::vector_ok(a, l) && super::vector_ok(b, rl);
+        launch!(dev, *module(a.dtype()), format!("binary_{}", a.dtype()), cfg_map(dev, n, a.dtype(), vector);
             KLayout::new(l)?, a.buf.ptr(), KLayout::new(rl)?, b.buf.ptr(), out.buf.ptr(), n as u64, op as i32);
     }
     Ok(out)

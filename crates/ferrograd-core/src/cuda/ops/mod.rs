@@ -27,6 +27,12 @@ pub(crate) fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> 
     Ok(())
 }
 
+/// Whether the elementwise maps read `s` viewed by `l` through their 16-byte vector path
+/// (`fg_mode == FG_CONTIG` and `fg_aligned(.., 16)` in the kernels), for the launch's grid.
+pub(crate) fn vector_ok(s: &CudaStorage, l: &Layout) -> bool {
+    l.is_contiguous() && s.buf.ptr_at(l.offset()).is_multiple_of(16)
+}
+
 impl BackendStorage for CudaStorage {
     fn dtype(&self) -> DType {
         self.buf.dtype

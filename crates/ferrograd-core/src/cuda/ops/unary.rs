@@ -1,7 +1,7 @@
 //! Launches of `kernels/unary.cu`: elementwise maps.
 
 use crate::cuda::klayout::KLayout;
-use crate::cuda::launch::{cfg_elementwise, launch};
+use crate::cuda::launch::{cfg_map, launch};
 use crate::cuda::modules;
 use crate::cuda::storage::CudaStorage;
 use crate::op::UnaryOp;
@@ -16,7 +16,8 @@ pub(super) fn unary(s: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
     let out = CudaStorage::uninit(dev, n, s.dtype())?;
     if n > 0 {
         let (code, p0, p1) = op.code();
-        launch!(dev, modules::UNARY, format!("unary_{}", s.dtype()), cfg_elementwise(dev, n);
+        let vector = super::vector_ok(s, l);
+        launch!(dev, modules::UNARY, format!("unary_{}", s.dtype()), cfg_map(dev, n, s.dtype(), vector);
             KLayout::new(l)?, s.buf.ptr(), out.buf.ptr(), n as u64, code as i32, p0, p1);
     }
     Ok(out)
