@@ -7,26 +7,14 @@
 //! are poisoned (NaN) before the kernels. Without a GPU, or (for the cuDNN cases) without libcudnn
 //! 9, the tests print why and pass.
 
+use crate::common::gpu;
 use ferrograd_core::cuda::nvrtc::Arch;
-use ferrograd_core::cuda::{set_poison_allocations, Capture, CudaDevice};
+use ferrograd_core::cuda::{Capture, CudaDevice};
 use ferrograd_core::fused::attention::select::{counters_on_this_thread, set_backend, set_wgmma, Backend, Counters};
 use ferrograd_core::fused::attention::{cudnn, AttentionOpts};
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
 
 const CPU: Device = Device::Cpu;
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => {
-            set_poison_allocations(true);
-            Some(Device::Cuda(0))
-        }
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 fn gpu_with_cudnn() -> Option<Device> {
     let dev = gpu()?;

@@ -5,7 +5,7 @@
 //! strided logits, ignored rows, and in place. Device outputs are poisoned (NaN bytes) before every
 //! kernel. Without a usable GPU the CUDA tests print one line and pass.
 
-use ferrograd_core::cuda::{set_poison_allocations, CudaDevice};
+use crate::common::gpu;
 use ferrograd_core::fused::classifier::ClassifierOpts;
 use ferrograd_core::{with_no_grad, DType, Device, Error, Result, Rng, Tensor};
 
@@ -118,19 +118,6 @@ fn bad_inputs_are_typed_errors() {
 }
 
 // ---- CUDA parity -----------------------------------------------------------------------------------
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => {
-            set_poison_allocations(true);
-            Some(Device::Cuda(0))
-        }
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 /// Allowed max |difference| of the loss (relative) and of the gradient (times rows: its entries are
 /// O(1 / rows)) against the f64 CPU op on the same rounded logits.

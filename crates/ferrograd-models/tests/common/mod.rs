@@ -14,3 +14,11 @@ pub fn gpu() -> Option<Device> {
         }
     }
 }
+
+/// [`gpu`] with every device allocation poisoned (NaN bytes), so a test fails on any output
+/// element a kernel did not write.
+pub fn gpu_poisoned() -> Option<Device> {
+    let dev = gpu()?;
+    ferrograd_core::cuda::set_poison_allocations(true);
+    Some(dev)
+}

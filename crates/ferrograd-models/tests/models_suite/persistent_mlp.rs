@@ -3,26 +3,13 @@
 //! across launches, write-back, fallback reasons. GPU tests print one line and pass where no GPU
 //! is usable. `sanitizer_smoke` is the small run compute-sanitizer is pointed at.
 
-use ferrograd_core::cuda::{set_poison_allocations, CudaDevice};
+use crate::common::gpu_poisoned as gpu;
 use ferrograd_core::optim::{adam_step, AdamConfig};
 use ferrograd_core::{DType, Device, Result, Rng, Tensor};
 use ferrograd_models::monster_walk::persistent::spec as monster_spec;
 use ferrograd_models::monster_walk::{Autoencoder, CopyData};
 use ferrograd_models::persistent::{MlpSpec, PersistentMlp, Precision};
 use ferrograd_nn::Linear;
-
-fn gpu() -> Option<Device> {
-    match CudaDevice::get(0) {
-        Ok(_) => {
-            set_poison_allocations(true);
-            Some(Device::Cuda(0))
-        }
-        Err(e) => {
-            println!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 /// Per layer (W [out][in], b [out]) in float64.
 type Layers64 = Vec<(Vec<f64>, Vec<f64>)>;
