@@ -102,6 +102,10 @@
 // Weights split into tf32 hi / lo once as they land (W_lo beside W: no split in any product's
 // inner loop, ~40% of its instructions): 0.201, the split pass costing more than the products
 // save. The forward and backward are latency-bound chains, not instruction-bound.
+// 1024 threads (32 warps: the output layer's 25 units in one round, twice the warps for the
+// weight-gradient items; 64 registers a thread under the launch bound): 0.242 s (tf32 0.181,
+// bf16 0.180) against 0.195 (0.166, 0.165), backward + dW 13.2 against 9.8 us a step (H100,
+// BENCHMARKS.md 2026-11-24 fifteenth session).
 //
 // Precision (template P): F32 = 3xTF32 (a = hi + lo with hi = a rounded to TF32, lo = a - hi;
 // a*b ~ hi*hi + hi*lo + lo*hi, error ~2^-21 relative per product, f32 accumulation: the exact-f32
