@@ -167,19 +167,7 @@ fn dist_gpu_rendezvous_timeout_names_the_missing_rank() {
 
 /// Token shards of LCG tokens (a skewed distribution below 300) for the GPT runs.
 fn gpt_shards(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut s: u64 = 7;
-    let mut toks = |n: usize| -> Vec<u16> {
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                let r = (s >> 33) as usize % 1000;
-                (if r < 600 { r % 20 } else { r % 300 }) as u16
-            })
-            .collect()
-    };
-    ferrograd_models::gpt::shards::write_shard(&dir.join("train_000000.bin"), &toks(200_000)).unwrap();
-    ferrograd_models::gpt::shards::write_shard(&dir.join("val_000000.bin"), &toks(10_000)).unwrap();
+    common::gpt_run::lcg_shards(dir, 7, 200_000, 10_000);
 }
 
 /// `launch --nproc-per-node N -- ferrograd gpt train --data DATA --out OUT ARGS`.

@@ -18,21 +18,25 @@ pub fn model() -> GptConfig {
 
 /// Train and val shards of LCG tokens (below the vocabulary) in `dir/data`.
 pub fn shards(dir: &Path) {
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let mut s: u64 = 12345;
+    lcg_shards(&dir.join("data"), 12345, 40_000, 2_000);
+}
+
+/// `train_000000.bin` and `val_000000.bin` of `train` and `val` LCG tokens from `seed` in `dir`:
+/// a skewed distribution below 300, so that a model has something to learn.
+pub fn lcg_shards(dir: &Path, seed: u64, train: usize, val: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut s = seed;
     let mut toks = |n: usize| -> Vec<u16> {
         (0..n)
             .map(|_| {
                 s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                // A skewed distribution, so that the model has something to learn.
                 let r = (s >> 33) as usize % 1000;
                 (if r < 600 { r % 20 } else { r % 300 }) as u16
             })
             .collect()
     };
-    write_shard(&data.join("train_000000.bin"), &toks(40_000)).unwrap();
-    write_shard(&data.join("val_000000.bin"), &toks(2_000)).unwrap();
+    write_shard(&dir.join("train_000000.bin"), &toks(train)).unwrap();
+    write_shard(&dir.join("val_000000.bin"), &toks(val)).unwrap();
 }
 
 /// `micro_total` micro-batches of B x T per optimizer step over all ranks.
