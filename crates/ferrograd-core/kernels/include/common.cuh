@@ -99,7 +99,10 @@ __device__ __forceinline__ fg_u64 fg_nthreads() { return (fg_u64)blockDim.x * gr
 // Grid-stride over [0, n) with four independent loads in flight per thread: `load(i)` reads the
 // inputs of element i, `store(i, v)` computes and writes it. With one element per thread (a grid
 // of ceil(n / blockDim) blocks) only the remainder loop runs; with a smaller grid each thread keeps
-// 4 loads in flight, which a memory-bound loop needs to approach full bandwidth.
+// 4 loads in flight, which a memory-bound loop needs to approach full bandwidth. The 2-element
+// step serves a grid of two elements a thread (the binary maps' launch, launch.rs `cfg_map`: two
+// operands, so two elements are four loads), which would otherwise run the remainder loop with
+// one load in flight.
 template <typename L, typename S>
 __device__ __forceinline__ void fg_unrolled(fg_u64 n, L load, S store) {
   const fg_u64 nt = fg_nthreads();
@@ -113,6 +116,13 @@ __device__ __forceinline__ void fg_unrolled(fg_u64 n, L load, S store) {
     store(i + nt, b);
     store(i + 2 * nt, c);
     store(i + 3 * nt, d);
+  }
+  if (i + nt < n) {
+    const auto a = load(i);
+    const auto b = load(i + nt);
+    store(i, a);
+    store(i + nt, b);
+    i += 2 * nt;
   }
   for (; i < n; i += nt) store(i, load(i));
 }

@@ -35,18 +35,23 @@ pub fn cfg_elementwise(dev: &CudaDevice, n: usize) -> LaunchConfig {
 }
 
 /// [`cfg_elementwise`] for `n` elements of `dtype` in the maps' (`unary_*`, `binary_*`) own
-/// units. Where every operand is contiguous, a floating dtype takes the 16-byte vector path:
-/// `16 / size` elements a vector, so f16 / bf16 need half the threads f32 does. Counting their
-/// elements as f32's gave each thread two vectors, both in the remainder loop (one load in
-/// flight), and bf16 add / mul ran at 0.97-0.98x of PyTorch's GB/s where f32's ran at 1.00x
-/// (BENCHMARKS.md, call D). `vector`: every operand contiguous and 16-byte aligned (the
-/// kernels' own test); otherwise, and for the integers, the element count, for the scalar loops.
-pub fn cfg_map(dev: &CudaDevice, n: usize, dtype: DType, vector: bool) -> LaunchConfig {
+/// units: `per` 16-byte vectors a thread. Where every operand is contiguous and 16-byte aligned
+/// (`vector`, the kernels' own test), a floating dtype takes the vector path, `16 / size`
+/// elements a vector, so f16 / bf16 need half the threads f32 does (counting their elements as
+/// f32's left each thread two vectors in the remainder loop, one load in flight: bf16 add / mul
+/// at 0.97-0.98x of PyTorch's GB/s on an H200, call D). Otherwise, and for the integers, the
+/// element count, for the scalar loops. `per` is what keeps four loads in flight a thread
+/// (`fg_unrolled`'s 4- and 2-vector steps): 4 for a unary map, 2 for a binary one (two operands).
+/// Measured on an H200, 8192 x 8192 beside PyTorch (BENCHMARKS.md, fifteenth session, X2):
+/// binary add / mul f32 1.000-1.007x with 2 against 0.984-0.997x with 4, bf16 0.992-1.000x
+/// against 0.967-0.988x; unary relu / sigmoid / x * 2 0.966-0.985x with 4, 0.90-0.96x with 2,
+/// 0.95x with 8 (an 8-vector step), 0.71-0.80x with 1.
+pub fn cfg_map(dev: &CudaDevice, n: usize, dtype: DType, vector: bool, per: usize) -> LaunchConfig {
     if !(vector && dtype.is_float()) {
         return cfg_elementwise(dev, n);
     }
-    // Four f32 make one vector; `cfg_elementwise`'s unit is an f32.
-    cfg_elementwise(dev, n.div_ceil(16 / dtype.size_in_bytes()) * 4)
+    // `cfg_elementwise`'s unit is an f32 of a four-vector thread: 16 of them a thread.
+    cfg_elementwise(dev, n.div_ceil(16 / dtype.size_in_bytes()) * 16 / per.clamp(1, 16))
 }
 
 /// One block per row (grid-stride over rows), threads chosen by the row length, at most one

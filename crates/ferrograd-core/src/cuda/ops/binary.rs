@@ -24,7 +24,7 @@ pub(super) fn binary(a: &CudaStorage, l: &Layout, b: &CudaStorage, rl: &Layout, 
     let out = CudaStorage::uninit(dev, n, a.dtype())?;
     if n > 0 {
         let vector = super::vector_ok(a, l) && super::vector_ok(b, rl);
-        launch!(dev, *module(a.dtype()), format!("binary_{}", a.dtype()), cfg_map(dev, n, a.dtype(), vector);
+        launch!(dev, *module(a.dtype()), format!("binary_{}", a.dtype()), cfg_map(dev, n, a.dtype(), vector, 2);
             KLayout::new(l)?, a.buf.ptr(), KLayout::new(rl)?, b.buf.ptr(), out.buf.ptr(), n as u64, op as i32);
     }
     Ok(out)

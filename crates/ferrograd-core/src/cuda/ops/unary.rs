@@ -17,7 +17,7 @@ pub(super) fn unary(s: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
     if n > 0 {
         let (code, p0, p1) = op.code();
         let vector = super::vector_ok(s, l);
-        launch!(dev, modules::UNARY, format!("unary_{}", s.dtype()), cfg_map(dev, n, s.dtype(), vector);
+        launch!(dev, modules::UNARY, format!("unary_{}", s.dtype()), cfg_map(dev, n, s.dtype(), vector, 4);
             KLayout::new(l)?, s.buf.ptr(), out.buf.ptr(), n as u64, code as i32, p0, p1);
     }
     Ok(out)
