@@ -226,7 +226,13 @@ pub fn eval(a: EvalArgs, out: &mut dyn Write) -> CliResult<()> {
 /// The model `gpt sample` runs: an int8 file as it is (in `mode`, default the file's), or a float
 /// checkpoint, quantized on load when `mode` is given.
 pub(crate) fn load_for_sampling(path: &Path, device: Device, mode: Option<QuantMode>) -> CliResult<(Gpt, String)> {
-    if is_int8_file(path) {
+    let int8_file = is_int8_file(path);
+    if let (Device::Cuda(o), true) = (device, int8_file || mode.is_some()) {
+        // Quantizing on load (or the int8 file's scales) launches the quant kernels: their module
+        // compiles while the checkpoint is read.
+        drop(ferrograd_core::cuda::CudaDevice::get(o)?.warm(&[&ferrograd_core::quant::MODULE]));
+    }
+    if int8_file {
         let m = load_int8(path, device, mode)?;
         let note = match &m.linears {
             Linears::Int8 { mode, .. } => format!("int8 file, {mode}"),

@@ -93,13 +93,6 @@ pub fn run(a: SampleArgs, out: &mut dyn Write) -> CliResult<()> {
         Some(d) => d,
         None => Device::best()?,
     };
-    if let Device::Cuda(o) = device {
-        if a.int8.is_some() || ferrograd_models::gpt::quant::is_int8_file(&a.checkpoint) {
-            // Quantizing on load (or the int8 file's scales) launches the quant kernels: their
-            // module compiles while the checkpoint is read.
-            drop(ferrograd_core::cuda::CudaDevice::get(o)?.warm(&[&ferrograd_core::quant::MODULE]));
-        }
-    }
     let (mut model, note) = super::quant::load_for_sampling(&a.checkpoint, device, a.int8)?;
     if let Device::Cuda(o) = device {
         // The prompt's and the decode's kernel modules start compiling now, all at once.
