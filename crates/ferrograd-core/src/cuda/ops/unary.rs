@@ -5,7 +5,7 @@ use crate::cuda::launch::{cfg_map, launch};
 use crate::cuda::modules;
 use crate::cuda::storage::CudaStorage;
 use crate::op::UnaryOp;
-use crate::{Error, Layout, Result};
+use crate::{DType, Error, Layout, Result};
 
 pub(super) fn unary(s: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStorage> {
     if !s.dtype().is_float() && !op.int_ok() {
@@ -16,7 +16,8 @@ pub(super) fn unary(s: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
     let out = CudaStorage::uninit(dev, n, s.dtype())?;
     if n > 0 {
         let (code, p0, p1) = op.code();
-        let vector = super::vector_ok(s, l);
+        // f64 has no vector path in unary.cu (`FgVecUnary<double>`): it keeps the element grid.
+        let vector = s.dtype() != DType::F64 && super::vector_ok(s, l);
         launch!(dev, modules::UNARY, format!("unary_{}", s.dtype()), cfg_map(dev, n, s.dtype(), vector, 4);
             KLayout::new(l)?, s.buf.ptr(), out.buf.ptr(), n as u64, code as i32, p0, p1);
     }

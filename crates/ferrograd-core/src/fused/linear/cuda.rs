@@ -18,7 +18,7 @@
 use super::{cpu, out_dims, sizes, Activation, Need, WGrad, LINEAR_BF16, LINEAR_F16, LINEAR_F32, LINEAR_F64};
 use crate::backend::BackendStorage;
 use crate::cuda::blaslt::{self, Aux, Epilogue, Gemm, Operand};
-use crate::cuda::launch::{cfg_col_sums, cfg_elementwise, launch};
+use crate::cuda::launch::{cfg_col_sums, cfg_map, launch};
 use crate::cuda::modules::Module;
 use crate::cuda::CudaStorage;
 use crate::fused::FusedOutputs;
@@ -196,10 +196,10 @@ pub(super) fn act_backward(
     let dz_ptr = out[0].0.buf.ptr();
     let per_pack = 16 / dtype.size_in_bytes();
     let Some(db_dtype) = db_dtype else {
-        // cfg_elementwise's unit is a 16-byte vector of f32, four per thread and step: a pack of
-        // this dtype is one. Its grid (every thread one unrolled step) ran dz at 16384 x 3072 bf16
-        // in 104 µs against 113 with cfg_1d's chip-sized grid (H100, bench/kernels/linear_dzdb.sh).
-        let cfg = cfg_elementwise(dev, (rows * cols).div_ceil(per_pack) * 4);
+        // The unary maps' grid (a pack of this dtype is one 16-byte vector, four a thread: every
+        // thread one unrolled step) ran dz at 16384 x 3072 bf16 in 104 µs against 113 with
+        // cfg_1d's chip-sized grid (H100, bench/kernels/linear_dzdb.sh).
+        let cfg = cfg_map(dev, rows * cols, dtype, true, 4);
         match act {
             Activation::GeluTanh => launch!(dev, *module(dtype)?, format!("linear_dgelu_{dtype}"), cfg;
                 dy_ptr, s_ptr, dz_ptr, h_ptr, rows as u64, cols as u64, lds as u64),
