@@ -1,8 +1,8 @@
 //! Compressed host -> device transfers: move fewer bytes over the link and rebuild the data on the
 //! GPU, where memory bandwidth is two orders of magnitude higher.
 //!
-//! - Lossy: f32 narrowed to bf16/f16 on the host (all cores, piece by piece into pinned memory,
-//!   each piece's DMA overlapping the next piece's narrowing: `cuda::transfer::htod_narrowed`),
+//! - Lossy: f32 narrowed to bf16/f16 on the host (each core narrows pieces into pinned memory and
+//!   queues each piece's DMA at once: `cuda::transfer::htod_narrowed`),
 //!   half the bytes copied, widened back to f32 on the GPU by the cast kernel. Error: at most half
 //!   an ulp of the narrow type (2^-8 relative for bf16, 2^-11 for f16; f16 overflows to inf past
 //!   65504 and loses precision below 6.1e-5).
@@ -10,10 +10,12 @@
 //!   ([`Tensor::to_device_expanded`]), or expanded into one-hot rows there
 //!   ([`Tensor::to_device_one_hot`]).
 //!
-//! When it pays ([`CompressionRule`]): the copy takes max(narrow, copy of half the bytes) with the
-//! pipeline, against a plain copy of all the bytes; so compression wins exactly when the host
-//! narrows f32 faster than the link moves it (copy-bound), and loses when the host is the
-//! bottleneck (CPU-bound). `ferrograd bench transfer` measures both sides.
+//! When it pays ([`CompressionRule`]): the copy takes about max(narrow, copy of half the bytes)
+//! with the pipeline (plus its fill and drain), against a plain copy of all the bytes; so
+//! compression wins when the host narrows f32 clearly faster than the link moves it (copy-bound),
+//! and loses when the host is the bottleneck (CPU-bound). `ferrograd bench transfer` measures both
+//! sides. On the lent H200 machines 16 cores narrow at about the link's speed (the host's memory
+//! bandwidth is the limit: they copy memory at 58 GB/s), so compression does not pay there.
 
 use crate::cuda::{CudaDevice, CudaStorage};
 use crate::storage::Storage;
@@ -98,34 +100,57 @@ impl Tensor {
 }
 
 /// The measured rule for compressed copies: compression pays when the host narrows f32 faster
-/// than the link copies it.
+/// than the link copies it, by enough to cover the pipeline's fill and drain.
+///
+/// The pipeline (`cuda::transfer::htod_narrowed`) has each of `cores` cores narrow pieces of
+/// [`NARROW_PIECE`](crate::cuda::transfer::NARROW_PIECE) elements and queue each piece's DMA.
+/// Its time is the longer of two chains: all the narrowing, then the copy of the last wave of
+/// pieces (one a core); or the first piece's narrowing on one core, then all the copying.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CompressionRule {
     /// Plain pinned host -> device copy bandwidth, GB/s.
     pub copy_gbps: f64,
-    /// Host narrowing throughput, GB/s of f32 input.
+    /// Host narrowing throughput on all cores, GB/s of f32 input.
     pub narrow_gbps: f64,
+    /// Cores narrowing at once (rayon's threads).
+    pub cores: usize,
 }
 
 impl CompressionRule {
+    /// The rule for a pinned copy at `copy_gbps`, with this host's narrowing throughput measured
+    /// over `elems` elements (as many as the copies it should judge: a smaller buffer stays in
+    /// the CPU's caches and narrows faster than a real one).
+    pub fn measure(copy_gbps: f64, elems: usize, via: DType) -> Result<CompressionRule> {
+        let narrow_gbps = Self::measure_narrow_gbps(elems, via)?;
+        Ok(CompressionRule { copy_gbps, narrow_gbps, cores: rayon::current_num_threads() })
+    }
+
     /// Seconds for a plain pinned copy of `bytes` of f32.
     pub fn plain_s(&self, bytes: f64) -> f64 {
         bytes / (self.copy_gbps.max(1e-9) * 1e9)
     }
 
-    /// Seconds for the compressed copy: narrowing and copying half the bytes, pipelined.
+    /// Seconds for the compressed copy of `bytes` of f32 (see the type's comment).
     pub fn compressed_s(&self, bytes: f64) -> f64 {
-        (bytes / (self.narrow_gbps.max(1e-9) * 1e9)).max(bytes / 2.0 / (self.copy_gbps.max(1e-9) * 1e9))
+        let (narrow, copy) = (self.narrow_gbps.max(1e-9) * 1e9, self.copy_gbps.max(1e-9) * 1e9);
+        let cores = self.cores.max(1) as f64;
+        // One core narrows a piece at a core's share of the throughput.
+        let piece = (crate::cuda::transfer::NARROW_PIECE as f64 * 4.0).min(bytes);
+        let fill = piece * cores / narrow;
+        let wave = (cores * piece).min(bytes);
+        let narrow_then_drain = (bytes / narrow).max(fill) + wave / 2.0 / copy;
+        let fill_then_copy = fill + bytes / 2.0 / copy;
+        narrow_then_drain.max(fill_then_copy)
     }
 
-    /// Expected speedup of the compressed copy (at most 2).
-    pub fn speedup(&self) -> f64 {
-        self.plain_s(1.0) / self.compressed_s(1.0)
+    /// Expected speedup of the compressed copy of `bytes` of f32 (below 2).
+    pub fn speedup(&self, bytes: f64) -> f64 {
+        self.plain_s(bytes) / self.compressed_s(bytes)
     }
 
-    /// Whether compression is expected to beat a plain pinned copy.
-    pub fn pays(&self) -> bool {
-        self.speedup() > 1.0
+    /// Whether compression is expected to beat a plain pinned copy of `bytes` of f32.
+    pub fn pays(&self, bytes: f64) -> bool {
+        self.speedup(bytes) > 1.0
     }
 
     /// Host f32 -> `via` narrowing throughput on this machine (GB/s of f32 input), the best of a
@@ -154,17 +179,31 @@ mod tests {
 
     #[test]
     fn rule_is_copy_bound_vs_cpu_bound() {
-        // Host narrows at 100 GB/s, link copies at 50: copy-bound, compression doubles throughput.
-        let r = CompressionRule { copy_gbps: 50.0, narrow_gbps: 100.0 };
-        assert!(r.pays());
-        assert!((r.speedup() - 2.0).abs() < 1e-12);
-        // Host narrows at 75: the pipeline waits on the host, 1.5x.
-        let r = CompressionRule { copy_gbps: 50.0, narrow_gbps: 75.0 };
-        assert!((r.speedup() - 1.5).abs() < 1e-12);
+        let gib = (1u64 << 30) as f64;
+        let piece = crate::cuda::transfer::NARROW_PIECE as f64 * 4.0;
+        // Host narrows at 200 GB/s on 16 cores, link copies at 50: copy-bound. The link waits
+        // for the first piece (one core narrows it at 12.5 GB/s), then moves half the bytes.
+        let r = CompressionRule { copy_gbps: 50.0, narrow_gbps: 200.0, cores: 16 };
+        let want = piece / (200e9 / 16.0) + gib / 2.0 / 50e9;
+        assert!((r.compressed_s(gib) - want).abs() < 1e-12, "{} vs {want}", r.compressed_s(gib));
+        assert!(r.pays(gib) && r.speedup(gib) > 1.8 && r.speedup(gib) < 2.0);
+        // Host narrows at 75: the link waits on the host, then drains the last wave.
+        let r = CompressionRule { copy_gbps: 50.0, narrow_gbps: 75.0, cores: 16 };
+        let want = gib / 75e9 + 16.0 * piece / 2.0 / 50e9;
+        assert!((r.compressed_s(gib) - want).abs() < 1e-12);
+        assert!(r.speedup(gib) > 1.4 && r.speedup(gib) < 1.5);
+        // Host narrows as fast as the link copies (the lent H200 machines): the drain makes it a loss.
+        let r = CompressionRule { copy_gbps: 54.5, narrow_gbps: 54.5, cores: 16 };
+        assert!(!r.pays(256.0 * 1048576.0));
         // Host narrows at 30 GB/s: CPU-bound, compression loses.
-        let r = CompressionRule { copy_gbps: 50.0, narrow_gbps: 30.0 };
-        assert!(!r.pays());
-        assert!(r.compressed_s(1e9) > r.plain_s(1e9));
+        let r = CompressionRule { copy_gbps: 50.0, narrow_gbps: 30.0, cores: 16 };
+        assert!(!r.pays(gib));
+        assert!(r.compressed_s(gib) > r.plain_s(gib));
+        // A copy smaller than one piece: one core narrows all of it (at 10 GB/s), then it is copied.
+        let r = CompressionRule { copy_gbps: 50.0, narrow_gbps: 160.0, cores: 16 };
+        let small = 1e6;
+        let want = small / 10e9 + small / 2.0 / 50e9;
+        assert!((r.compressed_s(small) - want).abs() < 1e-15, "{} vs {want}", r.compressed_s(small));
     }
 
     #[test]

@@ -184,16 +184,17 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         drop(x.to_device_compressed(device, DType::BF16)?);
         Ok(())
     })?;
-    let narrow = ferrograd_core::CompressionRule::measure_narrow_gbps(n.min(16 << 20), DType::BF16)?;
-    let rule = ferrograd_core::CompressionRule { copy_gbps: gb(n, pinned), narrow_gbps: narrow };
+    let rule = ferrograd_core::CompressionRule::measure(gb(n, pinned), n, DType::BF16)?;
     measured.push((
         pinned,
         comp,
         format!(
-            "f32 via bf16: {:.1} GB/s effective vs pinned {:.1}; host narrows {narrow:.1} GB/s, rule predicts {:.2}x",
+            "f32 via bf16: {:.1} GB/s effective vs pinned {:.1}; host narrows {:.1} GB/s on {} cores, rule predicts {:.2}x",
             gb(n, comp),
             gb(n, pinned),
-            rule.speedup()
+            rule.narrow_gbps,
+            rule.cores,
+            rule.speedup(n as f64 * 4.0)
         ),
     ));
 

@@ -161,13 +161,12 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
             drop(d);
             Ok(el)
         })?;
-        let narrow = ferrograd_core::CompressionRule::measure_narrow_gbps(n.min(64 << 20), via)?;
-        let rule = ferrograd_core::CompressionRule { copy_gbps, narrow_gbps: narrow };
+        let rule = ferrograd_core::CompressionRule::measure(copy_gbps, n, via)?;
         rows.push(
             gbps(format!("h2d compressed {via} {} MiB (effective)", cfg.mib), &t)
-                .with("host_narrow_gbps", narrow)
-                .with("rule_speedup", rule.speedup())
-                .with("rule_pays", rule.pays()),
+                .with("host_narrow_gbps", rule.narrow_gbps)
+                .with("rule_speedup", rule.speedup(n as f64 * 4.0))
+                .with("rule_pays", rule.pays(n as f64 * 4.0)),
         );
     }
 
@@ -248,8 +247,9 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     );
     report.rows = rows;
     report.notes.push(
-        "h2d compressed: GB/s of f32 delivered; host_narrow_gbps is the host's f32 -> narrow throughput; \
-         rule_speedup = min(2, narrow / pinned copy GB/s) predicts the compressed speedup over h2d pinned"
+        "h2d compressed: GB/s of f32 delivered; host_narrow_gbps is the host's f32 -> narrow throughput (all cores); \
+         rule_speedup is CompressionRule's prediction over h2d pinned: the longer of narrowing then the last wave's copy, \
+         and the first piece's narrowing then copying half the bytes"
             .into(),
     );
     report.notes.push(format!("seed {}; f32 uniform in [-1, 1); every path checked bit-exact once", cfg.seed));

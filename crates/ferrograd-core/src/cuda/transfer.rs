@@ -306,24 +306,34 @@ pub(crate) fn htod_many(
 /// Narrow f32 `src` to `via` (BF16 or F16; anything else is F16) into `out` (`2 * src.len()`
 /// bytes), round to nearest even, on all cores.
 pub fn narrow_into(src: &[f32], via: crate::DType, out: &mut [u8]) {
-    use half::slice::HalfFloatSliceExt;
     const PAR: usize = 64 << 10;
+    out.par_chunks_mut(PAR * 2).zip(src.par_chunks(PAR)).for_each(|(d, s)| narrow_piece(s, via, d));
+}
+
+/// `narrow_into` on the calling thread alone.
+fn narrow_piece(src: &[f32], via: crate::DType, out: &mut [u8]) {
+    use half::slice::HalfFloatSliceExt;
     if via == crate::DType::BF16 {
-        let h: &mut [half::bf16] = bytemuck::cast_slice_mut(out);
-        h.par_chunks_mut(PAR).zip(src.par_chunks(PAR)).for_each(|(d, s)| d.convert_from_f32_slice(s));
+        bytemuck::cast_slice_mut::<u8, half::bf16>(out).convert_from_f32_slice(src);
     } else {
-        let h: &mut [half::f16] = bytemuck::cast_slice_mut(out);
-        h.par_chunks_mut(PAR).zip(src.par_chunks(PAR)).for_each(|(d, s)| d.convert_from_f32_slice(s));
+        bytemuck::cast_slice_mut::<u8, half::f16>(out).convert_from_f32_slice(src);
     }
 }
 
-/// Elements narrowed per pipelined piece of a compressed copy (8 MiB of f32 in, 4 MiB out).
-const NARROW_PIECE: usize = 2 << 20;
+/// Elements narrowed per piece of a compressed copy (2 MiB of f32 in, 1 MiB out): a piece is
+/// small enough that the link starts soon after the first ones are narrowed and that the last
+/// wave of copies is short, large enough that 1 MiB DMAs still run at the link's full speed
+/// (pieces of 128 Ki to 2 Mi elements measured in BENCHMARKS.md, sixteenth session).
+pub const NARROW_PIECE: usize = 512 << 10;
 
-/// Narrow `src` (f32) to `via` (BF16 or F16, round to nearest even) into one pinned buffer, piece
-/// by piece on all cores, each piece's DMA into `dst` (which holds `src.len()` elements of `via`)
-/// queued as soon as it is narrowed, so narrowing piece i+1 overlaps the copy of piece i. The
-/// compute stream waits for the last piece; the host returns without waiting for the copy.
+/// Narrow `src` (f32) to `via` (BF16 or F16, round to nearest even) into one pinned buffer and
+/// copy it into `dst` (which holds `src.len()` elements of `via`). The compute stream waits for
+/// the copy; the host returns without waiting for it.
+///
+/// Every core takes pieces in turn and queues each piece's DMA on the copy stream as soon as it
+/// has narrowed it: the link moves pieces while the cores narrow the rest. (Narrowing one piece
+/// at a time on all cores put a fork and join per piece on the critical path, and ran at half
+/// this speed: BENCHMARKS.md, sixteenth session.)
 pub fn htod_narrowed(dev: &Arc<CudaDevice>, src: &[f32], via: crate::DType, dst: &CudaBuffer) -> Result<()> {
     if !matches!(via, crate::DType::BF16 | crate::DType::F16) {
         return Err(crate::Error::UnsupportedDType { op: "to_device_compressed (via)", dtype: via });
@@ -331,22 +341,39 @@ pub fn htod_narrowed(dev: &Arc<CudaDevice>, src: &[f32], via: crate::DType, dst:
     if src.is_empty() {
         return Ok(());
     }
+    debug_assert!(src.len() * 2 <= dst.bytes());
     not_capturable("cuMemcpyHtoDAsync")?;
     bind(dev)?;
     super::profile::note_useful(src.len() * 4);
     copy_after_compute(dev)?;
     let mut staging = PinnedBuf::new(dev, src.len() * 2)?;
     let out = staging.as_mut_slice(src.len() * 2);
-    for (i, (piece, bytes)) in src.chunks(NARROW_PIECE).zip(out.chunks_mut(NARROW_PIECE * 2)).enumerate() {
-        narrow_into(piece, via, bytes);
-        // SAFETY: the piece lies in the pinned staging buffer, kept alive below until the copy is
-        // done, and `dst` holds `src.len()` two-byte elements.
-        unsafe { dma_htod(dev, dst.ptr() + (i * NARROW_PIECE * 2) as u64, bytes.as_ptr(), bytes.len())? };
+    let base = dst.ptr();
+    let queued = out.par_chunks_mut(NARROW_PIECE * 2).zip(src.par_chunks(NARROW_PIECE)).enumerate().try_for_each(
+        |(i, (b, s))| {
+            narrow_piece(s, via, b);
+            bind(dev)?;
+            // SAFETY: the piece lies in the pinned staging buffer, kept alive below until the
+            // copy stream has passed every DMA queued here; `dst` holds `src.len()` elements.
+            unsafe { dma_htod(dev, base + (i * NARROW_PIECE * 2) as u64, b.as_ptr(), b.len()) }
+        },
+    );
+    let handed_over = queued.and_then(|()| {
+        let (done, release) = (Event::new()?, Event::new()?);
+        done.record(dev.copy_stream())?;
+        done.wait_on(dev.stream())?;
+        release.record(dev.copy_stream())?;
+        Ok(release)
+    });
+    match handed_over {
+        Ok(release) => {
+            dev.defer(release, Box::new(staging));
+            Ok(())
+        }
+        Err(e) => {
+            // Pieces may still be in flight: the staging buffer must outlive them.
+            let _ = dev.copy_stream().synchronize();
+            Err(e)
+        }
     }
-    let (done, release) = (Event::new()?, Event::new()?);
-    done.record(dev.copy_stream())?;
-    done.wait_on(dev.stream())?;
-    release.record(dev.copy_stream())?;
-    dev.defer(release, Box::new(staging));
-    Ok(())
 }
