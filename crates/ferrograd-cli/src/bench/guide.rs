@@ -11,7 +11,8 @@
 //!   filled, copied and waited for in turn.
 //! - compression: `to_device_compressed(BF16)` of pageable f32 against a pinned f32 copy
 //!   (effective bandwidth: f32 delivered).
-//! - persistent kernels: not measured here (Monster Walk's persistent bench, BENCHMARKS.md).
+//! - persistent kernels: Monster Walk's training (113 copies, 71 epochs) in one persistent kernel
+//!   against its fused step, two kernel launches a step (training time of each).
 //! - NVLink: peer copy between two GPUs against staging through a pinned host buffer (the detail
 //!   adds staging through a pageable `Vec`); needs two GPUs.
 //! - managed memory: `to_unified` (host writes managed pages, prefetch) against a pinned copy.
@@ -198,11 +199,27 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         ),
     ));
 
-    // Persistent kernels: measured by Monster Walk's own bench.
+    // Persistent kernels: Monster Walk as its spec trains it (113 copies, 71 epochs), the whole
+    // training in one kernel against the fused step's two launches a step.
+    let walk = |persistent: bool| -> CliResult<ferrograd_models::monster_walk::train::Report> {
+        let mut c = ferrograd_models::monster_walk::train::TrainConfig::spec_defaults(device);
+        c.persistent = persistent;
+        Ok(ferrograd_models::monster_walk::train::run(&c, |_| {})?.0)
+    };
+    let per_step = walk(false)?;
+    let one_kernel = walk(true)?;
     measured.push((
-        f64::NAN,
-        f64::NAN,
-        "not measured here: Monster Walk's persistent-kernel rows (BENCHMARKS.md)".into(),
+        per_step.training_time_s,
+        one_kernel.training_time_s,
+        match &one_kernel.step_fallback {
+            None => format!(
+                "Monster Walk 113 x 71: one persistent kernel {:.3} s, fused step ({} steps, 2 launches each) {:.3} s",
+                one_kernel.training_time_s, per_step.steps, per_step.training_time_s
+            ),
+            Some(why) => {
+                format!("the persistent kernel did not run on this GPU ({why}): both sides are the fused step")
+            }
+        },
     ));
 
     // NVLink / peer.
