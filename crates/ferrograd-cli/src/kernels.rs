@@ -8,6 +8,10 @@
 //! fresh cache the way the next process start will, and says how long that takes against the NVRTC
 //! time it no longer spends.
 //!
+//! The binary ships every module prebuilt for sm_80 and sm_90 (`ferrograd-kernels`): on those
+//! GPUs a precompile finds them there ("prebuilt") and compiles only what is not current
+//! (`FERROGRAD_PREBUILT=0` times NVRTC itself). `--write-prebuilt DIR` is how they are made.
+//!
 //! It also compares the NVRTC time with the CPU time the process spent: NVRTC from a CUDA toolkit
 //! (13.0 on the lent GPU machines) keeps its output in the CUDA driver's compute cache
 //! (`CUDA_CACHE_PATH`, default `~/.nv/ComputeCache`), so a precompile into an empty
@@ -25,6 +29,8 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Config {
     pub precompile: bool,
+    /// Compile with NVRTC and write the prebuilt kernels' files here.
+    pub write_prebuilt: Option<std::path::PathBuf>,
     /// Compile for this architecture instead of the GPU's.
     pub arch: Option<Arch>,
     /// The GPU whose architecture to use when `arch` is not given.
@@ -40,7 +46,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     // The core's modules and the models' own.
     let models = ferrograd_models::modules()?;
     let all: Vec<&Module> = modules::ALL.iter().chain(&models).copied().collect();
-    if !cfg.precompile {
+    if !cfg.precompile && cfg.write_prebuilt.is_none() {
         writeln!(out, "kernel modules ({}), compiled by NVRTC on first use:", all.len())?;
         let w = all.iter().map(|m| m.name.len()).max().unwrap_or(0);
         for m in &all {
@@ -57,6 +63,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
             Ok(i) => writeln!(out, "nvrtc: {} ({})", i.version, library(i))?,
             Err(e) => writeln!(out, "nvrtc: not found ({e})")?,
         }
+        prebuilt_lines(&all, out)?;
         writeln!(out, "`ferrograd kernels --precompile [--arch sm_90]` fills the cache")?;
         return Ok(());
     }
@@ -65,9 +72,22 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
         Some(a) => a,
         None => detect_arch(cfg.ordinal)?,
     };
-    let nvrtc = k::nvrtc_info().map_err(|e| format!("cannot precompile for {arch}: {e}"))?;
-    nvrtc.check_arch(arch).map_err(|e| format!("cannot precompile: {e}"))?;
-    write!(out, "nvrtc {} ({}); target {arch}", nvrtc.version, library(nvrtc))?;
+    if let Some(dir) = &cfg.write_prebuilt {
+        return write_prebuilt(dir, arch, &all, out);
+    }
+    let prebuilt = k::installed_prebuilt();
+    match (k::nvrtc_info(), prebuilt) {
+        (Ok(nvrtc), _) => {
+            nvrtc.check_arch(arch).map_err(|e| format!("cannot precompile: {e}"))?;
+            write!(out, "nvrtc {} ({}); target {arch}", nvrtc.version, library(nvrtc))?;
+        }
+        // Without NVRTC only the prebuilt modules can load: say so and report which.
+        (Err(e), Some(_)) => write!(out, "nvrtc: not found ({e}); prebuilt modules only; target {arch}")?,
+        (Err(e), None) => return Err(format!("cannot precompile for {arch}: {e}").into()),
+    }
+    if let Some(p) = prebuilt {
+        write!(out, "; {}", p.describe())?;
+    }
     if !k::env_options().is_empty() {
         write!(out, "; {}: {}", k::NVRTC_OPTIONS_ENV, k::env_options().join(" "))?;
     }
@@ -116,15 +136,82 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let read = fresh.elapsed;
     let nvrtc_time = report.compile_time_saved();
     let missed = fresh.misses() + fresh.failures();
+    let from = match fresh.prebuilt() {
+        0 => "from the disk cache".to_string(),
+        p if p == fresh.hits() => "prebuilt in the binary".to_string(),
+        p => format!("prebuilt in the binary ({p}) or from the disk cache ({})", fresh.hits() - p),
+    };
     writeln!(
         out,
-        "next start: {} of {} modules from the disk cache in {} instead of {} of NVRTC: saves {}{}",
+        "next start: {} of {} modules {from} in {} instead of {} of NVRTC: saves {}{}",
         fresh.hits(),
         fresh.kernels.len(),
         ms(read),
         ms(nvrtc_time),
         ms(nvrtc_time.saturating_sub(read)),
         if missed > 0 { format!(" ({missed} were not found on disk and were compiled)") } else { String::new() }
+    )?;
+    Ok(())
+}
+
+/// `ferrograd kernels` without flags: what is shipped prebuilt and whether it is current.
+fn prebuilt_lines(all: &[&'static Module], out: &mut dyn Write) -> CliResult<()> {
+    let set = match ferrograd_kernels::prebuilt() {
+        Ok(s) => s,
+        Err(e) => {
+            writeln!(out, "prebuilt: unusable ({e})")?;
+            return Ok(());
+        }
+    };
+    let off = if k::installed_prebuilt().is_none() { " (off: FERROGRAD_PREBUILT=0)" } else { "" };
+    writeln!(out, "prebuilt: {}{off}", k::PrebuiltKernels::describe(set))?;
+    for arch in ferrograd_kernels::archs() {
+        let f = ferrograd_kernels::freshness(set, arch, all);
+        write!(out, "  {arch}: {} of {} modules current", f.current.len(), f.current.len() + f.stale.len())?;
+        if !f.stale.is_empty() {
+            write!(
+                out,
+                "; compiled by NVRTC instead (changed since scripts/prebuild-kernels.sh): {}",
+                f.stale.join(", ")
+            )?;
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// `--write-prebuilt DIR`: every module a GPU of `arch` may run (the attention modules the Hopper
+/// kernels supersede included, for `FERROGRAD_ATTENTION_WGMMA=0`), compiled by NVRTC without the
+/// shipped ones, written as `DIR/<arch>.bin` and `.manifest`.
+fn write_prebuilt(dir: &std::path::Path, arch: Arch, all: &[&'static Module], out: &mut dyn Write) -> CliResult<()> {
+    // Files made from edited sources or extra flags would ship CUBINs no normal run asks for.
+    if !k::env_options().is_empty() {
+        return Err(format!("--write-prebuilt with {} set: unset it first", k::NVRTC_OPTIONS_ENV).into());
+    }
+    if std::env::var_os(k::KERNEL_DIR_ENV).is_some_and(|v| !v.is_empty()) {
+        return Err(format!("--write-prebuilt with {} set: unset it first", k::KERNEL_DIR_ENV).into());
+    }
+    let nvrtc = k::nvrtc_info().map_err(|e| format!("cannot write prebuilt kernels for {arch}: {e}"))?;
+    nvrtc.check_arch(arch).map_err(|e| format!("cannot write prebuilt kernels: {e}"))?;
+    writeln!(out, "nvrtc {} ({}); target {arch}", nvrtc.version, library(nvrtc))?;
+    out.flush()?;
+    let sources: Vec<KernelSource> = all.iter().map(|m| m.source()).filter(|s| s.needed_for(arch)).collect();
+    let report = KernelCache::from_env().with_prebuilt(None).precompile(arch, &sources)?;
+    writeln!(out, "{report}")?;
+    if !report.is_ok() {
+        return Err(format!("{} of {} modules failed to compile for {arch}", report.failures(), sources.len()).into());
+    }
+    let kernels: Vec<k::CompiledKernel> = report.kernels.into_iter().filter_map(|e| e.result.ok()).collect();
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let [bin, manifest] = ferrograd_kernels::write(dir, arch, nvrtc.version, &kernels)?;
+    let bytes = std::fs::metadata(&bin).map_or(0, |m| m.len());
+    let raw: usize = kernels.iter().map(|k| k.cubin.len()).sum();
+    writeln!(
+        out,
+        "wrote {} modules for {arch}: {} ({bytes} bytes, {raw} bytes of CUBIN deflated) and {}",
+        kernels.len(),
+        bin.display(),
+        manifest.display()
     )?;
     Ok(())
 }

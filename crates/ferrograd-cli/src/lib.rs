@@ -543,13 +543,19 @@ struct LaunchArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("compile").args(["precompile", "write_prebuilt"])))]
 struct KernelsArgs {
     /// Compile every kernel module the GPU runs into the disk cache ($FERROGRAD_CACHE_DIR) and report
     /// the time the next start saves.
     #[arg(long)]
     precompile: bool,
+    /// Compile every module of the architecture with NVRTC and write them into DIR as the
+    /// prebuilt kernels the program ships (DIR/<arch>.bin and .manifest;
+    /// scripts/prebuild-kernels.sh).
+    #[arg(long, value_name = "DIR")]
+    write_prebuilt: Option<PathBuf>,
     /// Architecture to compile for (sm_80, sm_90, 9.0, ...) instead of the GPU's; needs no GPU.
-    #[arg(long, requires = "precompile")]
+    #[arg(long, requires = "compile")]
     arch: Option<Arch>,
     /// GPU whose architecture to compile for: cuda or cuda:N.
     #[arg(long, default_value = "cuda", conflicts_with = "arch")]
@@ -723,7 +729,12 @@ impl Job {
                     Device::Cuda(n) => n,
                     Device::Cpu => return Err("kernels --device: expected cuda or cuda:N".into()),
                 };
-                Job::Kernels(kernels::Config { precompile: a.precompile, arch: a.arch, ordinal })
+                Job::Kernels(kernels::Config {
+                    precompile: a.precompile,
+                    write_prebuilt: a.write_prebuilt,
+                    arch: a.arch,
+                    ordinal,
+                })
             }
         })
     }
@@ -867,6 +878,10 @@ pub fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    // The kernels shipped in this binary: a first GPU run loads them instead of compiling.
+    if let Err(e) = ferrograd_kernels::install() {
+        eprintln!("ferrograd: the prebuilt kernels are unusable ({e}); NVRTC compiles every module");
+    }
     let hint = oom_hint(&cli.command);
     let stdout = io::stdout();
     let mut out = stdout.lock();
@@ -938,6 +953,9 @@ mod tests {
         let Command::Kernels(a) = cli.command else { panic!("wrong subcommand") };
         assert_eq!(a.arch, Some(Arch::SM90));
         assert!(Cli::parse_from_args(["ferrograd", "kernels", "--arch", "sm_90"]).is_err());
+        let cli = Cli::parse_from_args(["ferrograd", "kernels", "--write-prebuilt", "out", "--arch", "sm_80"]).unwrap();
+        let Command::Kernels(a) = cli.command else { panic!("wrong subcommand") };
+        assert_eq!((a.write_prebuilt.as_deref(), a.arch), (Some(std::path::Path::new("out")), Some(Arch::SM80)));
         assert!(Cli::parse_from_args(["ferrograd", "kernels", "--precompile", "--arch", "banana"]).is_err());
     }
 }

@@ -258,6 +258,14 @@ fn kernels_lists_modules_and_precompile_needs_a_gpu_or_arch() {
         assert!(out.lines().any(|l| l.trim_start().starts_with(m)), "{m} not listed:\n{out}");
     }
     assert!(out.lines().any(|l| l.starts_with("cache: ")), "{out}");
+    // The binary ships every module of sm_80 and sm_90, all current (tests/fresh.rs in
+    // ferrograd-kernels says which are not when this fails).
+    assert!(out.lines().any(|l| l.starts_with("prebuilt: shipped CUBINs built by NVRTC 13.0 for sm_80")), "{out}");
+    for arch in ["sm_80", "sm_90"] {
+        let line = out.lines().find(|l| l.trim_start().starts_with(&format!("{arch}: "))).unwrap_or_default();
+        let (cur, of) = line.split_once(" of ").unwrap_or_default();
+        assert!(cur.ends_with(of.split(' ').next().unwrap_or("?")), "{arch}: {line}\n{out}");
+    }
     if !has_gpu() {
         one_line_error(&["kernels", "--precompile"], "pass --arch");
     }
@@ -267,10 +275,12 @@ fn kernels_lists_modules_and_precompile_needs_a_gpu_or_arch() {
 fn kernels_precompile_for_an_explicit_arch() {
     let dir = std::env::temp_dir().join(format!("kcache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    // NVRTC itself, not the CUBINs the binary ships.
     let run = || {
         Command::new(bin())
             .args(["kernels", "--precompile", "--arch", "sm_90"])
             .env("FERROGRAD_CACHE_DIR", &dir)
+            .env("FERROGRAD_PREBUILT", "0")
             .output()
             .unwrap()
     };
@@ -297,6 +307,37 @@ fn kernels_precompile_for_an_explicit_arch() {
     let (out2, _) = text(&run());
     assert!(out2.contains(" 0 compiled, 0 failed"), "{out2}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn kernels_precompile_finds_every_module_prebuilt_without_nvrtc() {
+    let dir = std::env::temp_dir().join(format!("kcache-pre-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // No NVRTC on the loader path (CI's comes from LD_LIBRARY_PATH alone): the shipped CUBINs
+    // serve every module, and nothing is written to the disk cache.
+    let o = Command::new(bin())
+        .args(["kernels", "--precompile", "--arch", "sm_90"])
+        .env("FERROGRAD_CACHE_DIR", &dir)
+        .env("LD_LIBRARY_PATH", "")
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("shipped CUBINs built by NVRTC 13.0"), "{out}");
+    let summary = out.lines().find(|l| l.contains(" prebuilt, 0 hit, 0 compiled, 0 failed")).unwrap_or_default();
+    let n: usize = summary.split(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(n >= 50, "{out}");
+    assert_eq!(out.lines().filter(|l| l.contains("  prebuilt  ")).count(), n, "{out}");
+    // --write-prebuilt refuses flags that would make CUBINs no normal run asks for.
+    let o = Command::new(bin())
+        .args(["kernels", "--write-prebuilt", dir.to_str().unwrap(), "--arch", "sm_80"])
+        .env("FERROGRAD_NVRTC_OPTIONS", "-lineinfo")
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+    assert!(err.starts_with("error: --write-prebuilt with FERROGRAD_NVRTC_OPTIONS set"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // ---------------------------------------------------------------------------------------------

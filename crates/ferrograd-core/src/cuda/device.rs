@@ -401,9 +401,28 @@ impl CudaDevice {
                     compiled.compile_time.as_secs_f64() * 1e3
                 );
             }
-            self.ctx
-                .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.to_vec()))
-                .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))
+            let load = |cubin: &[u8]| {
+                self.ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec()))
+                    .map_err(|e| driver_err(&format!("cuModuleLoadData({})", module.name), e))
+            };
+            match load(&compiled.cubin) {
+                // A driver older than the NVRTC that built a prebuilt CUBIN refuses it; this
+                // machine's NVRTC (if any) builds one the driver takes.
+                Err(refused) if compiled.origin == nvrtc::Origin::Prebuilt => {
+                    let own = nvrtc::global().get_or_compile_from_source(&module.source(), self.arch).map_err(|e| {
+                        Error::Cuda(format!(
+                            "{refused} (a prebuilt CUBIN); compiling {} instead failed: {e}",
+                            module.name
+                        ))
+                    })?;
+                    if !own.from_cache {
+                        super::startup::add(Cost::Nvrtc, own.compile_time);
+                    }
+                    load(&own.cubin)
+                }
+                loaded => loaded,
+            }
         })
     }
 }

@@ -1,4 +1,5 @@
-//! The kernel cache: memory, then disk, then NVRTC; and precompiling many modules at once.
+//! The kernel cache: prebuilt CUBINs, then memory, then disk, then NVRTC; and precompiling many
+//! modules at once.
 
 use super::arch::Arch;
 use super::compiler::{compile_checked, nvrtc_info};
@@ -6,6 +7,7 @@ use super::disk::{DiskCache, Lookup};
 use super::error::KernelError;
 use super::include::find_cuda_include;
 use super::key::CacheKey;
+use super::prebuilt::{installed_prebuilt, PrebuiltKernels};
 use super::report::{PrecompileEntry, PrecompileReport};
 use super::source::{nvrtc_options, KernelSource};
 use super::source_dir;
@@ -26,6 +28,8 @@ pub enum Origin {
     Disk,
     /// Compiled by NVRTC just now.
     Compiled,
+    /// Shipped in the program ([`super::install_prebuilt`]).
+    Prebuilt,
 }
 
 /// A CUBIN ready for `cuModuleLoadData`, and how it was obtained.
@@ -61,8 +65,21 @@ struct MemoryEntry {
 /// threads asking for the same module pay NVRTC once, while other modules compile in parallel.
 type Slot = Arc<Mutex<Option<MemoryEntry>>>;
 
-/// In-process cache over an optional [`DiskCache`] over NVRTC.
+/// Which prebuilt CUBINs a cache consults.
+#[derive(Clone, Copy)]
+enum PrebuiltLayer {
+    /// Whatever the process installed, looked up at each call (so a cache made before the
+    /// program installed its set still sees it).
+    Installed,
+    /// None: every module goes to memory, disk and NVRTC.
+    Off,
+    /// This set (tests).
+    Given(&'static dyn PrebuiltKernels),
+}
+
+/// In-process cache over an optional [`DiskCache`] over NVRTC, after the prebuilt CUBINs.
 pub struct KernelCache {
+    prebuilt: PrebuiltLayer,
     disk: Option<DiskCache>,
     include_dir: OnceLock<Result<PathBuf, KernelError>>,
     // The map's lock is held only to find or add a slot, never across a compile.
@@ -74,6 +91,7 @@ impl fmt::Debug for KernelCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let entries = self.memory.lock().map_or(0, |m| m.len());
         f.debug_struct("KernelCache")
+            .field("prebuilt", &self.prebuilt().map(|p| p.describe()))
             .field("disk", &self.disk)
             .field("include_dir", &self.include_dir.get())
             .field("entries_in_memory", &entries)
@@ -82,9 +100,29 @@ impl fmt::Debug for KernelCache {
 }
 
 impl KernelCache {
-    /// A cache with an optional disk layer.
+    /// A cache with an optional disk layer, after the installed prebuilt CUBINs.
     pub fn new(disk: Option<DiskCache>) -> KernelCache {
-        KernelCache { disk, include_dir: OnceLock::new(), memory: Mutex::new(HashMap::new()) }
+        KernelCache {
+            prebuilt: PrebuiltLayer::Installed,
+            disk,
+            include_dir: OnceLock::new(),
+            memory: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Consult `prebuilt` instead of the installed set (`None`: no prebuilt CUBINs, every module
+    /// from memory, disk or NVRTC).
+    pub fn with_prebuilt(self, prebuilt: Option<&'static dyn PrebuiltKernels>) -> KernelCache {
+        KernelCache { prebuilt: prebuilt.map_or(PrebuiltLayer::Off, PrebuiltLayer::Given), ..self }
+    }
+
+    /// The prebuilt CUBINs this cache consults, if any.
+    pub fn prebuilt(&self) -> Option<&'static dyn PrebuiltKernels> {
+        match self.prebuilt {
+            PrebuiltLayer::Installed => installed_prebuilt(),
+            PrebuiltLayer::Off => None,
+            PrebuiltLayer::Given(p) => Some(p),
+        }
     }
 
     /// Disk cache from [`DiskCache::from_env`], headers from [`find_cuda_include`].
@@ -116,11 +154,48 @@ impl KernelCache {
         Arc::clone(memory.entry(key).or_default())
     }
 
-    /// The CUBIN of `kernel` for `arch`: from memory, else disk, else NVRTC (then stored in
-    /// both). Errors only when no CUBIN can be had; cache trouble becomes `cache_warning`.
+    /// The CUBIN of `kernel` for `arch`: prebuilt, else from memory, else disk, else NVRTC (then
+    /// stored in both). Errors only when no CUBIN can be had; cache trouble becomes
+    /// `cache_warning`.
     pub fn get_or_compile(&self, kernel: &KernelSource<'_>, arch: Arch) -> Result<CompiledKernel, KernelError> {
+        self.lookup(kernel, arch, true)
+    }
+
+    /// [`KernelCache::get_or_compile`] without the prebuilt CUBINs: what a device falls back to
+    /// when it refuses a prebuilt one (a driver older than the NVRTC that built it).
+    pub fn get_or_compile_from_source(
+        &self,
+        kernel: &KernelSource<'_>,
+        arch: Arch,
+    ) -> Result<CompiledKernel, KernelError> {
+        self.lookup(kernel, arch, false)
+    }
+
+    fn lookup(&self, kernel: &KernelSource<'_>, arch: Arch, prebuilt: bool) -> Result<CompiledKernel, KernelError> {
         let start = Instant::now();
         let kernel = &source_dir::with_override(kernel)?;
+        let mut warning = None;
+        // Before NVRTC is even loaded: a program whose modules are all prebuilt needs none.
+        if let Some(p) = self.prebuilt().filter(|_| prebuilt) {
+            let key = kernel.cache_key(arch, p.nvrtc());
+            match p.get(&key) {
+                Ok(Some(hit)) => {
+                    return Ok(CompiledKernel {
+                        name: kernel.name.to_string(),
+                        arch: kernel.target(arch),
+                        key,
+                        cubin: hit.cubin,
+                        from_cache: true,
+                        origin: Origin::Prebuilt,
+                        compile_time: hit.compile_time,
+                        elapsed: start.elapsed(),
+                        cache_warning: None,
+                    })
+                }
+                Ok(None) => {}
+                Err(why) => warning = Some(format!("prebuilt {} unusable ({why}); compiled", kernel.name)),
+            }
+        }
         let arch = kernel.target(arch);
         let info = nvrtc_info()?;
         info.check_arch(arch)?;
@@ -145,7 +220,6 @@ impl KernelCache {
             return Ok(done(entry, Origin::Memory, None));
         }
 
-        let mut warning = None;
         if let Some(disk) = &self.disk {
             match disk.get(&key) {
                 Ok(Lookup::Hit(hit)) => {
@@ -183,10 +257,12 @@ impl KernelCache {
     /// one thread, and a cold cache of a dozen modules took 14-24 s one after another on a 16-core
     /// GPU machine; in parallel it takes about as long as the largest module. Per-kernel failures
     /// are in the report (in the order given); only a missing NVRTC or an unsupported `arch`,
-    /// which would fail every kernel, is an `Err`.
+    /// which would fail every kernel, is an `Err`, and not when prebuilt CUBINs may serve them.
     pub fn precompile(&self, arch: Arch, kernels: &[KernelSource<'_>]) -> Result<PrecompileReport, KernelError> {
         let start = Instant::now();
-        nvrtc_info()?.check_arch(arch)?;
+        if self.prebuilt().is_none() {
+            nvrtc_info()?.check_arch(arch)?;
+        }
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(1, kernels.len().max(1));
         let next = AtomicUsize::new(0);
         let results: Vec<BatchSlot> = kernels.iter().map(|_| Mutex::new(None)).collect();

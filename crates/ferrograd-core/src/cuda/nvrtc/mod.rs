@@ -1,5 +1,5 @@
 //! Embedded CUDA C -> NVRTC -> CUBIN, behind an in-process cache and an on-disk cache. One file
-//! per concern: `source` (what is compiled: modules, shared headers, defines), `arch`, `key`, `disk`,
+//! per concern: `source` (what is compiled: modules, shared headers, defines), `arch`, `key`, `disk`, `prebuilt` (CUBINs shipped in the program),
 //! `include` (CUDA header search), `source_dir` (a developer's edited sources), `compiler` (libnvrtc), `cache` (the layers together and
 //! parallel precompile), `warm` (a run's own modules compiled in the background at its start), `report`, `error`.
 //!
@@ -8,6 +8,9 @@
 //! CUBIN built for the device's exact `sm_XY` loads as-is. NVRTC costs ~0.2 s per kernel file cold
 //! (more with the fp16/bf16 headers), so a dozen files would cost seconds at every start; the disk
 //! cache makes the second start pay only a file read.
+//!
+//! Before any of them, a program may install prebuilt CUBINs ([`install_prebuilt`]; the
+//! `ferrograd-kernels` crate ships them, `prebuilt` says why and when they are used).
 //!
 //! Three layers, so that each can be tested on its own:
 //! - [`DiskCache`]: bytes in, bytes out, keyed by a [`CacheKey`]; knows nothing about CUDA, so its
@@ -40,6 +43,7 @@ mod disk;
 mod error;
 mod include;
 mod key;
+mod prebuilt;
 mod report;
 mod source;
 mod source_dir;
@@ -57,6 +61,7 @@ pub use error::KernelError;
 pub use include::{cuda_include_candidates, find_cuda_include, CUDA_INCLUDE_ENV};
 pub(crate) use key::hex;
 pub use key::CacheKey;
+pub use prebuilt::{install_prebuilt, installed_prebuilt, PrebuiltCubin, PrebuiltKernels, PREBUILT_ENV};
 pub use report::{PrecompileEntry, PrecompileReport};
 pub use source::{env_options, CompileOptions, Define, Header, KernelSource, Module, NVRTC_OPTIONS_ENV};
 pub use source_dir::KERNEL_DIR_ENV;

@@ -41,6 +41,11 @@ impl PrecompileReport {
         self.ok().filter(|k| k.from_cache).count()
     }
 
+    /// Kernels found among the prebuilt CUBINs (counted in [`PrecompileReport::hits`] too).
+    pub fn prebuilt(&self) -> usize {
+        self.ok().filter(|k| k.origin == Origin::Prebuilt).count()
+    }
+
     /// Kernels compiled by this run.
     pub fn misses(&self) -> usize {
         self.ok().filter(|k| !k.from_cache).count()
@@ -85,6 +90,7 @@ impl fmt::Display for PrecompileReport {
                         Origin::Compiled => "compiled",
                         Origin::Disk => "hit (disk)",
                         Origin::Memory => "hit (memory)",
+                        Origin::Prebuilt => "prebuilt",
                     };
                     write!(
                         f,
@@ -104,8 +110,12 @@ impl fmt::Display for PrecompileReport {
         }
         write!(
             f,
-            "{} hit, {} compiled, {} failed in {} on {} threads; a start now skips {} of NVRTC",
-            self.hits(),
+            "{}{} hit, {} compiled, {} failed in {} on {} threads; a start now skips {} of NVRTC",
+            match self.prebuilt() {
+                0 => String::new(),
+                n => format!("{n} prebuilt, "),
+            },
+            self.hits() - self.prebuilt(),
             self.misses(),
             self.failures(),
             fmt_duration(self.elapsed),
@@ -156,6 +166,7 @@ mod tests {
             kernels: vec![
                 ok("unary", Origin::Compiled, 300),
                 ok("binary", Origin::Disk, 200),
+                ok("cast", Origin::Prebuilt, 700),
                 PrecompileEntry {
                     name: "bad".to_string(),
                     result: Err(KernelError::InvalidInput { name: "bad".to_string(), what: "the source".to_string() }),
@@ -164,12 +175,17 @@ mod tests {
             elapsed: Duration::from_millis(305),
             threads: 2,
         };
-        assert_eq!((report.hits(), report.misses(), report.failures()), (1, 1, 1));
+        assert_eq!((report.hits(), report.prebuilt(), report.misses(), report.failures()), (2, 1, 1, 1));
         assert!(!report.is_ok());
-        assert_eq!(report.compile_time_saved(), Duration::from_millis(500));
+        assert_eq!(report.compile_time_saved(), Duration::from_millis(1200));
         assert_eq!(report.compile_time_spent(), Duration::from_millis(300), "the disk hit compiled nothing now");
         let text = report.to_string();
-        assert!(text.contains("hit (disk)") && text.contains("FAILED") && text.contains("500.0 ms"), "{text}");
+        assert!(text.contains("hit (disk)") && text.contains("FAILED") && text.contains("1.20 s"), "{text}");
+        assert!(
+            text.contains("1 prebuilt, 1 hit, 1 compiled, 1 failed")
+                && text.lines().any(|l| l.trim_start().starts_with("cast ") && l.contains(" prebuilt ")),
+            "{text}"
+        );
         assert!(text.contains("on 2 threads") && text.contains("longest unary 300.0 ms"), "{text}");
     }
 }

@@ -147,6 +147,15 @@ impl<'a> KernelSource<'a> {
         }
     }
 
+    /// The key of this source's CUBIN when `arch` is asked and NVRTC `nvrtc` compiles it (the
+    /// target [`KernelSource::target`] picks, the options NVRTC gets, `FERROGRAD_NVRTC_OPTIONS`
+    /// included): the one key the disk cache, the prebuilt kernels and their freshness test use.
+    pub fn cache_key(&self, arch: Arch, nvrtc: super::compiler::NvrtcVersion) -> super::key::CacheKey {
+        let target = self.target(arch);
+        let options = nvrtc_options(target, self);
+        super::key::CacheKey::new(self.name, self.src, self.headers, &options, nvrtc, target)
+    }
+
     /// The expected NVRTC milliseconds: `cost_ms` where the module declares it, else a guess from
     /// the source length (a poor predictor: the back end's work depends on the instantiations).
     pub fn expected_ms(&self) -> u64 {
