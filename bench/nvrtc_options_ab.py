@@ -63,6 +63,8 @@ def run(cmd: list[str], env: dict, timeout: int = 300) -> str:
 def side_env(base: dict, options: str | None, cache: Path) -> dict:
     env = dict(base)
     env["FERROGRAD_CACHE_DIR"] = str(cache)
+    # Both sides from NVRTC: the binary's prebuilt CUBINs would serve side A (no options) alone.
+    env["FERROGRAD_PREBUILT"] = "0"
     env.pop("FERROGRAD_NVRTC_OPTIONS", None)
     if options:
         env["FERROGRAD_NVRTC_OPTIONS"] = options

@@ -2,7 +2,7 @@
 # Rebuild the prebuilt kernel modules the binary ships (crates/ferrograd-kernels/prebuilt/), for
 # every shipped architecture, with NVRTC from PyPI (.ci/nvrtc.sh: the same pinned NVRTC the CI
 # compile tests use). Run it after changing any .cu file, shared header or define:
-# crates/ferrograd-kernels/tests/fresh.rs fails until then. Needs no GPU; ~30 s per architecture
+# crates/ferrograd-cli/tests/cli_suite/prebuilt.rs fails until then. Needs no GPU; ~30 s per architecture
 # on two cores with a cold kernel cache.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,4 +16,4 @@ for arch in sm_80 sm_90; do
 done
 # The binary that embeds them must be rebuilt to ship the new files; the test says whether they
 # are current.
-cargo test -q -p ferrograd-kernels --test fresh
+cargo test -q -p ferrograd-cli --test cli_suite prebuilt::

@@ -1,5 +1,5 @@
 //! Whether the shipped CUBINs are those of today's sources: what `ferrograd kernels` prints and
-//! what `tests/fresh.rs` requires.
+//! what ferrograd-cli's `tests/cli_suite/prebuilt.rs` requires.
 
 use crate::set::Prebuilt;
 use ferrograd_core::cuda::nvrtc::{Arch, Module, PrebuiltKernels};

@@ -20,7 +20,8 @@
 //! - `<arch>.manifest`: text; `nvrtc <major.minor>`, `arch <sm_XY>`, then one line per module:
 //!   `<name> <target> <key> <offset> <deflated bytes> <cubin bytes> <sha-256 of the cubin> <NVRTC ms>`.
 //!
-//! `tests/fresh.rs` fails when a module changed and these were not rebuilt.
+//! ferrograd-cli's `tests/cli_suite/prebuilt.rs` fails when a module changed and these were not
+//! rebuilt.
 
 mod fresh;
 mod set;

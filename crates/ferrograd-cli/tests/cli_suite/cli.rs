@@ -258,8 +258,8 @@ fn kernels_lists_modules_and_precompile_needs_a_gpu_or_arch() {
         assert!(out.lines().any(|l| l.trim_start().starts_with(m)), "{m} not listed:\n{out}");
     }
     assert!(out.lines().any(|l| l.starts_with("cache: ")), "{out}");
-    // The binary ships every module of sm_80 and sm_90, all current (tests/fresh.rs in
-    // ferrograd-kernels says which are not when this fails).
+    // The binary ships every module of sm_80 and sm_90, all current (prebuilt.rs says which are
+    // not when this fails).
     assert!(out.lines().any(|l| l.starts_with("prebuilt: shipped CUBINs built by NVRTC 13.0 for sm_80")), "{out}");
     for arch in ["sm_80", "sm_90"] {
         let line = out.lines().find(|l| l.trim_start().starts_with(&format!("{arch}: "))).unwrap_or_default();

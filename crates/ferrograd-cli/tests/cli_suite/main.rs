@@ -14,4 +14,5 @@ mod gpt_quant;
 mod gpt_zero;
 mod launch;
 mod pipeline_gpu;
+mod prebuilt;
 mod robust;

@@ -5,6 +5,10 @@
 //!
 //! When this fails after a kernel change: `scripts/prebuild-kernels.sh`, then commit
 //! `crates/ferrograd-kernels/prebuilt/`.
+//!
+//! Here and not in ferrograd-kernels' own tests: this binary links the shipped CUBINs anyway (the
+//! CLI does), while a test binary of their own would carry them and all of the models' code a
+//! second time into the GPU bundle (~8 MB packed).
 
 use ferrograd_core::cuda::modules;
 use ferrograd_core::cuda::nvrtc::{self, Arch, KernelCache, Module, PrebuiltKernels};
