@@ -34,8 +34,9 @@ pub use write::{write, WriteError};
 use ferrograd_core::cuda::nvrtc::Arch;
 use std::sync::OnceLock;
 
-/// The shipped architectures, each with its manifest and CUBINs.
-const SHIPPED: &[(Arch, &str, &[u8])] = &[
+/// The shipped architectures, each with its manifest and CUBINs. A `static`, not a `const`: a
+/// const's bytes are copied into every function that names it (the binary carried them twice).
+static SHIPPED: &[(Arch, &str, &[u8])] = &[
     (Arch::SM80, include_str!("../prebuilt/sm_80.manifest"), include_bytes!("../prebuilt/sm_80.bin")),
     (Arch::SM90, include_str!("../prebuilt/sm_90.manifest"), include_bytes!("../prebuilt/sm_90.bin")),
 ];
