@@ -32,8 +32,12 @@ pub fn arg_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
 }
 
 /// `--device` if given, else [`Device::best`] (`FERROGRAD_DEVICE`, else `cuda:0`, else the CPU).
-/// Prints the choice, so the reader sees where the example ran.
+/// Prints the choice, so the reader sees where the example ran. Installs the kernels prebuilt for
+/// sm_80 and sm_90 first, as the `ferrograd` binary does, so a first GPU run does not wait for NVRTC.
 pub fn device() -> Result<Device> {
+    if let Err(e) = ferrograd_kernels::install() {
+        eprintln!("prebuilt kernels unusable ({e}); NVRTC compiles the kernels");
+    }
     let device = match arg("device") {
         Some(d) => d.parse()?,
         None => Device::best()?,
