@@ -7,6 +7,12 @@
 //! it). On the CPU, where ops run synchronously, time per op and ops per second. `--device cuda`
 //! reports both devices, `--device cpu` the CPU only. Medians over repetitions of the chain after
 //! a warm-up chain; the chain's result is checked against x0 + ops * y in float64.
+//!
+//! On CUDA two more rows, without a twin, say where an add's host time goes: the same number of
+//! bare launches of a one-argument-list kernel (`fill_b32` through `CudaDevice::launch_raw`: the
+//! function lookup and the driver's `cuLaunchKernel`, no allocation, no tensor) and of
+//! `Tensor::full` (an allocation, a tensor and a fill launch). An add's time above the bare
+//! launch is ferrograd's own dispatch.
 
 use super::check::{rel_err, require};
 use super::{check_bytes, f32_bytes, finish_json, finish_plot, print_rows, Environment, Report, Row};
@@ -75,6 +81,11 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
                     .with("reps", cfg.repeats)
                     .with("median_s", r.total.as_secs_f64()),
             );
+            let (bare, full) = floors(cfg, device)?;
+            for (what, t) in [("bare launch (fill_b32, launch_raw)", bare), ("Tensor::full (alloc + fill)", full)] {
+                let us = t.as_secs_f64() / cfg.ops as f64 * 1e6;
+                rows.push(Row::new(format!("{tag}: host time per {what}"), us, "µs/op", false).with("reps", cfg.repeats));
+            }
         } else {
             rows.push(Row::new(format!("{tag}: time per add"), per_op * 1e6, "µs/op", false).with("reps", cfg.repeats));
             rows.push(
@@ -96,6 +107,49 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     report.notes.push(format!("{} adds per chain on {} f32 elements; seed {}", cfg.ops, cfg.elems, cfg.seed));
     finish_plot(&cfg.plot, &report, None, out)?;
     finish_json(&cfg.json, &report, out)
+}
+
+/// Median host times to enqueue `cfg.ops` bare launches of `fill_b32` and `cfg.ops`
+/// `Tensor::full` calls, after a warm-up of each; both checked (the filled value read back).
+fn floors(cfg: &Config, device: Device) -> CliResult<(Duration, Duration)> {
+    use ferrograd_core::cuda::modules;
+    let dev = super::cuda_device("launch", device)?;
+    let x = Tensor::zeros(cfg.elems, DType::F32, device)?;
+    let mut ptr = x.cuda_ptr()?;
+    let mut bits = u64::from(1.5f32.to_bits());
+    let mut n = cfg.elems as u64;
+    let blocks = cfg.elems.div_ceil(256).min(1024) as u32;
+    let mut bare = || -> CliResult<Duration> {
+        let mut args: [*mut std::ffi::c_void; 3] =
+            [(&mut ptr as *mut u64).cast(), (&mut bits as *mut u64).cast(), (&mut n as *mut u64).cast()];
+        let t0 = Instant::now();
+        for _ in 0..cfg.ops {
+            // SAFETY: fill_b32(u32* dst, u64 bits, u64 n) (kernels/copy.cu), dst holding n f32.
+            unsafe { dev.launch_raw(&modules::COPY, "fill_b32", blocks, 256, 0, &mut args) }?;
+        }
+        let t = t0.elapsed();
+        device.synchronize()?;
+        Ok(t)
+    };
+    bare()?;
+    require("bare fill launches", rel_err(&x.to_f64_vec()?, &vec![1.5; cfg.elems]), 0.0)?;
+    let bare_t = median(&(0..cfg.repeats).map(|_| bare()).collect::<CliResult<Vec<_>>>()?);
+    let full = || -> CliResult<Duration> {
+        let t0 = Instant::now();
+        let mut last = None;
+        for _ in 0..cfg.ops {
+            last = Some(Tensor::full(2.5, cfg.elems, DType::F32, device)?);
+        }
+        let t = t0.elapsed();
+        device.synchronize()?;
+        if let Some(l) = last {
+            require("Tensor::full", rel_err(&l.to_f64_vec()?, &vec![2.5; cfg.elems]), 0.0)?;
+        }
+        Ok(t)
+    };
+    full()?;
+    let full_t = median(&(0..cfg.repeats).map(|_| full()).collect::<CliResult<Vec<_>>>()?);
+    Ok((bare_t, full_t))
 }
 
 struct ChainTimes {
