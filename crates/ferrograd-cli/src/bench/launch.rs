@@ -84,7 +84,9 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
             let (bare, full) = floors(cfg, device)?;
             for (what, t) in [("bare launch (fill_b32, launch_raw)", bare), ("Tensor::full (alloc + fill)", full)] {
                 let us = t.as_secs_f64() / cfg.ops as f64 * 1e6;
-                rows.push(Row::new(format!("{tag}: host time per {what}"), us, "µs/op", false).with("reps", cfg.repeats));
+                rows.push(
+                    Row::new(format!("{tag}: host time per {what}"), us, "µs/op", false).with("reps", cfg.repeats),
+                );
             }
         } else {
             rows.push(Row::new(format!("{tag}: time per add"), per_op * 1e6, "µs/op", false).with("reps", cfg.repeats));
