@@ -414,9 +414,14 @@ pub fn tune_new_plans() -> TuneScope {
 }
 
 /// Rounds of timing over a new plan's candidates, and launches per timing. The rounds interleave
-/// the candidates, so a clock ramp or a burst of other work hits all of them alike.
+/// the candidates, so a clock ramp or a burst of other work hits all of them alike. One launch a
+/// timing: a training step runs each GEMM once between kernels that depend on it, so what counts
+/// is a launch's latency; back-to-back launches measure throughput instead, and for small GEMMs the
+/// two rank the candidates differently. Monster Walk's autograd step as a CUDA graph (its 23
+/// plans tuned in the warm-up; H200, BENCHMARKS.md "2026-11-25", P12): 3 rounds x 3 launches
+/// 2.072-2.159 s, 7 x 1 2.047-2.077 s, 3 x 1 2.031-2.053 s, 5 x 20 2.277-2.345 s, untuned 2.182 s.
 const TUNE_ROUNDS: usize = 3;
-const TUNE_LAUNCHES: usize = 3;
+const TUNE_LAUNCHES: usize = 1;
 /// A candidate replaces the heuristic's first choice only when its best time is at least 3%
 /// better. Why: one round of three launches a candidate (the first version) picked a plan 8%
 /// slower than the heuristic's for the linear forward at 16384 x 3072 -> 768 (H100, tenth
@@ -425,8 +430,8 @@ const TUNE_LAUNCHES: usize = 3;
 const TUNE_MARGIN: f32 = 0.97;
 
 /// Time each candidate algorithm of a new plan on this call's own buffers (one warm-up launch,
-/// then [`TUNE_ROUNDS`] timings of [`TUNE_LAUNCHES`] launches; the outputs are simply written
-/// again by the real launch) and keep the heuristic's first choice unless [`pick`] finds a
+/// then [`TUNE_ROUNDS`] timings of [`TUNE_LAUNCHES`] launch each, the best kept; the outputs are
+/// simply written again by the real launch) and keep the heuristic's first choice unless [`pick`] finds a
 /// clearly faster one. This waits for the GPU once per new problem, the way the heuristic itself
 /// runs once: never inside a CUDA-graph capture (there the heuristic's first choice stays).
 fn tune(dev: &CudaDevice, lt: &LtDevice, plan: &mut Plan, g: &Gemm, ws: (u64, usize)) -> Result<()> {
