@@ -241,7 +241,16 @@ fn cuda_matmul_elementwise_and_launch_run_or_refuse() {
         bench_json(&["bench", "elementwise", "--device", "cuda", "--shapes", "256x512"], "cuda-ew");
         let (_, v) =
             bench_json(&["bench", "launch", "--device", "cuda", "--ops", "300", "--repeats", "2"], "cuda-launch");
-        assert_eq!(row_names(&v).len(), 4, "cuda and cpu rows: {v}");
+        // The add chain on both devices, and on CUDA where its host time goes (bare launch,
+        // Tensor::full).
+        let names = row_names(&v);
+        assert_eq!(names.len(), 6, "cuda and cpu rows: {v}");
+        for want in ["cuda: host time per add", "cuda: host time per bare launch", "cuda: host time per Tensor::full"] {
+            assert!(names.iter().any(|n| n.starts_with(want)), "{want}: {v}");
+        }
+        for r in v["rows"].as_array().unwrap() {
+            assert!(r["value"].as_f64().is_some_and(|x| x.is_finite() && x > 0.0), "{r}");
+        }
     } else {
         one_line_error(&["bench", "matmul", "--device", "cuda", "--sizes", "64"], "CUDA is not available");
         one_line_error(&["bench", "elementwise"], "use --device cpu");
