@@ -47,7 +47,7 @@ pub fn run(cfg: &Config, out: &mut dyn Write) -> CliResult<()> {
     let models = ferrograd_models::modules()?;
     let all: Vec<&Module> = modules::ALL.iter().chain(&models).copied().collect();
     if !cfg.precompile && cfg.write_prebuilt.is_none() {
-        writeln!(out, "kernel modules ({}), compiled by NVRTC on first use:", all.len())?;
+        writeln!(out, "kernel modules ({}), prebuilt (below) or compiled by NVRTC on first use:", all.len())?;
         let w = all.iter().map(|m| m.name.len()).max().unwrap_or(0);
         for m in &all {
             writeln!(

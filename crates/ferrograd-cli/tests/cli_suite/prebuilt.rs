@@ -10,8 +10,10 @@
 //! CLI does), while a test binary of their own would carry them and all of the models' code a
 //! second time into the GPU bundle (~8 MB packed).
 
+use crate::common::{bin, text};
 use ferrograd_core::cuda::modules;
 use ferrograd_core::cuda::nvrtc::{self, Arch, KernelCache, Module, PrebuiltKernels};
+use std::process::Command;
 
 fn all_modules() -> Vec<&'static Module> {
     let models = ferrograd_models::modules().expect("the models' modules");
@@ -102,4 +104,35 @@ fn shipped_cubins_are_what_nvrtc_builds_now() {
 #[test]
 fn archs_are_the_shipped_ones() {
     assert_eq!(ferrograd_kernels::archs().collect::<Vec<_>>(), [Arch::SM80, Arch::SM90]);
+}
+
+#[test]
+fn kernels_precompile_finds_every_module_prebuilt_without_nvrtc() {
+    let dir = std::env::temp_dir().join(format!("kcache-pre-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // No NVRTC on the loader path (CI's comes from LD_LIBRARY_PATH alone): the shipped CUBINs
+    // serve every module, and nothing is written to the disk cache.
+    let o = Command::new(bin())
+        .args(["kernels", "--precompile", "--arch", "sm_90"])
+        .env("FERROGRAD_CACHE_DIR", &dir)
+        .env("LD_LIBRARY_PATH", "")
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("shipped CUBINs built by NVRTC 13.0"), "{out}");
+    let summary = out.lines().find(|l| l.contains(" prebuilt, 0 hit, 0 compiled, 0 failed")).unwrap_or_default();
+    let n: usize = summary.split(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(n >= 50, "{out}");
+    assert_eq!(out.lines().filter(|l| l.contains("  prebuilt  ")).count(), n, "{out}");
+    // --write-prebuilt refuses flags that would make CUBINs no normal run asks for.
+    let o = Command::new(bin())
+        .args(["kernels", "--write-prebuilt", dir.to_str().unwrap(), "--arch", "sm_80"])
+        .env("FERROGRAD_NVRTC_OPTIONS", "-lineinfo")
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+    assert!(err.starts_with("error: --write-prebuilt with FERROGRAD_NVRTC_OPTIONS set"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
