@@ -87,8 +87,7 @@ impl Prebuilt {
 
     /// The modules shipped for `arch` (its `sm_90a` ones included for sm_90), by name.
     pub fn modules(&self, arch: Arch) -> Vec<&Entry> {
-        let mut v: Vec<&Entry> =
-            self.by_key.values().filter(|e| Arch::new(e.target.major(), e.target.minor()) == arch).collect();
+        let mut v: Vec<&Entry> = self.by_key.values().filter(|e| e.target.number() == arch.number()).collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
     }

@@ -43,7 +43,7 @@ pub fn write(
          nvrtc {nvrtc}\narch {arch}\n"
     );
     for k in sorted {
-        if Arch::new(k.arch.major(), k.arch.minor()) != arch {
+        if k.arch.number() != arch.number() {
             return Err(WriteError::WrongArch { name: k.name.clone(), target: k.arch, arch });
         }
         let offset = blob.len();

@@ -37,19 +37,6 @@ fn every_module_is_shipped_under_its_current_key() {
     }
 }
 
-/// A CUDA ELF image (e_machine EM_CUDA = 190) for `arch`: the SM number sits in e_flags bits
-/// 8..16 from ELF ABI version 8 (CUDA 12.8+).
-fn sm_of(cubin: &[u8]) -> u32 {
-    assert_eq!(&cubin[..4], b"\x7fELF", "not an ELF image");
-    assert_eq!(u16::from_le_bytes([cubin[18], cubin[19]]), 190, "e_machine is not EM_CUDA");
-    let flags = u32::from_le_bytes([cubin[48], cubin[49], cubin[50], cubin[51]]);
-    if cubin[8] >= 8 {
-        (flags >> 8) & 0xff
-    } else {
-        flags & 0xff
-    }
-}
-
 #[test]
 fn every_shipped_cubin_inflates_to_its_checksum_for_its_arch() {
     let set = ferrograd_kernels::prebuilt().expect("the manifests parse");
@@ -58,7 +45,7 @@ fn every_shipped_cubin_inflates_to_its_checksum_for_its_arch() {
         for e in set.modules(arch) {
             let cubin = e.cubin().unwrap_or_else(|err| panic!("{arch} {}: {err}", e.name));
             assert_eq!(cubin.len(), e.len);
-            assert_eq!(sm_of(&cubin), arch.number(), "{arch} {}", e.name);
+            assert_eq!(nvrtc::cubin_sm(&cubin), Some(arch.number()), "{arch} {}: not a CUDA ELF of it", e.name);
             assert_eq!(e.target.number(), arch.number());
             // Through the interface the kernel cache uses.
             let got = set.get(&e.key).expect("lookup").expect("shipped");

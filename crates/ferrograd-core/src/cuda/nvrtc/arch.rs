@@ -58,6 +58,18 @@ impl Arch {
     }
 }
 
+/// The SM number a CUBIN was built for (90 for sm_90 and sm_90a), read from its ELF header, or
+/// `None` when the bytes are not a CUDA ELF image (e_machine EM_CUDA = 190). The number sits in
+/// e_flags: bits 0..8 up to ELF ABI version 7, bits 8..16 from version 8 (CUDA 12.8+), which NVRTC
+/// 13.0 writes (sm_90 -> e_flags 0x6005a04).
+pub fn cubin_sm(cubin: &[u8]) -> Option<u32> {
+    if cubin.len() <= 64 || &cubin[..4] != b"\x7fELF" || u16::from_le_bytes([cubin[18], cubin[19]]) != 190 {
+        return None;
+    }
+    let flags = u32::from_le_bytes([cubin[48], cubin[49], cubin[50], cubin[51]]);
+    Some(if cubin[8] >= 8 { (flags >> 8) & 0xff } else { flags & 0xff })
+}
+
 impl fmt::Display for Arch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let suffix = if self.specific { "a" } else { "" };
@@ -102,6 +114,23 @@ impl FromStr for Arch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cubin_sm_reads_both_elf_abis_and_refuses_other_bytes() {
+        let mut elf = vec![0u8; 80];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[18..20].copy_from_slice(&190u16.to_le_bytes());
+        elf[8] = 8; // ABI 8: the SM number in bits 8..16 (NVRTC 13.0 writes 0x6005a04 for sm_90)
+        elf[48..52].copy_from_slice(&0x0600_5a04u32.to_le_bytes());
+        assert_eq!(cubin_sm(&elf), Some(90));
+        elf[8] = 7; // ABI 7 and before: bits 0..8
+        elf[48..52].copy_from_slice(&0x0050_0550u32.to_le_bytes());
+        assert_eq!(cubin_sm(&elf), Some(80));
+        elf[18] = 62; // x86-64, not CUDA
+        assert_eq!(cubin_sm(&elf), None);
+        assert_eq!(cubin_sm(b"\x7fELF"), None);
+        assert_eq!(cubin_sm(&[0u8; 100]), None);
+    }
 
     #[test]
     fn arch_parses_common_spellings() {

@@ -53,7 +53,7 @@ mod tests;
 mod testutil;
 mod warm;
 
-pub use arch::Arch;
+pub use arch::{cubin_sm, Arch};
 pub use cache::{get_or_compile, global, precompile, CompiledKernel, KernelCache, Origin};
 pub use compiler::{compile_cubin, kernel_names, nvrtc_info, NvrtcInfo, NvrtcVersion};
 pub use disk::{CachedCubin, DiskCache, Lookup, CACHE_DIR_ENV, HEADER_LEN};
