@@ -23,10 +23,14 @@
 //       accumulators handed over in shared memory, which leaves room for only 3 stages): 283-288.
 //   v7 (below): v3 with one staging buffer for the block, so 128 x 256 tiles keep 4 stages: 244
 //       (218 without the stores); 1.02x cuBLASLt at 3072 -> 768, 0.97x at 768 -> 3072.
-// So an epilogue of our own is level with cuBLASLt's aux kernel, not yet past it; what is left is
-// the epilogue's exposure (v7: 26 µs) and the 128 x 128 tiles' L2 traffic. Next: the epilogue
-// warpgroup with the pre-activation handed over in bf16 (room for 4 stages), or two consumer
-// warpgroups on alternate tiles (CUTLASS's ping-pong).
+//   v8 (below): ping-pong, each consumer warpgroup on whole 128 x 128 tiles in turn (named barriers
+//       order their products; without them a warpgroup ran a stage's mbarrier two phases ahead,
+//       which parity cannot tell, and the kernel faulted): 240 (1.0x), 1.03-1.09x at 768 -> 3072.
+// So an epilogue of our own is level with cuBLASLt's aux kernel, not yet past it: with the stores
+// hidden (v8) the 128 x 128 tiles' products are the limit (~220-226 µs alone), and 128 x 256 tiles
+// (218 alone) leave shared memory for 4 stages only without staging room for a hidden epilogue.
+// Next: 128 x 256 ping-pong with 64-row halves (setmaxnreg to give the consumers 232 registers),
+// or clusters whose multicast does not couple the two blocks' pipelines as tightly as ours did.
 //
 // Build and run on a GPU machine from the repository root: bash bench/kernels/linear_wgmma.sh
 #include <cublasLt.h>
@@ -504,6 +508,146 @@ static void run_v7(const char* name, const Tmap& ta, const Tmap& tb, const bf16*
   }
 }
 
+// ---- v8: ping-pong. Each consumer warpgroup owns whole 128 x 128 tiles (two m64 halves, 128
+// accumulator registers a thread), warpgroup 0 the block's even tiles and 1 the odd ones; the
+// producer streams every tile's stages in order, so one warpgroup's products run while the other
+// does its epilogue (staging through shared memory, TMA stores): the tensor cores need not wait
+// for an epilogue.
+template <int S>
+__global__ void __launch_bounds__(288, 1)
+    lin_fwd8(const __grid_constant__ Tmap ta, const __grid_constant__ Tmap tb, const __grid_constant__ Tmap ty,
+             const __grid_constant__ Tmap tz, const bf16* __restrict__ bias, int M, int N, int K) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  constexpr int BM = 128, BN = 128, BK = 64;
+  constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
+  constexpr unsigned CHUNK = BM * 64 * 2;  // one output box: 128 rows x 64 columns
+  const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const unsigned epi = base + S * STAGE;  // per warpgroup: y chunk, z chunk
+  const unsigned bars = epi + 4 * CHUNK;  // full[S], empty[S]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tiles_n = N / BN, tiles = (M / BM) * tiles_n;
+  const int KT = K / BK;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bars + 8 * s, 1);
+      mbar_init(bars + 8 * (S + s), 4);  // a stage is read by one warpgroup
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == 8) {
+    if (lane == 0) {
+      int it = 0;
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int n0 = (tile % tiles_n) * BN, m0 = (tile / tiles_n) * BM;
+        for (int kt = 0; kt < KT; ++kt, ++it) {
+          const int s = it % S;
+          if (it >= S) mbar_wait(bars + 8 * (S + s), (unsigned)((it / S - 1) & 1));
+          const unsigned full = bars + 8 * s, a = base + s * STAGE;
+          mbar_expect_tx(full, STAGE);
+          tma_load2(a, ta, kt * BK, m0, full);
+          tma_load2(a + A_BYTES, tb, kt * BK, n0, full);
+        }
+      }
+    }
+    return;
+  }
+
+  const int wg = warp >> 2, g = lane >> 2, t = lane & 3, wr = (warp & 3) * 16 + g;
+  const bool elected = (tid & 127) == 0;
+  const unsigned buf = epi + wg * 2 * CHUNK;
+  const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+  for (int i = wg;; i += 2) {
+    const int tile = blockIdx.x + i * gridDim.x;
+    if (tile >= tiles) break;
+    const int n0 = (tile % tiles_n) * BN, m0 = (tile / tiles_n) * BM;
+    // The products of the two warpgroups alternate (named barrier 3: 0 -> 1, 4: 1 -> 0): besides
+    // keeping the tensor cores to one tile at a time, a warpgroup never waits on a stage more than
+    // one phase ahead, which the mbarriers' parity could not tell from the phase before.
+    if (i > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(wg == 0 ? 4 : 3) : "memory");
+    const bool other_next = blockIdx.x + (i + 1) * gridDim.x < tiles;
+    float acc[2][16][4];
+    int it = i * KT;
+    for (int kt = 0; kt < KT; ++kt, ++it) {
+      const int s = it % S;
+      mbar_wait(bars + 8 * s, (unsigned)((it / S) & 1));
+      const unsigned a = base + s * STAGE, b = a + A_BYTES;
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          FgWg<bf16>::ss128<0, 0>(acc[h], wg_desc(a + h * 64 * 128 + kk * 32), wg_desc(b + kk * 32), (kt | kk) != 0);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      // The last k-step is issued: the other warpgroup may start its tile.
+      if (kt == KT - 1 && other_next) asm volatile("bar.arrive %0, 256;\n" ::"r"(wg == 0 ? 3 : 4) : "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (S + (it - 1) % S));
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    if (lane == 0) mbar_arrive(bars + 8 * (S + (it - 1) % S));
+
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      if (elected) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+      wg_bar(1 + wg);
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int j = q * 8 + jj;
+        const float2 bb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(bias + n0 + j * 8 + 2 * t));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float za = acc[h][j][2 * e] + bb.x, zb = acc[h][j][2 * e + 1] + bb.y;
+            const float ta_ = tanh_fast(k0 * (za + k1 * za * za * za)), tb_ = tanh_fast(k0 * (zb + k1 * zb * zb * zb));
+            __nv_bfloat162 yv = __floats2bfloat162_rn(0.5f * za * (1.f + ta_), 0.5f * zb * (1.f + tb_));
+            __nv_bfloat162 zv = __floats2bfloat162_rn(za, zb);
+            const int row = h * 64 + wr + 8 * e;
+            const unsigned off = row * 128 + ((jj ^ (row & 7)) * 16) + 4 * t;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + off), "r"(*reinterpret_cast<unsigned*>(&yv))
+                         : "memory");
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + CHUNK + off), "r"(*reinterpret_cast<unsigned*>(&zv))
+                         : "memory");
+          }
+        }
+      }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      wg_bar(1 + wg);
+      if (elected) {
+        tma_store2(ty, buf, n0 + q * 64, m0);
+        tma_store2(tz, buf + CHUNK, n0 + q * 64, m0);
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      }
+    }
+  }
+  if (elected) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+template <int S>
+static void run_v8(const char* name, const Tmap& ta, const Tmap& tb, const bf16* bias, bf16* y, bf16* z,
+                   const bf16* yref, const bf16* zref, int M, int N, int K, double flops) {
+  const size_t smem = S * (128 * 64 * 2 * 2) + 4 * 128 * 64 * 2 + 16 * S + 1024;
+  auto k = lin_fwd8<S>;
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int grid = std::min(sms, (M / 128) * (N / 128));
+  const Tmap ty = make_map(y, M, N, 128), tz = make_map(z, M, N, 128);
+  CK(cudaMemset(y, 0xFF, (size_t)M * N * 2));
+  CK(cudaMemset(z, 0xFF, (size_t)M * N * 2));
+  k<<<grid, 288, smem>>>(ta, tb, ty, tz, bias, M, N, K);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  const float us = time_us([&] { k<<<grid, 288, smem>>>(ta, tb, ty, tz, bias, M, N, K); }, 20);
+  printf("%-34s grid %d, smem %zu: %.1f us (%.0f TFLOP/s)\n", name, grid, smem, us, flops / us * 1e-6);
+  compare("y", y, yref, (size_t)M * N);
+  compare("z", z, zref, (size_t)M * N);
+}
+
 int main(int argc, char** argv) {
   // Optional: the index of the one shape to run (0, 1, 2), for profiling.
   const int only = argc > 1 ? atoi(argv[1]) : -1;
@@ -543,7 +687,8 @@ int main(int argc, char** argv) {
     run_v3<2, 3, true>("v3 128x256, 3 stages", ta, tb, b, y, z, yr, zr, M, N, K, flops);
     run_v7<2, 4, true>("v7 128x256, 4 stages", ta, tb, b, y, z, yr, zr, M, N, K, flops);
     run_v7<2, 4, false>("v7 128x256, 4 stages, no stores", ta, tb, b, y, z, yr, zr, M, N, K, flops);
-    run_v7<1, 6, true>("v7 128x128, 6 stages", ta, tb, b, y, z, yr, zr, M, N, K, flops);
+    run_v8<4>("v8 ping-pong 128x128, 4 stages", ta, tb, b, y, z, yr, zr, M, N, K, flops);
+    run_v8<5>("v8 ping-pong 128x128, 5 stages", ta, tb, b, y, z, yr, zr, M, N, K, flops);
     const float lt_us2 = time_us([&] { lt_run(L, x, w, yr); }, 20);
     printf("%-34s %.1f us (again)\n", "cuBLASLt GELU_AUX_BIAS", lt_us2);
     for (bf16* q : {x, w, b, y, z, yr, zr}) CK(cudaFree(q));
