@@ -15,7 +15,6 @@
 //   v1 (not kept): a 128 x 128 tile a block, 2 blocks an SM, 4-byte stores from registers: 348-391,
 //       L2-bound (Nsight Compute: L2 82%, tensor pipe 42%; cuBLASLt 45% / 63% with half our L2
 //       sectors). 16-byte stores through a quad transpose: no better.
-//   clusters of 2 sharing the weight tile by TMA multicast (persistent or not): 515-719.
 //   v3 (below): persistent, one block an SM, the epilogue through swizzled shared memory and TMA
 //       stores: 128 x 128 tiles, 4 stages 229-234 (1.02-1.04x cuBLASLt); 128 x 256, 3 stages 247-268.
 //   the epilogue of tile i between tile i + 1's k-steps in the same warpgroup (a second register
@@ -29,9 +28,13 @@
 // So an epilogue of our own is level with cuBLASLt's aux kernel, not yet past it: with the stores
 // hidden (v8) the 128 x 128 tiles' products are the limit (~220-226 µs alone), and 128 x 256 tiles
 // (218 alone) leave shared memory for 4 stages only without staging room for a hidden epilogue.
-// Next: 128 x 256 ping-pong with 64-row halves (setmaxnreg to give the consumers 232 registers),
-// or clusters whose multicast does not couple the two blocks' pipelines as tightly as ours did.
+//   v9 (below): v3 in clusters of 2 blocks along M sharing the weight tile by TMA multicast, stages
+//       given back to both producers with CTA-scope arrivals: 253 (128 x 128) / 281 (128 x 256);
+//       with cluster-scope release / acquire (the first attempt) 515-719. Correct, not faster.
+// Next: halve the L2 traffic without locking two blocks' pipelines together (deeper rings with
+// the multicast operand only, or 256 x 128 tiles over three consumer warpgroups).
 //
+// (About 880 lines: the variants side by side, each beside cuBLASLt in the same run.)
 // Build and run on a GPU machine from the repository root: bash bench/kernels/linear_wgmma.sh
 #include <cublasLt.h>
 #include <cuda.h>
@@ -648,6 +651,181 @@ static void run_v8(const char* name, const Tmap& ta, const Tmap& tb, const bf16*
   compare("z", z, zref, (size_t)M * N);
 }
 
+// ---- v9: v3 in clusters of MC blocks along M that share the weight tile: each block loads 1/MC of
+// it and multicasts it to the cluster; a stage is given back to every block's producer (arrivals
+// with CTA-scope release, as CUTLASS's ClusterBarrier; the first multicast attempt used
+// cluster-scope release and acquire and ran 1.5-3x slower than no cluster at all).
+static __device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+static __device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(bar), "r"(cta));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
+}
+static __device__ __forceinline__ void tma_load2_mc(unsigned dst, const Tmap& map, int c0, int c1, unsigned bar,
+                                                    unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+      "{%2, "
+      "%3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+template <int NB, int S, int MC>
+__global__ void __launch_bounds__(288, 1)
+    lin_fwd9(const __grid_constant__ Tmap ta, const __grid_constant__ Tmap tb, const __grid_constant__ Tmap ty,
+             const __grid_constant__ Tmap tz, const bf16* __restrict__ bias, int M, int N, int K) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  constexpr int BM = 128, BN = 128 * NB, BK = 64;
+  constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
+  constexpr unsigned CHUNK = 64 * 64 * 2;  // one output box: 64 rows x 64 columns
+  const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const unsigned bars = base + S * STAGE;
+  const unsigned epi = (bars + 16 * S + 1023u) & ~1023u;  // per warpgroup: 2 buffers x (y, z)
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tiles_n = N / BN;
+  const unsigned rank = cluster_rank();
+  const int groups = (M / BM / MC) * tiles_n, clusters = gridDim.x / MC;
+  const int KT = K / BK;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bars + 8 * s, 1);
+      mbar_init(bars + 8 * (S + s), 8 * MC);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cluster_sync();
+
+  if (warp == 8) {
+    if (lane == 0) {
+      int it = 0;
+      for (int grp = blockIdx.x / MC; grp < groups; grp += clusters) {
+        const int n0 = (grp % tiles_n) * BN, m0 = ((grp / tiles_n) * MC + (int)rank) * BM;
+        for (int kt = 0; kt < KT; ++kt, ++it) {
+          const int s = it % S;
+          if (it >= S) mbar_wait(bars + 8 * (S + s), (unsigned)((it / S - 1) & 1));
+          const unsigned full = bars + 8 * s, a = base + s * STAGE;
+          mbar_expect_tx(full, STAGE);
+          tma_load2(a, ta, kt * BK, m0, full);
+#pragma unroll
+          for (int h = 0; h < NB; ++h)
+            tma_load2_mc(a + A_BYTES + h * 128 * 128 + rank * (128 / MC) * 128, tb, kt * BK,
+                         n0 + h * 128 + (int)rank * (128 / MC), full, (unsigned short)((1u << MC) - 1));
+        }
+      }
+    }
+  } else {
+    const int wg = warp >> 2, g = lane >> 2, t = lane & 3, wr = (warp & 3) * 16 + g;  // row within the warpgroup's 64
+    const bool elected = (tid & 127) == 0;
+    const unsigned my_epi = epi + wg * 4 * CHUNK;
+    const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+    int it = 0, q_all = 0;
+    for (int grp = blockIdx.x / MC; grp < groups; grp += clusters) {
+      const int n0 = (grp % tiles_n) * BN, m0 = ((grp / tiles_n) * MC + (int)rank) * BM;
+      float acc[NB][16][4];
+      for (int kt = 0; kt < KT; ++kt, ++it) {
+        const int s = it % S;
+        mbar_wait(bars + 8 * s, (unsigned)((it / S) & 1));
+        const unsigned a = base + s * STAGE + wg * 64 * 128, b = base + s * STAGE + A_BYTES;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+          for (int h = 0; h < NB; ++h)
+            FgWg<bf16>::ss128<0, 0>(acc[h], wg_desc(a + kk * 32), wg_desc(b + h * 128 * 128 + kk * 32), (kt | kk) != 0);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (kt > 0 && lane == 0)
+          for (int c = 0; c < MC; ++c) mbar_arrive_cluster(bars + 8 * (S + (it - 1) % S), (unsigned)c);
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      if (lane == 0)
+        for (int c = 0; c < MC; ++c) mbar_arrive_cluster(bars + 8 * (S + (it - 1) % S), (unsigned)c);
+
+      // 64-column chunks: registers -> swizzled shared memory -> one TMA store each for y and z.
+#pragma unroll
+      for (int q = 0; q < NB * 2; ++q, ++q_all) {
+        const unsigned buf = my_epi + (q_all & 1) * 2 * CHUNK;
+        if (elected) asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+        wg_bar(1 + wg);
+        const int h = q >> 1;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = (q & 1) * 8 + jj;
+          const int c = n0 + h * 128 + j * 8 + 2 * t;
+          const float2 bb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(bias + c));
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float za = acc[h][j][2 * e] + bb.x, zb = acc[h][j][2 * e + 1] + bb.y;
+            const float ta_ = tanh_fast(k0 * (za + k1 * za * za * za)), tb_ = tanh_fast(k0 * (zb + k1 * zb * zb * zb));
+            __nv_bfloat162 yv = __floats2bfloat162_rn(0.5f * za * (1.f + ta_), 0.5f * zb * (1.f + tb_));
+            __nv_bfloat162 zv = __floats2bfloat162_rn(za, zb);
+            const int row = wr + 8 * e;
+            const unsigned off = row * 128 + ((jj ^ (row & 7)) * 16) + 4 * t;
+            const unsigned yw = *reinterpret_cast<unsigned*>(&yv), zw = *reinterpret_cast<unsigned*>(&zv);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + off), "r"(yw) : "memory");
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + CHUNK + off), "r"(zw) : "memory");
+          }
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        wg_bar(1 + wg);
+        if (elected) {
+          tma_store2(ty, buf, n0 + q * 64, m0 + wg * 64);
+          tma_store2(tz, buf + CHUNK, n0 + q * 64, m0 + wg * 64);
+          asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+      }
+    }
+    if (elected) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  }
+  // No block leaves while its cluster peer may still write into it or arrive on its barriers.
+  cluster_sync();
+}
+
+template <int NB, int S, int MC>
+static void run_v9(const char* name, const Tmap& ta, const Tmap& tbh, const bf16* bias, bf16* y, bf16* z,
+                   const bf16* yref, const bf16* zref, int M, int N, int K, double flops) {
+  constexpr int BN = 128 * NB;
+  const size_t smem = S * (128 * 64 * 2 + BN * 64 * 2) + 16 * S + 1024 + 1024 + 2 * 4 * 64 * 64 * 2;
+  auto k = lin_fwd9<NB, S, MC>;
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  cudaLaunchConfig_t cfg = {};
+  cfg.blockDim = dim3(288);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = MC;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  cfg.gridDim = dim3(MC);
+  int clusters = 0;
+  CK(cudaOccupancyMaxActiveClusters(&clusters, k, &cfg));
+  const int grid = std::min(clusters * MC, (M / 128) * (N / BN));
+  cfg.gridDim = dim3(grid);
+  const Tmap ty = make_map(y, M, N, 64), tz = make_map(z, M, N, 64);
+  CK(cudaMemset(y, 0xFF, (size_t)M * N * 2));
+  CK(cudaMemset(z, 0xFF, (size_t)M * N * 2));
+  auto launch = [&] { CK(cudaLaunchKernelEx(&cfg, k, ta, tbh, ty, tz, bias, M, N, K)); };
+  launch();
+  CK(cudaDeviceSynchronize());
+  const float us = time_us(launch, 20);
+  printf("%-34s grid %d (clusters of %d), smem %zu: %.1f us (%.0f TFLOP/s)\n", name, grid, MC, smem, us,
+         flops / us * 1e-6);
+  compare("y", y, yref, (size_t)M * N);
+  compare("z", z, zref, (size_t)M * N);
+}
+
 int main(int argc, char** argv) {
   // Optional: the index of the one shape to run (0, 1, 2), for profiling.
   const int only = argc > 1 ? atoi(argv[1]) : -1;
@@ -689,6 +867,9 @@ int main(int argc, char** argv) {
     run_v7<2, 4, false>("v7 128x256, 4 stages, no stores", ta, tb, b, y, z, yr, zr, M, N, K, flops);
     run_v8<4>("v8 ping-pong 128x128, 4 stages", ta, tb, b, y, z, yr, zr, M, N, K, flops);
     run_v8<5>("v8 ping-pong 128x128, 5 stages", ta, tb, b, y, z, yr, zr, M, N, K, flops);
+    const Tmap tbh = make_map(w, N, K, 64);
+    run_v9<1, 4, 2>("v9 128x128, 4 stages, B mc x2", ta, tbh, b, y, z, yr, zr, M, N, K, flops);
+    run_v9<2, 3, 2>("v9 128x256, 3 stages, B mc x2", ta, tbh, b, y, z, yr, zr, M, N, K, flops);
     const float lt_us2 = time_us([&] { lt_run(L, x, w, yr); }, 20);
     printf("%-34s %.1f us (again)\n", "cuBLASLt GELU_AUX_BIAS", lt_us2);
     for (bf16* q : {x, w, b, y, z, yr, zr}) CK(cudaFree(q));
