@@ -44,6 +44,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "attention_wgmma_ops.cuh"
@@ -288,6 +289,36 @@ static __device__ __forceinline__ void epi_group(const float (&c)[4], float2 bb,
   }
 }
 
+// The producer (lane 0 of warp 8): every tile's k-steps in order into the S-stage ring, A's rows
+// of the tile and W's (NB halves of 128 rows; with MC > 1 this block's 1/MC of each half,
+// multicast to the cluster). Tile groups as the consumers walk them: grp = blockIdx.x / MC, +=
+// clusters; a group is MC m-tiles at one n-tile.
+template <int NB, int S, int MC>
+static __device__ __forceinline__ void produce(const Tmap& ta, const Tmap& tb, unsigned base, unsigned bars,
+                                               int tiles_n, int groups, int clusters, int KT, unsigned rank) {
+  constexpr int BM = 128, BN = 128 * NB, BK = 64;
+  constexpr unsigned A_BYTES = BM * BK * 2, STAGE = A_BYTES + BN * BK * 2;
+  int it = 0;
+  for (int grp = blockIdx.x / MC; grp < groups; grp += clusters) {
+    const int n0 = (grp % tiles_n) * BN, m0 = ((grp / tiles_n) * MC + (int)rank) * BM;
+    for (int kt = 0; kt < KT; ++kt, ++it) {
+      const int s = it % S;
+      if (it >= S) mbar_wait(bars + 8 * (S + s), (unsigned)((it / S - 1) & 1));
+      const unsigned full = bars + 8 * s, a = base + s * STAGE;
+      mbar_expect_tx(full, STAGE);
+      tma_load2(a, ta, kt * BK, m0, full);
+#pragma unroll
+      for (int h = 0; h < NB; ++h) {
+        if (MC > 1)
+          tma_load2_mc(a + A_BYTES + h * 128 * 128 + rank * (128 / MC) * 128, tb, kt * BK,
+                       n0 + h * 128 + (int)rank * (128 / MC), full, (unsigned short)((1u << MC) - 1));
+        else
+          tma_load2(a + A_BYTES + h * 128 * 128, tb, kt * BK, n0 + h * 128, full);
+      }
+    }
+  }
+}
+
 // ---- the cooperative kernel: both consumer warpgroups on one tile -------------------------------
 // Persistent (one block an SM; tiles n-fastest, so the blocks in flight share A's rows and all of B
 // in L2). Warps 0-7 compute (warpgroup w the tile's rows 64w..64w+63), lane 0 of warp 8 loads by
@@ -329,27 +360,7 @@ __global__ void __launch_bounds__(288, 1)
     __syncthreads();
 
   if (warp == 8) {
-    if (lane == 0) {
-      int it = 0;
-      for (int grp = blockIdx.x / MC; grp < groups; grp += clusters) {
-        const int n0 = (grp % tiles_n) * BN, m0 = ((grp / tiles_n) * MC + (int)rank) * BM;
-        for (int kt = 0; kt < KT; ++kt, ++it) {
-          const int s = it % S;
-          if (it >= S) mbar_wait(bars + 8 * (S + s), (unsigned)((it / S - 1) & 1));
-          const unsigned full = bars + 8 * s, a = base + s * STAGE;
-          mbar_expect_tx(full, STAGE);
-          tma_load2(a, ta, kt * BK, m0, full);
-#pragma unroll
-          for (int h = 0; h < NB; ++h) {
-            if (MC > 1)
-              tma_load2_mc(a + A_BYTES + h * 128 * 128 + rank * (128 / MC) * 128, tb, kt * BK,
-                           n0 + h * 128 + (int)rank * (128 / MC), full, (unsigned short)((1u << MC) - 1));
-            else
-              tma_load2(a + A_BYTES + h * 128 * 128, tb, kt * BK, n0 + h * 128, full);
-          }
-        }
-      }
-    }
+    if (lane == 0) produce<NB, S, MC>(ta, tb, base, bars, tiles_n, groups, clusters, KT, rank);
   } else {
     const int wg = warp >> 2, g = lane >> 2, t = lane & 3, wr = (warp & 3) * 16 + g;
     const bool elected = SHARED ? tid == 0 : (tid & 127) == 0;
@@ -454,20 +465,7 @@ __global__ void __launch_bounds__(288, 1)
   __syncthreads();
 
   if (warp == 8) {
-    if (lane == 0) {
-      int it = 0;
-      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int n0 = (tile % tiles_n) * BN, m0 = (tile / tiles_n) * BM;
-        for (int kt = 0; kt < KT; ++kt, ++it) {
-          const int s = it % S;
-          if (it >= S) mbar_wait(bars + 8 * (S + s), (unsigned)((it / S - 1) & 1));
-          const unsigned full = bars + 8 * s, a = base + s * STAGE;
-          mbar_expect_tx(full, STAGE);
-          tma_load2(a, ta, kt * BK, m0, full);
-          tma_load2(a + A_BYTES, tb, kt * BK, n0, full);
-        }
-      }
-    }
+    if (lane == 0) produce<1, S, 1>(ta, tb, base, bars, tiles_n, tiles, gridDim.x, KT, 0);
     return;
   }
 
@@ -531,6 +529,8 @@ template <typename Kern>
 static void run(const char* name, Kern k, cudaLaunchConfig_t cfg, bool check, const Tmap& ta, const Tmap& tb,
                 const bf16* bias, bf16* y, bf16* z, const bf16* yref, const bf16* zref, int M, int N, int K,
                 double flops, int box_rows) {
+  // LW_ONLY=<text>: run only the variants whose name holds it (one kernel under compute-sanitizer).
+  if (const char* only = getenv("LW_ONLY"); only && !strstr(name, only)) return;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cfg.dynamicSmemBytes));
   const Tmap ty = make_map(y, M, N, box_rows), tz = make_map(z, M, N, box_rows);
   CK(cudaMemset(y, 0xFF, (size_t)M * N * 2));
@@ -564,6 +564,7 @@ static cudaLaunchConfig_t persistent(Kern k, size_t smem, int blocks_per_cluster
   int clusters = 0;
   CK(cudaOccupancyMaxActiveClusters(&clusters, k, &cfg));
   cfg.gridDim = dim3(std::min(clusters * blocks_per_cluster, tiles));
+  if (blocks_per_cluster == 1) cfg.numAttrs = 0;  // a plain launch where no cluster is needed
   return cfg;
 }
 
@@ -589,16 +590,17 @@ static void run_pingpong(const char* name, const Tmap& ta, const Tmap& tb, const
 }
 
 int main(int argc, char** argv) {
-  // Optional: the index of the one shape to run (0, 1, 2), for profiling.
+  // Optional: the index of the one shape to run (0, 1, 2: GPT-2's; 3: a small one, for profiling and
+  // compute-sanitizer).
   const int only = argc > 1 ? atoi(argv[1]) : -1;
   int dev;
   CK(cudaGetDevice(&dev));
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, dev));
   printf("%s, %d SMs\n", p.name, p.multiProcessorCount);
-  const int shapes[3][3] = {{16384, 1024, 4096}, {16384, 768, 3072}, {16384, 3072, 768}};
-  for (int si = 0; si < 3; ++si) {
-    if (only >= 0 && si != only) continue;
+  const int shapes[4][3] = {{16384, 1024, 4096}, {16384, 768, 3072}, {16384, 3072, 768}, {512, 256, 512}};
+  for (int si = 0; si < 4; ++si) {
+    if (only >= 0 ? si != only : si == 3) continue;
     const int* s = shapes[si];
     const int M = s[0], K = s[1], N = s[2];
     const double flops = 2.0 * M * N * K;
