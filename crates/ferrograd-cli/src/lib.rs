@@ -915,6 +915,18 @@ fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
     e.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
 }
 
+/// Runs `f` with the process-wide profiling switch set to `on`, one test at a time (the switch is
+/// global and the tests run on parallel threads), and switches it off again.
+#[cfg(test)]
+pub(crate) fn with_profiling<T>(on: bool, f: impl FnOnce() -> T) -> T {
+    static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    ferrograd_core::cuda::profile::set_enabled(on);
+    let out = f();
+    ferrograd_core::cuda::profile::set_enabled(false);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

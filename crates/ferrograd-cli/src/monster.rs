@@ -161,7 +161,13 @@ fn config(a: &MonsterArgs, device: Device) -> CliResult<TrainConfig> {
     let step = if a.unfused { StepArg::Unfused } else { a.step.unwrap_or(StepArg::Persistent) };
     cfg.fused = step != StepArg::Unfused;
     cfg.persistent = step == StepArg::Persistent;
-    cfg.graph = !a.no_graph;
+    // A replayed CUDA graph records no per-kernel times, and the profile divides by every step:
+    // profiling runs the autograd step (the one that replays a graph) eagerly, so its table is each step's kernels.
+    let profiling = !on_cpu && ferrograd_core::cuda::profile::enabled();
+    if profiling && !a.no_graph && step == StepArg::Unfused {
+        eprintln!("--profile: the autograd step runs eagerly (a replayed CUDA graph records no per-kernel times)");
+    }
+    cfg.graph = !a.no_graph && !profiling;
     cfg.precision =
         a.precision.parse().map_err(|_| format!("--precision {:?}: expected f32, tf32 or bf16", a.precision))?;
     cfg.allow_nonfinite = a.allow_nonfinite;
@@ -312,8 +318,8 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
     }
     let (mut report, plan) = result?;
     if device.is_cuda() && ferrograd_core::cuda::profile::enabled() {
-        // FERROGRAD_PROFILE=1: device time per kernel and per step over the run (the eager steps
-        // only: a replayed CUDA graph records no timings, so profile with --no-graph).
+        // FERROGRAD_PROFILE=1: device time per kernel and per step over the run (`config` turns
+        // the CUDA graph off while profiling: a replayed graph records no timings).
         eprint!("{}", ferrograd_core::cuda::profile::report_table(report.steps as u64)?);
     }
     if let Some(pg) = &pg {
@@ -477,4 +483,29 @@ fn export_values(n: usize, path: &std::path::Path) -> CliResult<()> {
     let all = Tensor::stack(&vals, 0)?;
     ferrograd_nn::checkpoint::save_safetensors(path, &[("values", &all)], Default::default())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Profiling on a GPU turns the autograd step's CUDA graph off: a replayed graph records no
+    /// per-kernel times, and the profile's table divides by every step.
+    #[test]
+    fn profiling_runs_the_autograd_step_eagerly() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            walk: MonsterArgs,
+        }
+        use clap::Parser;
+        let graph = |extra: &[&str]| {
+            let args = ["monster-walk", "--step", "unfused"].iter().chain(extra);
+            let a = Cli::try_parse_from(args).expect("arguments parse").walk;
+            config(&a, Device::Cuda(0)).expect("config").graph
+        };
+        assert!(!crate::with_profiling(true, || graph(&[])));
+        assert!(crate::with_profiling(false, || graph(&[])));
+        assert!(!crate::with_profiling(false, || graph(&["--no-graph"])));
+    }
 }

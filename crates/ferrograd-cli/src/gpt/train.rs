@@ -246,7 +246,13 @@ fn config(a: &TrainArgs, device: Device) -> CliResult<(TrainConfig, Vec<String>)
     c.resume = a.resume;
     c.init = a.init.clone();
     c.save_init = a.save_init.clone();
-    c.graph = !a.no_graph;
+    // A replayed CUDA graph records no per-kernel times, and the profile divides by every steady
+    // step: profiling runs the steps eagerly, so its table is each step's kernels.
+    let profiling = !on_cpu && ferrograd_core::cuda::profile::enabled();
+    if profiling && !a.no_graph {
+        notes.push("--profile: every step runs eagerly (a replayed CUDA graph records no per-kernel times)".into());
+    }
+    c.graph = !a.no_graph && !profiling;
     c.qat = a.qat;
     c.recompute_gelu = !a.keep_gelu;
     Ok((c, notes))
@@ -422,5 +428,33 @@ mod tests {
         assert_eq!(parse_batch("auto"), Ok(BatchSize::Auto));
         assert_eq!(parse_batch("16"), Ok(BatchSize::Fixed(16)));
         assert!(parse_batch("0").is_err() && parse_batch("x").is_err());
+    }
+
+    /// Profiling on a GPU turns the step's CUDA graph off (replays record no per-kernel times, and
+    /// the table divides by every step), with a note; `--no-graph` needs no note.
+    #[test]
+    fn profiling_runs_the_steps_eagerly() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            train: TrainArgs,
+        }
+        use clap::Parser;
+        let parse = |extra: &[&str]| {
+            let args = ["gpt-train", "--data", "d", "--out", "o"].iter().chain(extra);
+            Cli::try_parse_from(args).expect("arguments parse").train
+        };
+        let graph_and_note = |a: &TrainArgs| {
+            let (c, notes) = config(a, Device::Cuda(0)).expect("config");
+            (c.graph, notes.iter().any(|n| n.starts_with("--profile")))
+        };
+        let (profiled, profiled_no_graph) =
+            crate::with_profiling(true, || (graph_and_note(&parse(&[])), graph_and_note(&parse(&["--no-graph"]))));
+        assert_eq!(profiled, (false, true));
+        assert_eq!(profiled_no_graph, (false, false));
+        let (plain, no_graph) =
+            crate::with_profiling(false, || (graph_and_note(&parse(&[])), graph_and_note(&parse(&["--no-graph"]))));
+        assert_eq!(plain, (true, false));
+        assert_eq!(no_graph, (false, false));
     }
 }
