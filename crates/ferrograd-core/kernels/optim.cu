@@ -31,10 +31,35 @@ struct OptTable {
 // product the separate scale kernel forms, so clipping here or there gives the same bits (1 when
 // not clipping: exact). A parameter with a kept copy (`lo[k]`) gets it rewritten as the cast
 // kernel would round the new value.
+// One element of the update, shared by the scalar and the 16-byte paths so both round alike.
+struct AdamK {
+  float lr, b1, b2, omb1, omb2, eps, wd, step, sbc2, gs;
+  int decoupled;
+  __device__ __forceinline__ float apply(float pi, float g, float& m, float& v) const {
+    float gi = __fmul_rn(g, gs);  // _rn: never contracted into an FMA
+    if (decoupled) {
+      pi = pi * (1.0f - lr * wd);
+    } else {
+      gi = gi + wd * pi;
+    }
+    m = b1 * m + omb1 * gi;
+    v = b2 * v + omb2 * (gi * gi);
+    return pi - step * (m / (sqrtf(v) / sbc2 + eps));
+  }
+};
+
+__device__ __forceinline__ void adam_store_lo(fg_u64 lo, bool half, fg_u64 i, float pn) {
+  if (half) {
+    ((__half*)lo)[i] = __float2half_rn(pn);
+  } else {
+    ((__nv_bfloat16*)lo)[i] = __float2bfloat16_rn(pn);
+  }
+}
+
 __device__ __forceinline__ void adam_apply(const OptTable& t, float lr, float b1, float b2, float omb1, float omb2,
                                            float eps, float wd, float bc1, float bc2, int decoupled, float gs) {
   const fg_u64 tid = fg_tid(), stride = fg_nthreads();
-  const float step = lr / bc1, sbc2 = sqrtf(bc2);
+  const AdamK a{lr, b1, b2, omb1, omb2, eps, wd, lr / bc1, sqrtf(bc2), gs, decoupled};
   for (unsigned int k = 0; k < t.count; ++k) {
     float* p = (float*)t.p[k];
     const float* g = (const float*)t.g[k];
@@ -43,26 +68,45 @@ __device__ __forceinline__ void adam_apply(const OptTable& t, float lr, float b1
     const fg_u64 n = t.n[k];
     const fg_u64 lo = t.lo[k];
     const bool half = (t.lo_f16 >> k) & 1ull;
-    for (fg_u64 i = tid; i < n; i += stride) {
-      float pi = p[i], gi = __fmul_rn(g[i], gs);  // _rn: never contracted into an FMA
-      if (decoupled) {
-        pi = pi * (1.0f - lr * wd);
-      } else {
-        gi = gi + wd * pi;
-      }
-      const float mi = b1 * m[i] + omb1 * gi;
-      const float vi = b2 * v[i] + omb2 * (gi * gi);
-      m[i] = mi;
-      v[i] = vi;
-      const float pn = pi - step * (mi / (sqrtf(vi) / sbc2 + eps));
-      p[i] = pn;
+    // Four elements a thread through 16-byte accesses where every stream allows them (the kept
+    // copy: 8 bytes): 4 f32 streams of 124M elements moved at ~2.4 TB/s one element at a time on
+    // an H100 (GPT-2's step, BENCHMARKS.md 2026-11-25). The rest, one at a time.
+    const bool vec = ((t.p[k] | t.g[k] | t.s1[k] | t.s2[k]) & 15ull) == 0 && (lo & 7ull) == 0;
+    const fg_u64 n4 = vec ? n / 4 : 0;
+    for (fg_u64 q = tid; q < n4; q += stride) {
+      const float4 pv = ((const float4*)p)[q], gv = ((const float4*)g)[q];
+      float4 mv = ((const float4*)m)[q], vv = ((const float4*)v)[q];
+      float4 pn;
+      pn.x = a.apply(pv.x, gv.x, mv.x, vv.x);
+      pn.y = a.apply(pv.y, gv.y, mv.y, vv.y);
+      pn.z = a.apply(pv.z, gv.z, mv.z, vv.z);
+      pn.w = a.apply(pv.w, gv.w, mv.w, vv.w);
+      ((float4*)m)[q] = mv;
+      ((float4*)v)[q] = vv;
+      ((float4*)p)[q] = pn;
       if (lo != 0) {
         if (half) {
-          ((__half*)lo)[i] = __float2half_rn(pn);
+          const __half2 h0 = __floats2half2_rn(pn.x, pn.y), h1 = __floats2half2_rn(pn.z, pn.w);
+          uint2 w;
+          w.x = *(const unsigned int*)&h0;
+          w.y = *(const unsigned int*)&h1;
+          ((uint2*)lo)[q] = w;
         } else {
-          ((__nv_bfloat16*)lo)[i] = __float2bfloat16_rn(pn);
+          const __nv_bfloat162 h0 = __floats2bfloat162_rn(pn.x, pn.y), h1 = __floats2bfloat162_rn(pn.z, pn.w);
+          uint2 w;
+          w.x = *(const unsigned int*)&h0;
+          w.y = *(const unsigned int*)&h1;
+          ((uint2*)lo)[q] = w;
         }
       }
+    }
+    for (fg_u64 i = 4 * n4 + tid; i < n; i += stride) {
+      float mi = m[i], vi = v[i];
+      const float pn = a.apply(p[i], g[i], mi, vi);
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = pn;
+      if (lo != 0) adam_store_lo(lo, half, i, pn);
     }
   }
 }
@@ -152,11 +196,22 @@ FG_KERNEL sgd_f32(OptTable t, float lr, float mu, float dampening, float wd, int
 FG_KERNEL sq_norm_part_f32(OptTable t, float* part, unsigned int slot) {
   __shared__ float sh[32];
   const fg_u64 tid = fg_tid(), stride = fg_nthreads();
-  float acc = 0.0f;
+  // 16-byte loads into four chains where the tensor allows (one scalar chain read GPT-2's 124M
+  // gradients at ~1.7 TB/s on an H100); the order still depends only on the launch shape.
+  float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
   for (unsigned int k = 0; k < t.count; ++k) {
     const float* g = (const float*)t.g[k];
-    for (fg_u64 i = tid; i < t.n[k]; i += stride) acc = fmaf(g[i], g[i], acc);
+    const fg_u64 n = t.n[k], n4 = (t.g[k] & 15ull) == 0 ? n / 4 : 0;
+    for (fg_u64 q = tid; q < n4; q += stride) {
+      const float4 x = ((const float4*)g)[q];
+      a0 = fmaf(x.x, x.x, a0);
+      a1 = fmaf(x.y, x.y, a1);
+      a2 = fmaf(x.z, x.z, a2);
+      a3 = fmaf(x.w, x.w, a3);
+    }
+    for (fg_u64 i = 4 * n4 + tid; i < n; i += stride) a0 = fmaf(g[i], g[i], a0);
   }
+  float acc = (a0 + a1) + (a2 + a3);
   acc = fg_block_reduce(acc, FgSum(), sh);
   if (threadIdx.x == 0) part[(fg_u64)slot * gridDim.x + blockIdx.x] = acc;
 }

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod adam_paths;
 mod add_layer_norm;
 mod attention;
 mod attention_cudnn;
