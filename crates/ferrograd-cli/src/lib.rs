@@ -915,6 +915,12 @@ fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
     e.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
 }
 
+/// Whether `--profile` / `FERROGRAD_PROFILE` times the kernels `device` runs (CUDA only). The
+/// commands run their steps eagerly then: a replayed CUDA graph records no per-kernel times.
+pub(crate) fn profiling_on(device: Device) -> bool {
+    device.is_cuda() && ferrograd_core::cuda::profile::enabled()
+}
+
 /// Runs `f` with the process-wide profiling switch set to `on`, one test at a time (the switch is
 /// global and the tests run on parallel threads), and switches it off again.
 #[cfg(test)]

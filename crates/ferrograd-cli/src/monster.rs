@@ -163,7 +163,7 @@ fn config(a: &MonsterArgs, device: Device) -> CliResult<TrainConfig> {
     cfg.persistent = step == StepArg::Persistent;
     // A replayed CUDA graph records no per-kernel times, and the profile divides by every step:
     // profiling runs the autograd step (the one that replays a graph) eagerly, so its table is each step's kernels.
-    let profiling = !on_cpu && ferrograd_core::cuda::profile::enabled();
+    let profiling = crate::profiling_on(device);
     if profiling && !a.no_graph && step == StepArg::Unfused {
         eprintln!("--profile: the autograd step runs eagerly (a replayed CUDA graph records no per-kernel times)");
     }
@@ -317,7 +317,7 @@ pub fn run(a: MonsterArgs, out: &mut dyn Write) -> CliResult<()> {
         }
     }
     let (mut report, plan) = result?;
-    if device.is_cuda() && ferrograd_core::cuda::profile::enabled() {
+    if crate::profiling_on(device) {
         // FERROGRAD_PROFILE=1: device time per kernel and per step over the run (`config` turns
         // the CUDA graph off while profiling: a replayed graph records no timings).
         eprint!("{}", ferrograd_core::cuda::profile::report_table(report.steps as u64)?);

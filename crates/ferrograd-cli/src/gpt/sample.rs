@@ -110,7 +110,7 @@ pub fn run(a: SampleArgs, out: &mut dyn Write) -> CliResult<()> {
     }
     // FERROGRAD_PROFILE=1: device time per kernel over the decode steps after the first few
     // (which may compile or allocate), printed with the timing line.
-    let profile = device.is_cuda() && ferrograd_core::cuda::profile::enabled();
+    let profile = crate::profiling_on(device);
     let cfg = SampleConfig {
         max_new_tokens: a.tokens,
         temperature: a.temperature,

@@ -248,7 +248,7 @@ fn config(a: &TrainArgs, device: Device) -> CliResult<(TrainConfig, Vec<String>)
     c.save_init = a.save_init.clone();
     // A replayed CUDA graph records no per-kernel times, and the profile divides by every steady
     // step: profiling runs the steps eagerly, so its table is each step's kernels.
-    let profiling = !on_cpu && ferrograd_core::cuda::profile::enabled();
+    let profiling = crate::profiling_on(device);
     if profiling && !a.no_graph {
         notes.push("--profile: every step runs eagerly (a replayed CUDA graph records no per-kernel times)".into());
     }
