@@ -86,7 +86,8 @@ pub fn run(a: MambaArgs, out: &mut dyn Write) -> CliResult<()> {
     }
 }
 
-fn config(a: &TrainArgs, device: Device) -> MambaTrainConfig {
+/// The run's configuration, and the note to print when `--profile` turns the CUDA graph off.
+fn config(a: &TrainArgs, device: Device) -> (MambaTrainConfig, Option<&'static str>) {
     let mut c = MambaTrainConfig::defaults(a.data.clone(), a.out.clone(), device);
     c.model.n_layer = a.layers.unwrap_or(c.model.n_layer);
     c.model.d_model = a.dim.unwrap_or(c.model.d_model);
@@ -107,8 +108,13 @@ fn config(a: &TrainArgs, device: Device) -> MambaTrainConfig {
     c.log_every = a.log_every;
     c.val_every = a.val_every;
     c.val_batches = a.val_batches;
-    c.graph = !a.no_graph;
-    c
+    // A replayed CUDA graph records no per-kernel times (the profile would hold the one step it
+    // saw, divided by every steady step): profiling runs the steps eagerly, as `gpt train` does.
+    let profiling = crate::profiling_on(device);
+    c.graph = !a.no_graph && !profiling;
+    let note = (profiling && !a.no_graph)
+        .then_some("--profile: every step runs eagerly (a replayed CUDA graph records no per-kernel times)");
+    (c, note)
 }
 
 fn train_cmd(a: TrainArgs, out: &mut dyn Write) -> CliResult<()> {
@@ -117,7 +123,7 @@ fn train_cmd(a: TrainArgs, out: &mut dyn Write) -> CliResult<()> {
         Some(d) => (d, "--device".to_string()),
         None => Device::best_with_reason()?,
     };
-    let cfg = config(&a, device);
+    let (cfg, profile_note) = config(&a, device);
     let (steps, out_dir, m) = (cfg.steps, cfg.out.clone(), cfg.model);
     let precision = if cfg.precision == Precision::Bf16 { "bf16 autocast" } else { "f32" };
     let mut io_err: Option<std::io::Error> = None;
@@ -143,8 +149,8 @@ fn train_cmd(a: TrainArgs, out: &mut dyn Write) -> CliResult<()> {
                     info.val_tokens.map(|v| format!(", {v} val")).unwrap_or_default()
                 ),
             );
-            for n in &info.notes {
-                say(&mut *out, n.clone());
+            for n in info.notes.iter().cloned().chain(profile_note.map(String::from)) {
+                say(&mut *out, n);
             }
         }
         Event::Progress(_) | Event::Saved { .. } => {}
@@ -174,4 +180,44 @@ fn train_cmd(a: TrainArgs, out: &mut dyn Write) -> CliResult<()> {
         .map_err(|e| format!("writing {}: {e}", summary_path.display()))?;
     writeln!(out, "log {} | summary {}", s.log.display(), summary_path.display())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiling_runs_the_steps_eagerly() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            train: TrainArgs,
+        }
+        use clap::Parser;
+        let parse = |extra: &[&str]| {
+            let args = ["mamba-train", "--data", "d", "--out", "o"].iter().chain(extra);
+            Cli::try_parse_from(args).expect("arguments parse").train
+        };
+        let graph_and_note = |a: &TrainArgs, device| {
+            let (c, note) = config(a, device);
+            (c.graph, note.is_some())
+        };
+        let gpu = Device::Cuda(0);
+        let (profiled, profiled_no_graph, profiled_cpu) = crate::with_profiling(true, || {
+            (
+                graph_and_note(&parse(&[]), gpu),
+                graph_and_note(&parse(&["--no-graph"]), gpu),
+                graph_and_note(&parse(&[]), Device::Cpu),
+            )
+        });
+        assert_eq!(profiled, (false, true));
+        assert_eq!(profiled_no_graph, (false, false));
+        // The CPU has no kernels to time: nothing changes there.
+        assert_eq!(profiled_cpu, (true, false));
+        let (plain, no_graph) = crate::with_profiling(false, || {
+            (graph_and_note(&parse(&[]), gpu), graph_and_note(&parse(&["--no-graph"]), gpu))
+        });
+        assert_eq!(plain, (true, false));
+        assert_eq!(no_graph, (false, false));
+    }
 }
