@@ -89,7 +89,10 @@
 // tests/core_suite/cuda_clusters.rs; a cluster barrier 0.045 us against 1.03 us for a grid barrier). Each
 // cluster could sum its partials over DSMEM, one grid barrier exchange the cluster sums, every
 // cluster run Adam on its own copy and pass the new W around over DSMEM: one grid barrier a step,
-// no L2 refresh.
+// no L2 refresh. Its ceiling, measured (BENCHMARKS.md 2026-11-25 twentieth session): with every
+// grid-wide wait and the refresh removed (wrong results, timing only) a run takes 0.168 s against
+// 0.194, so no synchronization design brings this schedule near 0.10 s; the chain of 15 layer
+// products inside a block (and the weight-gradient items sharing its phases) is the rest.
 // Measured and not kept (H100, 113 x 71, f32, BENCHMARKS.md 2026-11-24 twelfth session, against
 // 0.196 s for the kernel before the forward's full unroll): the time between blocks is the
 // slowest block's chain plus an L2 round trip or two, whatever form the synchronization takes.
