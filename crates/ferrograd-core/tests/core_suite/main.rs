@@ -34,6 +34,7 @@ mod nan;
 mod predictor;
 mod props;
 mod quant_int8;
+mod robust_ops;
 mod selective_scan;
 mod shadow;
 mod sizes;
