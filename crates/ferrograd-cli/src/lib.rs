@@ -921,6 +921,13 @@ pub(crate) fn profiling_on(device: Device) -> bool {
     device.is_cuda() && ferrograd_core::cuda::profile::enabled()
 }
 
+/// A subcommand's flattened arguments `A` parsed from `args` (the program name first), for tests.
+#[cfg(test)]
+pub(crate) fn parse_args<A: clap::Args + clap::FromArgMatches>(args: &[&str]) -> A {
+    let matches = A::augment_args(clap::Command::new("test")).try_get_matches_from(args).expect("arguments parse");
+    A::from_arg_matches(&matches).expect("arguments convert")
+}
+
 /// Runs `f` with the process-wide profiling switch set to `on`, one test at a time (the switch is
 /// global and the tests run on parallel threads), and switches it off again.
 #[cfg(test)]

@@ -188,15 +188,9 @@ mod tests {
 
     #[test]
     fn profiling_runs_the_steps_eagerly() {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            train: TrainArgs,
-        }
-        use clap::Parser;
         let parse = |extra: &[&str]| {
-            let args = ["mamba-train", "--data", "d", "--out", "o"].iter().chain(extra);
-            Cli::try_parse_from(args).expect("arguments parse").train
+            let args: Vec<&str> = ["mamba-train", "--data", "d", "--out", "o"].iter().chain(extra).copied().collect();
+            crate::parse_args::<TrainArgs>(&args)
         };
         let graph_and_note = |a: &TrainArgs, device| {
             let (c, note) = config(a, device);

@@ -434,15 +434,9 @@ mod tests {
     /// the table divides by every step), with a note; `--no-graph` needs no note.
     #[test]
     fn profiling_runs_the_steps_eagerly() {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            train: TrainArgs,
-        }
-        use clap::Parser;
         let parse = |extra: &[&str]| {
-            let args = ["gpt-train", "--data", "d", "--out", "o"].iter().chain(extra);
-            Cli::try_parse_from(args).expect("arguments parse").train
+            let args: Vec<&str> = ["gpt-train", "--data", "d", "--out", "o"].iter().chain(extra).copied().collect();
+            crate::parse_args::<TrainArgs>(&args)
         };
         let graph_and_note = |a: &TrainArgs| {
             let (c, notes) = config(a, Device::Cuda(0)).expect("config");
