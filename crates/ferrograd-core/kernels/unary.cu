@@ -121,66 +121,17 @@ struct FgUnary {
   }
 };
 
-// The hot activations of contiguous, 16-byte aligned f32 / f16 / bf16 tensors: V = 16 / sizeof(T)
-// elements per access (LDG.E.128 / STG.E.128), four vectors in flight per thread, the n % V tail
-// element by element; each element computed as in the scalar path (bitwise the same results).
-// The op is a template argument (one loop per op, as binary.cu's vector path, for the same NVRTC
-// reason); with scalar loads relu / sigmoid / x * 2 in f32 reached 0.87-0.92x of PyTorch's GB/s
-// on an H200, whose elementwise kernels load 16 bytes at a time. f64, the integers and the rarer
-// ops keep the scalar loop.
-template <typename T> struct FgVecUnary { static constexpr bool ok = false; };
-template <> struct FgVecUnary<float> { static constexpr bool ok = true; };
-template <> struct FgVecUnary<__half> { static constexpr bool ok = true; };
-template <> struct FgVecUnary<__nv_bfloat16> { static constexpr bool ok = true; };
-
-template <typename T, int OP>
-static __device__ __forceinline__ void fg_unary_vec_op(const T* __restrict__ x, T* __restrict__ y, fg_u64 n,
-                                                       double p0, double p1) {
-  constexpr int V = 16 / (int)sizeof(T);
-  typedef FgPack<T, V> P;
-  const P* xv = reinterpret_cast<const P*>(x);
-  P* yv = reinterpret_cast<P*>(y);
-  const fg_u64 nv = n / V;
-  fg_unrolled(nv, [&](fg_u64 i) { return xv[i]; },
-              [&](fg_u64 i, const P& v) {
-                P o;
-#pragma unroll
-                for (int e = 0; e < V; ++e) o.v[e] = FgUnary<T, false>::apply(OP, v.v[e], p0, p1);
-                yv[i] = o;
-              });
-  FG_GRID_STRIDE(k, n - nv * V) {
-    const fg_u64 i = nv * V + k;
-    y[i] = FgUnary<T, false>::apply(OP, x[i], p0, p1);
-  }
-}
-
-// Whether the vector path took the op (false: the caller runs the scalar loop).
-template <typename T>
-static __device__ __forceinline__ bool fg_unary_vec(const T* __restrict__ x, T* __restrict__ y, fg_u64 n, int op,
-                                                    double p0, double p1) {
-  if constexpr (!FgVecUnary<T>::ok) {
-    return false;
-  } else {
-    switch (op) {
-      case FG_RELU: fg_unary_vec_op<T, FG_RELU>(x, y, n, p0, p1); return true;
-      case FG_SIGMOID: fg_unary_vec_op<T, FG_SIGMOID>(x, y, n, p0, p1); return true;
-      case FG_SILU: fg_unary_vec_op<T, FG_SILU>(x, y, n, p0, p1); return true;
-      case FG_AFFINE: fg_unary_vec_op<T, FG_AFFINE>(x, y, n, p0, p1); return true;
-      default: return false;
-    }
-  }
-}
-
 template <typename T, bool INT>
 static __device__ __forceinline__ void fg_unary(const Layout& xl, const T* __restrict__ x, T* __restrict__ y,
                                                 fg_u64 n, int op, double p0, double p1) {
   const int mode = fg_mode(xl);
   if (mode == FG_CONTIG) {
     const T* xp = x + xl.offset;
+    // Contiguous relu / sigmoid / silu / affine of an aligned float tensor never get here: they
+    // run `unary_vec_*` below (16-byte accesses, PyTorch's traversal).
     if constexpr (INT) {  // rare: one loop (NVRTC time grows with every inlined copy)
       FG_GRID_STRIDE(i, n) y[i] = FgUnary<T, INT>::apply(op, xp[i], p0, p1);
     } else {
-      if (fg_aligned(xp, 16) && fg_aligned(y, 16) && fg_unary_vec<T>(xp, y, n, op, p0, p1)) return;
       fg_unrolled(n, [&](fg_u64 i) { return xp[i]; },
                   [&](fg_u64 i, T v) { y[i] = FgUnary<T, INT>::apply(op, v, p0, p1); });
     }
@@ -188,6 +139,66 @@ static __device__ __forceinline__ void fg_unary(const Layout& xl, const T* __res
   }
   FG_GRID_STRIDE(i, n) y[i] = FgUnary<T, INT>::apply(op, x[fg_offset_m(xl, mode, i)], p0, p1);
 }
+
+// ---- unary_vec_*: the hot activations of contiguous, aligned f32 / f16 / bf16 tensors, alone ----
+//
+// V = 16 / sizeof(T) elements per access (LDG.E.128 / STG.E.128) in PyTorch's traversal
+// (`vectorized_elementwise_kernel`): 128-thread blocks, each owning 2 x 128 consecutive vectors; a
+// thread loads its two (t and t + 128) before it computes. The op is a template argument (one
+// loop per op). A kernel of its own, apart from `unary_*` (which walks strided layouts and runs
+// every op): inside that kernel, with its 60 registers, the same traversal ran at half occupancy,
+// where the exp-based ops could not hide their math (sigmoid f32 at 92% of a device copy on an
+// H200), and its own traversal (four vectors a grid apart, then the only vector path) held
+// relu / sigmoid / x * 2 at 97% against PyTorch's 99%. Alone it takes 34 registers (f32) and
+// moves 99-100% of a copy on an H200 and an H100 (BENCHMARKS.md, 2026-11-25 twentieth session).
+// With scalar loads these ops had reached 0.87-0.92x of PyTorch's GB/s. The n % V tail goes
+// element by element to the first threads. Results are bitwise those of `unary_*` (the same
+// FgUnary::apply per element; test unary_paths). Launched by src/cuda/ops/unary.rs
+// (`VEC_THREADS`, `VEC_PER` mirror the two defines).
+#define FG_VEC_THREADS 128
+#define FG_VEC_PER 2
+
+template <typename T, int OP>
+static __device__ __forceinline__ void fg_unary_tile(const T* __restrict__ x, T* __restrict__ y, fg_u64 n, double p0,
+                                                     double p1) {
+  constexpr int V = 16 / (int)sizeof(T);
+  typedef FgPack<T, V> P;
+  const P* xv = reinterpret_cast<const P*>(x);
+  P* yv = reinterpret_cast<P*>(y);
+  const fg_u64 nv = n / V, tile = (fg_u64)FG_VEC_THREADS * FG_VEC_PER;
+  const fg_u64 stride = (fg_u64)gridDim.x * tile;
+  for (fg_u64 base = (fg_u64)blockIdx.x * tile + threadIdx.x; base < nv; base += stride) {
+    P v[FG_VEC_PER];
+#pragma unroll
+    for (int j = 0; j < FG_VEC_PER; ++j)
+      if (base + j * FG_VEC_THREADS < nv) v[j] = xv[base + j * FG_VEC_THREADS];
+#pragma unroll
+    for (int j = 0; j < FG_VEC_PER; ++j) {
+      if (base + j * FG_VEC_THREADS < nv) {
+        P o;
+#pragma unroll
+        for (int e = 0; e < V; ++e) o.v[e] = FgUnary<T, false>::apply(OP, v[j].v[e], p0, p1);
+        yv[base + j * FG_VEC_THREADS] = o;
+      }
+    }
+  }
+  for (fg_u64 i = nv * V + fg_tid(); i < n; i += fg_nthreads()) y[i] = FgUnary<T, false>::apply(OP, x[i], p0, p1);
+}
+
+#define FG_UNARY_VEC(SUF, T)                                                                             \
+  extern "C" __global__ void __launch_bounds__(FG_VEC_THREADS)                                          \
+      unary_vec_##SUF(const T* x, T* y, fg_u64 n, int op, double p0, double p1) {                       \
+    switch (op) {                                                                                        \
+      case FG_RELU: fg_unary_tile<T, FG_RELU>(x, y, n, p0, p1); break;                                   \
+      case FG_SIGMOID: fg_unary_tile<T, FG_SIGMOID>(x, y, n, p0, p1); break;                             \
+      case FG_SILU: fg_unary_tile<T, FG_SILU>(x, y, n, p0, p1); break;                                   \
+      case FG_AFFINE: fg_unary_tile<T, FG_AFFINE>(x, y, n, p0, p1); break;                               \
+      default: break; /* not sent: src/cuda/ops/unary.rs `vec_kernel_op` */                              \
+    }                                                                                                    \
+  }
+FG_UNARY_VEC(f32, float)
+FG_UNARY_VEC(f16, __half)
+FG_UNARY_VEC(bf16, __nv_bfloat16)
 
 #define FG_UNARY_F(SUF, T)                                                                     \
   FG_KERNEL unary_##SUF(Layout xl, const T* x, T* y, fg_u64 n, int op, double p0, double p1) {  \

@@ -45,10 +45,10 @@ pub fn cfg_elementwise(dev: &CudaDevice, n: usize) -> LaunchConfig {
 /// Measured on an H200, 8192 x 8192 beside PyTorch (BENCHMARKS.md, fifteenth session, X2):
 /// binary add / mul f32 1.000-1.007x with 2 against 0.984-0.997x with 4, bf16 0.992-1.000x
 /// against 0.967-0.988x; unary relu / sigmoid / x * 2 0.966-0.985x with 4, 0.90-0.96x with 2,
-/// 0.95x with 8 (an 8-vector step), 0.71-0.80x with 1. Also measured on an H200 for the unary
-/// maps and not kept (sixteenth session): PyTorch's block-tile traversal with 2 or 4 vectors a
-/// thread (0.91-0.99x), the same at full occupancy (`__launch_bounds__(256, 8)`: 0.95-0.98x),
-/// streaming stores (0.96-0.99x), against 0.98-1.00x as built.
+/// 0.95x with 8 (an 8-vector step), 0.71-0.80x with 1. Since the twentieth session those unary
+/// maps run a kernel of their own with PyTorch's block tile (`unary_vec_*`, launched by
+/// `ops/unary.rs`, not through here): inside `unary_*` that traversal had measured 0.91-0.99x
+/// (sixteenth session), because it shared the kernel's 60 registers; alone it is 1.00-1.01x.
 pub fn cfg_map(dev: &CudaDevice, n: usize, dtype: DType, vector: bool, per: usize) -> LaunchConfig {
     if !(vector && dtype.is_float()) {
         return cfg_elementwise(dev, n);

@@ -39,3 +39,4 @@ mod selective_scan;
 mod shadow;
 mod sizes;
 mod smoke;
+mod unary_paths;
