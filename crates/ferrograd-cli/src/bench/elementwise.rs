@@ -48,6 +48,8 @@ enum Op {
     Mul,
     Relu,
     Sigmoid,
+    /// An op of the general `unary_*` kernel (relu, sigmoid and x * 2 run `unary_vec_*`).
+    Tanh,
     Softmax,
     LayerNorm,
     CrossEntropy,
@@ -64,6 +66,7 @@ impl Op {
             Op::Mul => "mul",
             Op::Relu => "relu",
             Op::Sigmoid => "sigmoid",
+            Op::Tanh => "tanh",
             Op::Softmax => "softmax",
             Op::LayerNorm => "layer_norm",
             Op::CrossEntropy => "cross_entropy",
@@ -161,6 +164,7 @@ impl Inputs {
             Op::Mul => x.mul(y)?,
             Op::Relu => x.relu()?,
             Op::Sigmoid => x.sigmoid()?,
+            Op::Tanh => x.tanh()?,
             Op::AddBf16 => xb.add(yb)?,
             Op::MulBf16 => xb.mul(yb)?,
             Op::Softmax | Op::LayerNorm | Op::CrossEntropy => unreachable!("fused ops run their workload"),
@@ -179,6 +183,7 @@ fn ops_for(first: bool) -> Vec<Op> {
             Op::Mul,
             Op::Relu,
             Op::Sigmoid,
+            Op::Tanh,
             Op::Softmax,
             Op::LayerNorm,
             Op::CrossEntropy,
@@ -309,6 +314,7 @@ fn reference(op: Op, x: &[f64], y: &[f64]) -> Vec<f64> {
         Op::Mul | Op::MulBf16 => x.iter().zip(y).map(|(a, b)| a * b).collect(),
         Op::Relu => x.iter().map(|v| v.max(0.0)).collect(),
         Op::Sigmoid => x.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
+        Op::Tanh => x.iter().map(|v| v.tanh()).collect(),
         Op::Softmax | Op::LayerNorm | Op::CrossEntropy => unreachable!("fused ops have their own reference"),
     }
 }
