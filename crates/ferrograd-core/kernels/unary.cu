@@ -193,12 +193,37 @@ static __device__ __forceinline__ void fg_unary_tile(const T* __restrict__ x, T*
       case FG_SIGMOID: fg_unary_tile<T, FG_SIGMOID>(x, y, n, p0, p1); break;                             \
       case FG_SILU: fg_unary_tile<T, FG_SILU>(x, y, n, p0, p1); break;                                   \
       case FG_AFFINE: fg_unary_tile<T, FG_AFFINE>(x, y, n, p0, p1); break;                               \
-      default: break; /* not sent: src/cuda/ops/unary.rs `vec_kernel_op` */                              \
+      default: break; /* not sent: src/cuda/ops/unary.rs `vec_kernel` */                                  \
     }                                                                                                    \
   }
 FG_UNARY_VEC(f32, float)
 FG_UNARY_VEC(f16, __half)
 FG_UNARY_VEC(bf16, __nv_bfloat16)
+
+// The other float ops of the same tensors (all but sin, cos and pow, rare and large), in a second
+// kernel so that their larger register count (tanh and the out-of-line math: 38 against 34 for
+// f32) does not lower the occupancy of the four above. In `unary_*`'s scalar loop tanh f32 moved
+// 66% of a device copy on an H200 (89% once that kernel lost its vector path's registers).
+#define FG_VEC_CASE(T, OPC) \
+  case OPC:                 \
+    fg_unary_tile<T, OPC>(x, y, n, p0, p1); \
+    break;
+#define FG_UNARY_VEC_MATH(SUF, T)                                                                 \
+  extern "C" __global__ void __launch_bounds__(FG_VEC_THREADS)                                   \
+      unary_vec_math_##SUF(const T* x, T* y, fg_u64 n, int op, double p0, double p1) {           \
+    switch (op) {                                                                                 \
+      FG_VEC_CASE(T, FG_NEG) FG_VEC_CASE(T, FG_ABS) FG_VEC_CASE(T, FG_SQR) FG_VEC_CASE(T, FG_SIGN) \
+      FG_VEC_CASE(T, FG_EXP) FG_VEC_CASE(T, FG_LOG) FG_VEC_CASE(T, FG_SQRT)                       \
+      FG_VEC_CASE(T, FG_RSQRT) FG_VEC_CASE(T, FG_RECIP) FG_VEC_CASE(T, FG_TANH)                   \
+      FG_VEC_CASE(T, FG_GELU_TANH) FG_VEC_CASE(T, FG_GELU_ERF) FG_VEC_CASE(T, FG_CLAMP)           \
+      FG_VEC_CASE(T, FG_GELU_TANH_GRAD) FG_VEC_CASE(T, FG_GELU_ERF_GRAD)                          \
+      FG_VEC_CASE(T, FG_SILU_GRAD)                                                                \
+      default: break; /* not sent: src/cuda/ops/unary.rs `vec_kernel` */                          \
+    }                                                                                             \
+  }
+FG_UNARY_VEC_MATH(f32, float)
+FG_UNARY_VEC_MATH(f16, __half)
+FG_UNARY_VEC_MATH(bf16, __nv_bfloat16)
 
 #define FG_UNARY_F(SUF, T)                                                                     \
   FG_KERNEL unary_##SUF(Layout xl, const T* x, T* y, fg_u64 n, int op, double p0, double p1) {  \

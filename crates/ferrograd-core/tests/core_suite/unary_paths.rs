@@ -1,7 +1,7 @@
-//! The unary maps' two CUDA kernels (`kernels/unary.cu`): `unary_vec_*`, PyTorch's block-tile
-//! traversal for relu / sigmoid / silu / affine on contiguous 16-byte-aligned float tensors, and
-//! `unary_*`, which takes every other case (here: the same values one element into a buffer, so
-//! misaligned). Both apply the same per-element function, so they must give the same bits, at
+//! The unary maps' CUDA kernels (`kernels/unary.cu`): `unary_vec_*` and `unary_vec_math_*`,
+//! PyTorch's block-tile traversal for contiguous 16-byte-aligned float tensors (relu / sigmoid /
+//! silu / affine, and every other op but sin, cos and powf), and `unary_*`, which takes every
+//! other case (here: the same values one element into a buffer, so misaligned). Both apply the same per-element function, so they must give the same bits, at
 //! sizes below one vector, around the 256-vector tile and past it, and both follow the CPU.
 
 use crate::common;
@@ -19,11 +19,23 @@ fn bits(t: &Tensor) -> Result<Vec<u64>> {
 fn cuda_unary_vector_and_general_kernels_agree() -> Result<()> {
     let Some(dev) = gpu() else { return Ok(()) };
     let mut rng = Rng::new(23);
-    let ops: [(&str, F); 4] = [
+    let ops: [(&str, F); 16] = [
         ("relu", |x| x.relu()),
         ("sigmoid", |x| x.sigmoid()),
         ("silu", |x| x.silu()),
         ("affine", |x| x.affine(-1.75, 0.5)),
+        ("neg", |x| x.neg()),
+        ("abs", |x| x.abs()),
+        ("sqr", |x| x.sqr()),
+        ("sign", |x| x.sign()),
+        ("exp", |x| x.exp()),
+        ("log", |x| x.log()),
+        ("sqrt", |x| x.sqrt()),
+        ("recip", |x| x.recip()),
+        ("tanh", |x| x.tanh()),
+        ("gelu_tanh", |x| x.gelu_tanh()),
+        ("gelu", |x| x.gelu()),
+        ("clamp", |x| x.clamp(-0.3, 0.4)),
     ];
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         // Less than one vector (4 f32, 8 halves), one 128 x 2 tile of vectors and around it, many.
