@@ -2,7 +2,7 @@
 //! device's measured copy bandwidth. Twin: `bench/torch_elementwise.py`.
 //!
 //! Bytes counted are the fewest the op must move: every input read once, the output written
-//! once (copy, mul_scalar, relu, sigmoid, softmax, layer_norm: 2 x 4 B per element; add, mul:
+//! once (copy, mul_scalar, relu, sigmoid, tanh, softmax, layer_norm: 2 x 4 B per element; add, mul:
 //! 3 x 4 B; cross_entropy, forward and backward: 3 x 4 B; add_bf16, mul_bf16, the same add and mul
 //! on bf16 copies of x and y, the 16-byte vectorized path: 3 x 2 B). The reference, **copy**, is a plain
 //! device-to-device copy into an existing tensor (`dst.set(&x)`: `cuMemcpyDtoDAsync`; PyTorch:
@@ -48,7 +48,8 @@ enum Op {
     Mul,
     Relu,
     Sigmoid,
-    /// An op of the general `unary_*` kernel (relu, sigmoid and x * 2 run `unary_vec_*`).
+    /// A transcendental op of the second vector kernel (`unary_vec_math_*`; relu, sigmoid and
+    /// x * 2 run `unary_vec_*`).
     Tanh,
     Softmax,
     LayerNorm,

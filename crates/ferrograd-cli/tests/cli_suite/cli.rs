@@ -155,6 +155,7 @@ fn bench_elementwise_cpu_small_shapes() {
         "mul",
         "relu",
         "sigmoid",
+        "tanh",
         "softmax",
         "layer_norm",
         "cross_entropy",
@@ -166,7 +167,7 @@ fn bench_elementwise_cpu_small_shapes() {
     for op in ["copy", "softmax", "layer_norm", "cross_entropy"] {
         assert!(names.contains(&format!("{op} 32x16")), "{op} missing: {names:?}");
     }
-    assert_eq!(names.len(), 15, "{names:?}");
+    assert_eq!(names.len(), 16, "{names:?}");
     for r in v["rows"].as_array().unwrap() {
         assert_eq!(r["unit"], "GB/s");
         assert!(r["pct_of_copy"].as_f64().unwrap() > 0.0, "{r}");
