@@ -127,8 +127,8 @@ static __device__ __forceinline__ void fg_unary(const Layout& xl, const T* __res
   const int mode = fg_mode(xl);
   if (mode == FG_CONTIG) {
     const T* xp = x + xl.offset;
-    // Contiguous relu / sigmoid / silu / affine of an aligned float tensor never get here: they
-    // run `unary_vec_*` below (16-byte accesses, PyTorch's traversal).
+    // A contiguous, 16-byte-aligned float tensor gets here only for sin, cos and powf: every
+    // other op runs `unary_vec_*` / `unary_vec_math_*` below (PyTorch's traversal).
     if constexpr (INT) {  // rare: one loop (NVRTC time grows with every inlined copy)
       FG_GRID_STRIDE(i, n) y[i] = FgUnary<T, INT>::apply(op, xp[i], p0, p1);
     } else {
