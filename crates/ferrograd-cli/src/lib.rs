@@ -921,6 +921,10 @@ pub(crate) fn profiling_on(device: Device) -> bool {
     device.is_cuda() && ferrograd_core::cuda::profile::enabled()
 }
 
+/// The note `gpt train` and `mamba train` print when profiling turns their CUDA graph off.
+pub(crate) const PROFILE_EAGER_NOTE: &str =
+    "--profile: every step runs eagerly (a replayed CUDA graph records no per-kernel times)";
+
 /// A subcommand's flattened arguments `A` parsed from `args` (the program name first), for tests.
 #[cfg(test)]
 pub(crate) fn parse_args<A: clap::Args + clap::FromArgMatches>(args: &[&str]) -> A {

@@ -112,8 +112,7 @@ fn config(a: &TrainArgs, device: Device) -> (MambaTrainConfig, Option<&'static s
     // saw, divided by every steady step): profiling runs the steps eagerly, as `gpt train` does.
     let profiling = crate::profiling_on(device);
     c.graph = !a.no_graph && !profiling;
-    let note = (profiling && !a.no_graph)
-        .then_some("--profile: every step runs eagerly (a replayed CUDA graph records no per-kernel times)");
+    let note = (profiling && !a.no_graph).then_some(crate::PROFILE_EAGER_NOTE);
     (c, note)
 }
 

@@ -493,16 +493,9 @@ mod tests {
     /// per-kernel times, and the profile's table divides by every step.
     #[test]
     fn profiling_runs_the_autograd_step_eagerly() {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            walk: MonsterArgs,
-        }
-        use clap::Parser;
         let graph = |extra: &[&str]| {
-            let args = ["monster-walk", "--step", "unfused"].iter().chain(extra);
-            let a = Cli::try_parse_from(args).expect("arguments parse").walk;
-            config(&a, Device::Cuda(0)).expect("config").graph
+            let args: Vec<&str> = ["monster-walk", "--step", "unfused"].iter().chain(extra).copied().collect();
+            config(&crate::parse_args::<MonsterArgs>(&args), Device::Cuda(0)).expect("config").graph
         };
         assert!(!crate::with_profiling(true, || graph(&[])));
         assert!(crate::with_profiling(false, || graph(&[])));

@@ -250,7 +250,7 @@ fn config(a: &TrainArgs, device: Device) -> CliResult<(TrainConfig, Vec<String>)
     // step: profiling runs the steps eagerly, so its table is each step's kernels.
     let profiling = crate::profiling_on(device);
     if profiling && !a.no_graph {
-        notes.push("--profile: every step runs eagerly (a replayed CUDA graph records no per-kernel times)".into());
+        notes.push(crate::PROFILE_EAGER_NOTE.into());
     }
     c.graph = !a.no_graph && !profiling;
     c.qat = a.qat;
