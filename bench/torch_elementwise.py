@@ -9,6 +9,7 @@ at the others.
     mul_scalar  torch.mul(x, 2.0)             (ours: x.mul_scalar(2.0), the copy-like kernel)
     add / mul   torch.add(x, y) / torch.mul(x, y)
     relu        torch.relu(x)       sigmoid  torch.sigmoid(x)       tanh  torch.tanh(x)
+    transpose   x.t().contiguous()            (a permuted view made contiguous)
     softmax     torch.softmax(x, dim=-1)
     layer_norm  F.layer_norm(x, (cols,), w, b, eps=1e-5)
     cross_entropy  torch.autograd.grad(F.cross_entropy(x, t), x): the loss and the logits' gradient
@@ -83,6 +84,8 @@ def main() -> None:
                 "relu": (lambda: torch.relu(x), 2, lambda xd, yd: xd.clamp_min(0)),
                 "sigmoid": (lambda: torch.sigmoid(x), 2, lambda xd, yd: 1 / (1 + torch.exp(-xd))),
                 "tanh": (lambda: torch.tanh(x), 2, lambda xd, yd: torch.tanh(xd)),
+                # Viewed back as x's shape, so that the check reads x's rows (ferrograd: the same).
+                "transpose": (lambda: x.t().contiguous().t(), 2, lambda xd, yd: xd),
                 "softmax": (lambda: torch.softmax(x, dim=-1), 2, lambda xd, yd: torch.softmax(xd, dim=-1)),
                 "layer_norm": (lambda: F.layer_norm(x, (c,), w, b, EPS), 2,
                                lambda xd, yd: F.layer_norm(xd, (c,), w.double(), b.double(), EPS)),

@@ -1,4 +1,4 @@
-// copy.cu: strided copies and fills (width-only kernels; dtype casts are in cast.cu).
+// copy.cu: strided copies (a tiled path for permuted views) and fills (width-only kernels; dtype casts are in cast.cu).
 // CPU twins: src/cpu/mod.rs `BackendStorage for CpuStorage`: `copy_strided` / `copy_strided_into`
 // (strided::gather_contiguous) and `CpuStorage::full`.
 
@@ -49,6 +49,65 @@ static __device__ __forceinline__ void fg_copy_strided(const Layout& sl, const T
     fg_copy_strided<T>(sl, src, dst, n);                                                       \
   }
 FG_FOR_WIDTH(FG_COPY_STRIDED)
+
+// ---------------------------------------------------------------------------------------------
+// copy_transpose_{b8,b16,b32,b64}(FgTranspose p, const T* src, T* dst): the strided copies whose
+// source has unit stride in a dim other than the last (a permuted view: `x.t().contiguous()`,
+// `[B, L, D] -> [B, D, L]`). copy_strided_* reads such a view one element per 32-byte sector (the
+// destination's neighbours are `stride` apart in the source); this kernel moves 32 x 32 tiles
+// through shared memory instead, reading along the source's unit-stride dim (`rows`) and writing
+// along the destination's (`cols`), both coalesced. The other dims (at most 6; `batches` tiles'
+// worth) take blockIdx.z, striding by gridDim.z. Block (32, 8); grid (ceil(cols / 32),
+// ceil(rows / 32), min(batches, 65535)). Rust side: src/cuda/ops/copy.rs `TransposePlan`.
+// ---------------------------------------------------------------------------------------------
+
+struct FgTranspose {
+  unsigned int rank_o;  // outer dims, 0..=6
+  unsigned int pad;
+  fg_u64 offset;          // the source's first element
+  fg_u64 rows, cols;      // the tile dims: rows has source stride 1, cols destination stride 1
+  fg_u64 src_col_stride;  // the source stride of cols
+  fg_u64 dst_row_stride;  // the destination stride of rows
+  fg_u64 batches;         // the product of the outer dims
+  fg_u64 dims[6], src[6], dst[6];  // the outer dims and their source / destination strides
+};
+
+template <typename T>
+static __device__ __forceinline__ void fg_copy_transpose(const FgTranspose& p, const T* __restrict__ src,
+                                                         T* __restrict__ dst) {
+  __shared__ T tile[32][33];  // one column of padding: the transposed reads hit distinct banks
+  const fg_u64 c0 = (fg_u64)blockIdx.x * 32, r0 = (fg_u64)blockIdx.y * 32;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (fg_u64 b = blockIdx.z; b < p.batches; b += gridDim.z) {
+    fg_u64 so = p.offset, dso = 0, rem = b;
+    for (int d = (int)p.rank_o - 1; d >= 0; --d) {
+      const fg_u64 i = rem % p.dims[d];
+      rem /= p.dims[d];
+      so += i * p.src[d];
+      dso += i * p.dst[d];
+    }
+    const fg_u64 r = r0 + tx;
+#pragma unroll
+    for (int k = 0; k < 32; k += 8) {
+      const fg_u64 c = c0 + ty + k;
+      if (r < p.rows && c < p.cols) tile[ty + k][tx] = src[so + r + c * p.src_col_stride];
+    }
+    __syncthreads();
+    const fg_u64 c = c0 + tx;
+#pragma unroll
+    for (int k = 0; k < 32; k += 8) {
+      const fg_u64 rr = r0 + ty + k;
+      if (rr < p.rows && c < p.cols) dst[dso + rr * p.dst_row_stride + c] = tile[tx][ty + k];
+    }
+    __syncthreads();
+  }
+}
+
+#define FG_COPY_TRANSPOSE(SUF, T)                                                              \
+  FG_KERNEL copy_transpose_##SUF(FgTranspose p, const T* src, T* dst) {                        \
+    fg_copy_transpose<T>(p, src, dst);                                                         \
+  }
+FG_FOR_WIDTH(FG_COPY_TRANSPOSE)
 
 // ---------------------------------------------------------------------------------------------
 // fill_{b8,b16,b32,b64}(T* dst, u64 bits, u64 n): every element = the low bits of `bits`

@@ -2,11 +2,12 @@
 //! device's measured copy bandwidth. Twin: `bench/torch_elementwise.py`.
 //!
 //! Bytes counted are the fewest the op must move: every input read once, the output written
-//! once (copy, mul_scalar, relu, sigmoid, tanh, softmax, layer_norm: 2 x 4 B per element; add, mul:
+//! once (copy, transpose, mul_scalar, relu, sigmoid, tanh, softmax, layer_norm: 2 x 4 B per element; add, mul:
 //! 3 x 4 B; cross_entropy, forward and backward: 3 x 4 B; add_bf16, mul_bf16, the same add and mul
 //! on bf16 copies of x and y, the 16-byte vectorized path: 3 x 2 B). The reference, **copy**, is a plain
 //! device-to-device copy into an existing tensor (`dst.set(&x)`: `cuMemcpyDtoDAsync`; PyTorch:
-//! `dst.copy_(x)`); **mul_scalar** (`x * 2`) is the copy-like elementwise kernel. The fused ops'
+//! `dst.copy_(x)`); **mul_scalar** (`x * 2`) is the copy-like elementwise kernel; **transpose** is
+//! `x.t().contiguous()` (the strided copy of a permuted view: `copy_transpose_*`). The fused ops'
 //! workloads (what is timed, their bytes and their float64 reference) live beside each op, in
 //! `ferrograd-core/src/fused/<op>/bench.rs`: softmax over the last dim; layer_norm of the last
 //! dim with a weight and a bias (eps 1e-5); cross_entropy's loss and the logits' gradient. Every
@@ -51,6 +52,8 @@ enum Op {
     /// A transcendental op of the second vector kernel (`unary_vec_math_*`; relu, sigmoid and
     /// x * 2 run `unary_vec_*`).
     Tanh,
+    /// `x.t().contiguous()`: a permuted view made contiguous (`copy_transpose_*`).
+    Transpose,
     Softmax,
     LayerNorm,
     CrossEntropy,
@@ -68,6 +71,7 @@ impl Op {
             Op::Relu => "relu",
             Op::Sigmoid => "sigmoid",
             Op::Tanh => "tanh",
+            Op::Transpose => "transpose",
             Op::Softmax => "softmax",
             Op::LayerNorm => "layer_norm",
             Op::CrossEntropy => "cross_entropy",
@@ -166,6 +170,8 @@ impl Inputs {
             Op::Relu => x.relu()?,
             Op::Sigmoid => x.sigmoid()?,
             Op::Tanh => x.tanh()?,
+            // Viewed back as x's shape, so that the check reads x's rows.
+            Op::Transpose => x.t()?.contiguous()?.t()?,
             Op::AddBf16 => xb.add(yb)?,
             Op::MulBf16 => xb.mul(yb)?,
             Op::Softmax | Op::LayerNorm | Op::CrossEntropy => unreachable!("fused ops run their workload"),
@@ -185,6 +191,7 @@ fn ops_for(first: bool) -> Vec<Op> {
             Op::Relu,
             Op::Sigmoid,
             Op::Tanh,
+            Op::Transpose,
             Op::Softmax,
             Op::LayerNorm,
             Op::CrossEntropy,
@@ -309,7 +316,7 @@ fn verify(inp: &Inputs, op: Op, rows: &[usize], device: Device) -> CliResult<()>
 /// The op on one row, in f64 (the fused ops' references are their workloads').
 fn reference(op: Op, x: &[f64], y: &[f64]) -> Vec<f64> {
     match op {
-        Op::Copy => x.to_vec(),
+        Op::Copy | Op::Transpose => x.to_vec(),
         Op::MulScalar => x.iter().map(|v| v * 2.0).collect(),
         Op::Add | Op::AddBf16 => x.iter().zip(y).map(|(a, b)| a + b).collect(),
         Op::Mul | Op::MulBf16 => x.iter().zip(y).map(|(a, b)| a * b).collect(),

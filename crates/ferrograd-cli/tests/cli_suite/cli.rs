@@ -156,6 +156,7 @@ fn bench_elementwise_cpu_small_shapes() {
         "relu",
         "sigmoid",
         "tanh",
+        "transpose",
         "softmax",
         "layer_norm",
         "cross_entropy",
@@ -167,7 +168,7 @@ fn bench_elementwise_cpu_small_shapes() {
     for op in ["copy", "softmax", "layer_norm", "cross_entropy"] {
         assert!(names.contains(&format!("{op} 32x16")), "{op} missing: {names:?}");
     }
-    assert_eq!(names.len(), 16, "{names:?}");
+    assert_eq!(names.len(), 17, "{names:?}");
     for r in v["rows"].as_array().unwrap() {
         assert_eq!(r["unit"], "GB/s");
         assert!(r["pct_of_copy"].as_f64().unwrap() > 0.0, "{r}");

@@ -17,6 +17,7 @@ mod bias_gelu;
 mod classifier;
 mod clip;
 mod conv1d_causal;
+mod copy_paths;
 mod cuda_clusters;
 mod cuda_graph;
 mod cuda_parity;
