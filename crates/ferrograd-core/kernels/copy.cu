@@ -51,6 +51,26 @@ static __device__ __forceinline__ void fg_copy_strided(const Layout& sl, const T
 FG_FOR_WIDTH(FG_COPY_STRIDED)
 
 // ---------------------------------------------------------------------------------------------
+// copy_view_{b8,b16,b32,b64}(Layout sl, const T* src, Layout dl, T* dst, u64 n):
+// dst[off(dl, i)] = src[off(sl, i)], into a strided view (`Tensor::cat` along a dim other than the
+// first: each input into its slice of the output). The Rust side checks that `dl` does not overlap
+// itself and lies inside dst (backend.rs check_view_dst).
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+static __device__ __forceinline__ void fg_copy_view(const Layout& sl, const T* __restrict__ src, const Layout& dl,
+                                                    T* __restrict__ dst, fg_u64 n) {
+  const int mode = fg_mode(sl);
+  for (fg_u64 i = fg_tid(); i < n; i += fg_nthreads()) dst[fg_offset(dl, i)] = src[fg_offset_m(sl, mode, i)];
+}
+
+#define FG_COPY_VIEW(SUF, T)                                                                   \
+  FG_KERNEL copy_view_##SUF(Layout sl, const T* src, Layout dl, T* dst, fg_u64 n) {            \
+    fg_copy_view<T>(sl, src, dl, dst, n);                                                      \
+  }
+FG_FOR_WIDTH(FG_COPY_VIEW)
+
+// ---------------------------------------------------------------------------------------------
 // copy_transpose_{b8,b16,b32,b64}(FgTranspose p, const T* src, T* dst): the strided copies whose
 // source has unit stride in a dim other than the last (a permuted view: `x.t().contiguous()`,
 // `[B, L, D] -> [B, D, L]`). copy_strided_* reads such a view one element per 32-byte sector (the

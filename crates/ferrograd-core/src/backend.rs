@@ -33,6 +33,11 @@ pub trait BackendStorage: Sized {
     fn copy_strided(&self, l: &Layout) -> Result<Self>;
     /// Copy the viewed elements into `dst` (contiguous) starting at element `dst_offset`.
     fn copy_strided_into(&self, l: &Layout, dst: &mut Self, dst_offset: usize) -> Result<()>;
+    /// Copy the viewed elements into the view `dl` of `dst`: element i of one (row-major order)
+    /// to element i of the other. `dl` has `l`'s element count, lies inside `dst` and does not
+    /// overlap itself (no stride-0 dim of size above 1): [`check_view_dst`]. (`Tensor::cat`
+    /// along any dim: each input into its slice of the output.)
+    fn copy_into_view(&self, l: &Layout, dst: &mut Self, dl: &Layout) -> Result<()>;
     /// The viewed elements converted to `dtype`.
     fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Self>;
     /// A kept copy of `to_dtype(l, dtype)`'s result, when the backend holds one (a master weight's
@@ -79,4 +84,53 @@ pub trait BackendStorage: Sized {
     fn index_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self>;
     /// `out = self; out[.. ids[i][j] ..] += src[i][j]` (the backward of gather).
     fn scatter_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self>;
+}
+
+/// The checks of [`BackendStorage::copy_into_view`] for a destination of `dst_len` elements.
+pub fn check_view_dst(l: &Layout, dl: &Layout, dst_len: usize) -> Result<()> {
+    let op = "copy_into_view";
+    if l.elem_count() != dl.elem_count() {
+        return Err(crate::shape_err!(op, "{:?} into a view of {:?}", l.dims(), dl.dims()));
+    }
+    if dl.elem_count() == 0 {
+        return Ok(());
+    }
+    if dl.dims().iter().zip(dl.strides()).any(|(&d, &s)| d > 1 && s == 0) {
+        return Err(crate::shape_err!(op, "the destination view {:?} repeats elements (stride 0)", dl.dims()));
+    }
+    let last = dl
+        .dims()
+        .iter()
+        .zip(dl.strides())
+        .try_fold(dl.offset(), |acc, (&d, &s)| acc.checked_add((d - 1).checked_mul(s)?));
+    match last {
+        Some(i) if i < dst_len => Ok(()),
+        _ => Err(crate::shape_err!(
+            op,
+            "the destination view {:?} (offset {}) overflows {dst_len} elements",
+            dl.dims(),
+            dl.offset()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_view_dst;
+    use crate::{Layout, Shape};
+
+    #[test]
+    fn view_destinations_are_checked() {
+        let src = Layout::contiguous(Shape::from(vec![3, 4]));
+        let out = Layout::contiguous(Shape::from(vec![3, 10]));
+        assert!(check_view_dst(&src, &out.narrow(1, 6, 4).unwrap(), 30).is_ok());
+        let err = |dl: &Layout, len: usize| check_view_dst(&src, dl, len).unwrap_err().to_string();
+        assert!(err(&out.narrow(1, 6, 3).unwrap(), 30).contains("into a view"), "count");
+        assert!(err(&out.narrow(1, 6, 4).unwrap(), 29).contains("overflows"), "past the end");
+        let repeated = Layout::new(Shape::from(vec![3, 4]), vec![0, 1], 0);
+        assert!(err(&repeated, 30).contains("stride 0"), "a destination that repeats elements");
+        // Nothing to copy: no check of the (empty) destination's extent.
+        let empty = Layout::contiguous(Shape::from(vec![0, 4]));
+        assert!(check_view_dst(&empty, &Layout::new(Shape::from(vec![0, 4]), vec![4, 1], 99), 0).is_ok());
+    }
 }

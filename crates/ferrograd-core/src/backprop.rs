@@ -413,10 +413,12 @@ fn input_grads(node: &Tensor, op: &Op, g: &Tensor, pending: &[Option<Tensor>]) -
         Op::Narrow(x, dim, start) => {
             let (size, len) = (x.dims()[*dim], node.dims()[*dim]);
             let mut parts = vec![];
+            // The zeros around g as views of one zero (stride 0): cat writes them without a
+            // buffer or a fill of their own.
             let zeros = |n: usize| {
                 let mut d = x.dims().to_vec();
                 d[*dim] = n;
-                Tensor::zeros(d, g.dtype(), g.device())
+                Tensor::zeros((), g.dtype(), g.device())?.broadcast_as(d)
             };
             if *start > 0 {
                 parts.push(zeros(*start)?);

@@ -7,7 +7,7 @@ use crate::backprop::track;
 use crate::cuda::error_flag::{reported_as, IndexOp};
 use crate::op::Op;
 use crate::rng::Rng;
-use crate::{shape_err, DType, Dim, Error, Result, Tensor};
+use crate::{shape_err, DType, Dim, Error, Layout, Result, Tensor};
 
 /// An index or index-dtype error of an inner op, renamed for the op the user called (a bad class
 /// target should say `cross_entropy`, not `gather`).
@@ -56,11 +56,22 @@ impl Tensor {
         if tensors.len() == 1 {
             return Ok(first.clone());
         }
-        if d == 0 {
-            return Self::cat0(tensors);
+        // Each input straight into its slice of the output (one pass over the bytes along any
+        // dim; the output is allocated without a fill, every element being written).
+        let mut dims = first.dims().to_vec();
+        dims[d] = tensors.iter().try_fold(0usize, |acc, t| acc.checked_add(t.dims()[d])).unwrap_or(usize::MAX);
+        let shape = crate::Shape::from(&dims);
+        let n = shape.checked_elem_count("cat")?;
+        let mut dst = crate::storage::Storage::for_overwrite(n, first.dtype(), first.device())?;
+        let out = Layout::contiguous(shape);
+        let mut offset = 0;
+        for t in tensors {
+            let k = t.dims()[d];
+            t.storage().copy_into_view(t.layout(), &mut dst, &out.narrow(d, offset, k)?)?;
+            offset += k;
         }
-        let moved = tensors.iter().map(|t| t.transpose(0, d)).collect::<Result<Vec<_>>>()?;
-        Self::cat0(&moved)?.transpose(0, d)?.contiguous()
+        let rec = track(&tensors.iter().collect::<Vec<_>>()).then(|| Op::Cat(tensors.to_vec(), d));
+        Ok(Tensor::from_storage(dst, dims, rec))
     }
 
     fn check_cat(&self, t: &Tensor, d: usize) -> Result<()> {
@@ -76,22 +87,6 @@ impl Tensor {
             return Err(Error::DeviceMismatch { op: "cat", lhs: self.device(), rhs: t.device() });
         }
         Ok(())
-    }
-
-    fn cat0(tensors: &[Tensor]) -> Result<Tensor> {
-        let first = &tensors[0];
-        let mut dims = first.dims().to_vec();
-        dims[0] = tensors.iter().try_fold(0usize, |acc, t| acc.checked_add(t.dims()[0])).unwrap_or(usize::MAX);
-        let n = crate::Shape::from(&dims).checked_elem_count("cat")?;
-        let mut dst = crate::storage::Storage::zeros(n, first.dtype(), first.device())?;
-        let mut offset = 0;
-        for t in tensors {
-            t.storage().copy_strided_into(t.layout(), &mut dst, offset)?;
-            offset += t.elem_count();
-        }
-        let rec = track(&tensors.iter().collect::<Vec<_>>()).then(|| Op::Cat(tensors.to_vec(), 0));
-        let s = dst;
-        Ok(Tensor::from_storage(s, dims, rec))
     }
 
     /// Stack equal-shaped tensors along a new dim `dim` (`torch.stack`); as [`Tensor::cat`].

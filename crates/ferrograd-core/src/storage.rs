@@ -50,6 +50,15 @@ impl Storage {
         Self::full(0.0, n, dtype, device)
     }
 
+    /// `n` elements that the caller overwrites, every one: zeros on the CPU, uninitialized on a
+    /// GPU (no fill kernel; poisoned in tests, so an element left unwritten shows).
+    pub(crate) fn for_overwrite(n: usize, dtype: DType, device: Device) -> Result<Storage> {
+        match device {
+            Device::Cpu => Self::zeros(n, dtype, device),
+            Device::Cuda(o) => Ok(Storage::Cuda(CudaStorage::uninit(&CudaDevice::get(o)?, n, dtype)?)),
+        }
+    }
+
     /// `n` copies of `v` converted to `dtype` on `device`.
     pub fn full(v: f64, n: usize, dtype: DType, device: Device) -> Result<Storage> {
         match device {
@@ -125,6 +134,13 @@ impl BackendStorage for Storage {
             (Storage::Cpu(s), Storage::Cpu(d)) => s.copy_strided_into(l, d, dst_offset),
             (Storage::Cuda(s), Storage::Cuda(d)) => s.copy_strided_into(l, d, dst_offset),
             (s, d) => Err(Error::DeviceMismatch { op: "copy_strided_into", lhs: s.device(), rhs: d.device() }),
+        }
+    }
+    fn copy_into_view(&self, l: &Layout, dst: &mut Self, dl: &Layout) -> Result<()> {
+        match (self, dst) {
+            (Storage::Cpu(s), Storage::Cpu(d)) => s.copy_into_view(l, d, dl),
+            (Storage::Cuda(s), Storage::Cuda(d)) => s.copy_into_view(l, d, dl),
+            (s, d) => Err(Error::DeviceMismatch { op: "copy_into_view", lhs: s.device(), rhs: d.device() }),
         }
     }
     fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Self> {

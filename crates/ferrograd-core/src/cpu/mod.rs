@@ -271,6 +271,19 @@ impl BackendStorage for CpuStorage {
         Ok(())
     }
 
+    fn copy_into_view(&self, l: &Layout, dst: &mut Self, dl: &Layout) -> Result<()> {
+        crate::backend::check_view_dst(l, dl, dst.len())?;
+        if dl.is_contiguous() {
+            return self.copy_strided_into(l, dst, dl.offset());
+        }
+        dispatch2!("copy_into_view", self, dst, (src, dst) => {
+            for (d, s) in dl.offsets().zip(l.offsets()) {
+                dst[d] = src[s];
+            }
+        });
+        Ok(())
+    }
+
     fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Self> {
         fn conv<S: WithDType, T: WithDType>(v: &[S], l: &Layout) -> Result<CpuStorage> {
             Ok(T::to_cpu_storage(strided::map(v, l, |x| T::from_f64(x.to_f64()))?))

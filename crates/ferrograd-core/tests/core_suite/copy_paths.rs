@@ -2,12 +2,15 @@
 //! (32 x 32 tiles through shared memory, src/cuda/ops/copy.rs `TransposePlan`), every other
 //! strided view `copy_strided_*`. Both must give the CPU's bits for every width, at sizes that are
 //! not multiples of the tile, with offsets (narrowed views), size-1 dims between, and more outer
-//! tiles than a grid's z dimension holds.
+//! tiles than a grid's z dimension holds. And `cat` along any dim (each input straight into its
+//! slice of the output: `copy_into_view`, `copy_view_*` on a GPU), with the narrow gradient that
+//! is built from it: on the CPU against slices of the result, on a GPU against the CPU.
 
 use crate::common;
 
 use common::gpu;
-use ferrograd_core::{DType, Result, Rng, Tensor};
+use ferrograd_core::{DType, Device, Result, Rng, Tensor};
+use proptest::prelude::*;
 
 fn bits(t: &Tensor) -> Result<Vec<u64>> {
     Ok(t.to_dtype(DType::F64)?.to_vec::<f64>()?.iter().map(|x| x.to_bits()).collect())
@@ -56,5 +59,106 @@ fn cuda_permuted_copies_match_the_cpu() -> Result<()> {
     // More outer tiles than gridDim.z's 65,535 (the kernel's batch loop).
     let x = values(&mut rng, &[66_000, 17, 16], DType::F32)?;
     check("f32 [66000, 17, 16] permuted [0, 2, 1]", &x, |t| t.permute(&[0, 2, 1]))?;
+    Ok(())
+}
+
+/// The inputs of a cat along `dim` of `[2, 3, 5, 4]`-like shapes, each made a different kind of
+/// view: contiguous, permuted, narrowed, broadcast.
+fn cat_inputs(rng: &mut Rng, dims: &[usize], dim: usize, widths: &[usize], dtype: DType) -> Result<Vec<Tensor>> {
+    let mut out = vec![];
+    for (k, &w) in widths.iter().enumerate() {
+        let mut d = dims.to_vec();
+        d[dim] = w;
+        let t = match k % 4 {
+            0 => values(rng, &d, dtype)?,
+            1 => {
+                // The same values built transposed, then viewed back: a permuted view.
+                let mut rev = d.clone();
+                rev.reverse();
+                let perm: Vec<usize> = (0..d.len()).rev().collect();
+                values(rng, &rev, dtype)?.permute(&perm)?
+            }
+            2 => {
+                let mut wide = d.clone();
+                wide[0] += 2;
+                values(rng, &wide, dtype)?.narrow(0, 1, d[0])?
+            }
+            _ => {
+                let mut one = d.clone();
+                one[0] = 1;
+                values(rng, &one, dtype)?.broadcast_as(d.clone())?
+            }
+        };
+        out.push(t);
+    }
+    Ok(out)
+}
+
+fn bits_of(t: &Tensor) -> Vec<u64> {
+    bits(t).expect("bits")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// `cat` on the CPU: each input equals its slice of the result, along every dim, whatever
+    /// view each input is.
+    #[test]
+    fn cat_puts_each_input_in_its_slice(
+        dims in proptest::collection::vec(1usize..6, 1..5),
+        dim_seed in any::<usize>(),
+        widths in proptest::collection::vec(0usize..5, 1..5),
+        seed in any::<u64>(),
+    ) {
+        let dim = dim_seed % dims.len();
+        let mut rng = Rng::new(seed);
+        let parts = cat_inputs(&mut rng, &dims, dim, &widths, DType::F32).unwrap();
+        let out = Tensor::cat(&parts, dim).unwrap();
+        prop_assert_eq!(out.dims()[dim], widths.iter().sum::<usize>());
+        let mut off = 0;
+        for (p, &w) in parts.iter().zip(&widths) {
+            let slice = out.narrow(dim, off, w).unwrap();
+            prop_assert_eq!(bits_of(&slice.contiguous().unwrap()), bits_of(&p.contiguous().unwrap()));
+            off += w;
+        }
+    }
+}
+
+#[test]
+fn cuda_cat_matches_the_cpu() -> Result<()> {
+    let Some(dev) = gpu() else { return Ok(()) };
+    let mut rng = Rng::new(37);
+    for dtype in [DType::F64, DType::F32, DType::BF16, DType::U8] {
+        for (dims, widths) in
+            [(vec![3usize, 37, 5, 41], vec![7usize, 1, 33, 0, 2]), (vec![2, 70, 96], vec![48, 16, 32])]
+        {
+            for dim in 0..dims.len() {
+                let parts = cat_inputs(&mut rng, &dims, dim, &widths, dtype)?;
+                let want = Tensor::cat(&parts, dim)?;
+                let on_gpu = parts.iter().map(|p| p.to_device(dev)).collect::<Result<Vec<_>>>()?;
+                let got = Tensor::cat(&on_gpu, dim)?;
+                assert!(bits(&got)? == bits(&want)?, "{dtype} cat of {dims:?} along {dim}: the GPU differs");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The narrow gradient: g placed between zeros (stride-0 views of one zero), two narrows of one
+/// tensor (Mamba's split of its input projection) summed; on the CPU and, where there is one, a GPU.
+#[test]
+fn narrow_gradients_are_g_between_zeros() -> Result<()> {
+    let mut rng = Rng::new(41);
+    let devices = std::iter::once(Device::Cpu).chain(gpu());
+    for device in devices {
+        let x = values(&mut rng, &[4, 70, 96], DType::F32)?.to_device(device)?.requires_grad();
+        let w = values(&mut rng, &[4, 70, 40], DType::F32)?;
+        let wd = w.to_device(device)?;
+        let (a, b) = (x.narrow(2, 0, 40)?, x.narrow(2, 50, 40)?);
+        let loss = a.mul(&wd)?.add(&b.mul(&wd.sqr()?)?)?.sum_all()?;
+        let g = loss.backward()?.get(&x).expect("x's gradient").to_device(Device::Cpu)?;
+        let zeros = |n: usize| Tensor::zeros((4, 70, n), DType::F32, Device::Cpu);
+        let want = Tensor::cat(&[w.clone(), zeros(10)?, w.sqr()?, zeros(6)?], 2)?;
+        assert!(bits(&g)? == bits(&want)?, "the narrow gradient on {device:?}");
+    }
     Ok(())
 }

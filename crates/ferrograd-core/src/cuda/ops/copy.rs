@@ -38,6 +38,22 @@ fn copy_to_ptr(s: &CudaStorage, l: &Layout, dst: u64) -> Result<()> {
     Ok(())
 }
 
+pub(super) fn copy_into_view(s: &CudaStorage, l: &Layout, dst: &mut CudaStorage, dl: &Layout) -> Result<()> {
+    same_dtype("copy_into_view", s, dst)?;
+    crate::backend::check_view_dst(l, dl, dst.len())?;
+    let n = l.elem_count();
+    if n == 0 {
+        return Ok(());
+    }
+    if dl.is_contiguous() {
+        return copy_to_ptr(s, l, dst.buf.ptr_at(dl.offset()));
+    }
+    let dev = s.dev();
+    let name = format!("copy_view_{}", width_suffix(s.dtype()));
+    launch!(dev, modules::COPY, name, cfg_1d(dev, n); KLayout::new(l)?, s.buf.ptr(), KLayout::new(dl)?, dst.buf.ptr(), n as u64);
+    Ok(())
+}
+
 /// Outer dims a [`TransposePlan`] holds (`FgTranspose` in kernels/copy.cu).
 const TRANSPOSE_OUTER: usize = 6;
 

@@ -50,6 +50,10 @@ impl BackendStorage for CudaStorage {
         copy::copy_strided_into(self, l, dst, dst_offset)
     }
 
+    fn copy_into_view(&self, l: &Layout, dst: &mut Self, dl: &Layout) -> Result<()> {
+        copy::copy_into_view(self, l, dst, dl)
+    }
+
     fn to_dtype(&self, l: &Layout, dtype: DType) -> Result<Self> {
         cast::to_dtype(self, l, dtype)
     }
