@@ -4,6 +4,7 @@
 //! only leaf variables' gradients reach the returned `GradStore`, each stored as soon as its last
 //! user has been differentiated (`backward_into_with_hook` reports it then).
 
+use crate::narrow_grads::NarrowGrads;
 use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::{DType, Error, Result, Tensor, TensorId};
 use std::cell::Cell;
@@ -210,6 +211,7 @@ pub(crate) fn backward_from(
     }
     let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
     grads.insert(root_id, seed.detach());
+    let mut slices = NarrowGrads::default();
     let mut finish_leaf = |leaf: &Tensor, g: Tensor, store: &mut GradStore| -> Result<()> {
         // A gradient takes its leaf's layout, as PyTorch's AccumulateGrad keeps a gradient in its
         // parameter's strides: a contiguous leaf handed a view (a transposed or broadcast
@@ -224,7 +226,7 @@ pub(crate) fn backward_from(
         Ok(())
     };
     for node in order.into_iter().rev() {
-        let g = grads.remove(&node.id());
+        let g = slices.take(&mut grads, &node)?;
         let Some(op) = node.op() else {
             // A leaf still here has no users in the walk (the loss itself is a variable).
             if let (true, Some(g)) = (node.is_variable(), g) {
@@ -232,7 +234,12 @@ pub(crate) fn backward_from(
             }
             continue;
         };
-        if let Some(g) = g {
+        if let (Some(g), Op::Narrow(x, dim, start)) = (&g, op) {
+            // Kept as a slice until x's gradient is needed (narrow_grads.rs).
+            if x.tracks_grad() {
+                slices.push(x, *dim, *start, g.clone());
+            }
+        } else if let Some(g) = g {
             let pending = take_pending(op, &mut grads);
             for (input, gi) in input_grads(&node, op, &g, &pending)? {
                 if input.tracks_grad() {
@@ -247,7 +254,7 @@ pub(crate) fn backward_from(
                 *n
             });
             if left == Some(0) && input.is_variable() {
-                if let Some(gl) = grads.remove(&input.id()) {
+                if let Some(gl) = slices.take(&mut grads, input)? {
                     finish_leaf(input, gl, store)?;
                 }
             }
@@ -410,25 +417,7 @@ fn input_grads(node: &Tensor, op: &Op, g: &Tensor, pending: &[Option<Tensor>]) -
             }
             vec![(x.clone(), g.permute(&inv)?)]
         }
-        Op::Narrow(x, dim, start) => {
-            let (size, len) = (x.dims()[*dim], node.dims()[*dim]);
-            let mut parts = vec![];
-            // The zeros around g as views of one zero (stride 0): cat writes them without a
-            // buffer or a fill of their own.
-            let zeros = |n: usize| {
-                let mut d = x.dims().to_vec();
-                d[*dim] = n;
-                Tensor::zeros((), g.dtype(), g.device())?.broadcast_as(d)
-            };
-            if *start > 0 {
-                parts.push(zeros(*start)?);
-            }
-            parts.push(g.clone());
-            if start + len < size {
-                parts.push(zeros(size - start - len)?);
-            }
-            vec![(x.clone(), Tensor::cat(&parts, *dim)?)]
-        }
+        Op::Narrow(x, dim, start) => vec![(x.clone(), crate::narrow_grads::padded(x.dims(), *dim, *start, g)?)],
         Op::Broadcast(x) => vec![(x.clone(), sum_to(g, x.dims())?)],
         Op::Copy(x) => vec![(x.clone(), g.clone())],
         Op::ToDType(x) => vec![(x.clone(), g.to_dtype(x.dtype())?)],

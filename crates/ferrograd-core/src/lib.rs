@@ -27,6 +27,7 @@ pub mod host;
 mod host_pinned;
 pub mod io;
 pub mod layout;
+mod narrow_grads;
 mod nn_ops;
 pub mod op;
 mod ops;

@@ -162,3 +162,59 @@ fn narrow_gradients_are_g_between_zeros() -> Result<()> {
     }
     Ok(())
 }
+
+/// Slices of one tensor's gradient that the walk joins (narrow_grads.rs) or, overlapping or along
+/// different dims, pads and sums; with a plain use of the tensor besides. Against the gradient
+/// written out element by element, on the CPU and a GPU.
+#[test]
+fn narrow_gradients_overlapping_and_along_other_dims() -> Result<()> {
+    let mut rng = Rng::new(43);
+    let (a, b, c) = (5usize, 6usize, 7usize);
+    let x0 = values(&mut rng, &[a, b, c], DType::F64)?;
+    let ws: Vec<Tensor> = [[a, 4, c], [a, 4, c], [a, b, 3], [a, b, c], [a, 1, c]]
+        .iter()
+        .map(|d| values(&mut rng, d, DType::F64))
+        .collect::<Result<_>>()?;
+    let wv: Vec<Vec<f64>> = ws.iter().map(|w| w.to_vec::<f64>()).collect::<Result<_>>()?;
+    let mut want = vec![0.0f64; a * b * c];
+    for i in 0..a {
+        for j in 0..b {
+            for k in 0..c {
+                let mut g = wv[3][(i * b + j) * c + k]; // x * w3
+                if j < 4 {
+                    g += wv[0][(i * 4 + j) * c + k]; // narrow(1, 0, 4)
+                }
+                if (2..6).contains(&j) {
+                    g += wv[1][(i * 4 + j - 2) * c + k]; // narrow(1, 2, 4), overlapping the first
+                }
+                if (1..4).contains(&k) {
+                    g += wv[2][(i * b + j) * 3 + k - 1]; // narrow(2, 1, 3)
+                }
+                if j == 5 {
+                    g += wv[4][i * c + k]; // narrow(1, 5, 1), disjoint from the first
+                }
+                want[(i * b + j) * c + k] = g;
+            }
+        }
+    }
+    let devices = std::iter::once(Device::Cpu).chain(gpu());
+    for device in devices {
+        let x = x0.to_device(device)?.requires_grad();
+        let w: Vec<Tensor> = ws.iter().map(|w| w.to_device(device)).collect::<Result<_>>()?;
+        let terms = [
+            x.narrow(1, 0, 4)?.mul(&w[0])?,
+            x.narrow(1, 2, 4)?.mul(&w[1])?,
+            x.narrow(2, 1, 3)?.mul(&w[2])?,
+            x.mul(&w[3])?,
+            x.narrow(1, 5, 1)?.mul(&w[4])?,
+        ];
+        let mut loss = terms[0].sum_all()?;
+        for t in &terms[1..] {
+            loss = loss.add(&t.sum_all()?)?;
+        }
+        let g = loss.backward()?.get(&x).expect("x's gradient").to_vec::<f64>()?;
+        let worst = g.iter().zip(&want).map(|(p, q)| (p - q).abs()).fold(0.0f64, f64::max);
+        assert!(worst < 1e-9, "{device:?}: the gradient is off by {worst}");
+    }
+    Ok(())
+}
