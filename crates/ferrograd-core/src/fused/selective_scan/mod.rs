@@ -254,7 +254,8 @@ pub fn training_modules(dtype: DType, len: usize) -> Result<Vec<&'static Module>
 /// - Dtypes: `u`, `delta`, `B`, `C`, `z` share one float dtype; `A`, `D`, `delta_bias` have it
 ///   or f32 (mamba keeps them f32). The state and every sum are f32 (f64 for f64 on the CPU).
 ///   CUDA: f32 and bf16; the CPU: every float dtype.
-/// - Strides: any; the CUDA launch copies views that are not contiguous.
+/// - Strides: any; on CUDA, views of u, delta, B, C and z that are not contiguous are copied once
+///   (the backward reads the same copies).
 /// - Errors: `Error::Shape` naming the input with a wrong shape (or groups not dividing dim, or
 ///   more than [`MAX_CUDA_STATE`] states on CUDA), `Error::DTypeMismatch`,
 ///   `Error::DeviceMismatch`, `Error::UnsupportedDType` (integers; f16 and f64 on CUDA).
@@ -267,8 +268,14 @@ pub fn selective_scan(
     args: ScanArgs,
 ) -> Result<Tensor> {
     let pb = resolve(u, delta, a, b, c, &args)?;
-    let mut inputs = vec![u, delta, a, b, c];
-    inputs.extend([args.d, args.z, args.delta_bias].into_iter().flatten());
+    // The CUDA kernels read contiguous operands: a strided view (Mamba's z, delta, B and C are
+    // permuted slices of projections) is copied here, once, and the copy recorded, so that the
+    // backward reads it too instead of copying the view again.
+    let own = |t: &Tensor| if t.device().is_cuda() && !t.is_contiguous() { t.contiguous() } else { Ok(t.clone()) };
+    let (u, delta, b, c) = (own(u)?, own(delta)?, own(b)?, own(c)?);
+    let z = args.z.map(own).transpose()?;
+    let mut inputs = vec![&u, &delta, a, &b, &c];
+    inputs.extend([args.d, z.as_ref(), args.delta_bias].into_iter().flatten());
     apply(Arc::new(Scan(pb)), &inputs)
 }
 
