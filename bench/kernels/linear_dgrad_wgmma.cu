@@ -48,33 +48,8 @@
 #include <vector>
 
 #include "attention_wgmma_ops.cuh"
+#include "hopper_harness.cuh"
 
-#define CK(x)                                                                            \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
-#define CL(x)                                                                           \
-  do {                                                                                  \
-    cublasStatus_t s_ = (x);                                                            \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-      fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, (int)s_); \
-      exit(1);                                                                          \
-    }                                                                                   \
-  } while (0)
-
-typedef __nv_bfloat16 bf16;
-
-struct alignas(64) Tmap {
-  unsigned long long v[16];
-};
-
-static __device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 // 128-byte swizzle descriptor (attention_wgmma.cu's fg_wg_desc).
 static __device__ __forceinline__ unsigned long long wg_desc(unsigned saddr, unsigned lbo, unsigned sbo) {
   return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
@@ -84,41 +59,6 @@ static __device__ __forceinline__ unsigned long long wg_desc(unsigned saddr, uns
 // [64 rows][128 bytes]; k16 step kk, from column `col` (a multiple of 64).
 static __device__ __forceinline__ unsigned long long wg_mnmajor(unsigned base, int kk, int col) {
   return wg_desc(base + (unsigned)((col >> 6) * 64 * 128 + kk * 16 * 128), 64 * 128, 1024);
-}
-static __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-static __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-static __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      "W_%=:\n"
-      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra W_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-static __device__ __forceinline__ void tma_load2(unsigned dst, const Tmap& map, int c0, int c1, unsigned bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-      "[%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-static __device__ __forceinline__ void tma_store2(const Tmap& map, unsigned src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
-                   reinterpret_cast<unsigned long long>(&map)),
-               "r"(c0), "r"(c1), "r"(src)
-               : "memory");
-}
-static __device__ __forceinline__ void named_bar(int id, int n) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 static __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -130,11 +70,6 @@ static __device__ __forceinline__ void stsm_x4(unsigned addr, const unsigned (&r
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
                "r"(r[2]), "r"(r[3])
                : "memory");
-}
-static __device__ __forceinline__ float tanh_fast(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 template <int R>
 static __device__ __forceinline__ void pin(float (&d)[R][4]) {
@@ -164,34 +99,6 @@ static __device__ __forceinline__ unsigned dz_pair(unsigned dy, unsigned z) {
 
 // ---- host ---------------------------------------------------------------------------------------
 
-// A 2-D map of a row-major [rows][cols] bf16 matrix, boxes of [box_rows][64], 128-byte swizzle.
-static Tmap make_map(const bf16* ptr, int rows, int cols, int box_rows) {
-  Tmap m;
-  cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-  cuuint64_t strides[1] = {(cuuint64_t)cols * 2};
-  cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
-  cuuint32_t es[2] = {1, 1};
-  CUresult r =
-      cuTensorMapEncodeTiled(reinterpret_cast<CUtensorMap*>(&m), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)ptr, dims,
-                             strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    fprintf(stderr, "cuTensorMapEncodeTiled: %d\n", (int)r);
-    exit(1);
-  }
-  return m;
-}
-
-__global__ void fill_rand(bf16* p, size_t n, unsigned seed, float scale) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16(((h & 0xFFFFFF) / 16777216.0f * 2.f - 1.f) * scale);
-  }
-}
-
 // Today's dz pass (the arithmetic of linear.cu's linear_dgelu_*, 16 bytes a thread, without the
 // bias partial sums): the reference dz, and its time.
 __global__ void dz_pass(const uint4* __restrict__ dy, const uint4* __restrict__ z, uint4* __restrict__ dz, size_t n8) {
@@ -200,26 +107,6 @@ __global__ void dz_pass(const uint4* __restrict__ dy, const uint4* __restrict__ 
     dz[i] = make_uint4(dz_pair<false>(a.x, b.x), dz_pair<false>(a.y, b.y), dz_pair<false>(a.z, b.z),
                        dz_pair<false>(a.w, b.w));
   }
-}
-
-template <typename F>
-static float time_us(F f, int reps) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> v;
-  for (int round = 0; round < 7; ++round) {
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < reps; ++i) f();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    v.push_back(ms * 1000.f / reps);
-  }
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // How many elements of ours differ from ref by more than `ulps` bf16 ulps of ref, the worst
@@ -245,15 +132,6 @@ static void compare(const char* what, const bf16* d_ours, const bf16* d_ref, siz
          worst, nonfinite);
 }
 
-struct Lt {
-  cublasLtHandle_t h;
-  cublasLtMatmulDesc_t d;
-  cublasLtMatrixLayout_t la, lb, ld;
-  cublasLtMatmulAlgo_t algo;
-  void* ws;
-  size_t wss = 32u << 20;
-};
-
 // cuBLASLt's dx = dz W, column-major: dx^T (K x M) = W^T (K x N, W's rows as is) x dz^T (N x M).
 static void lt_init(Lt& L, int M, int N, int K) {
   CL(cublasLtCreate(&L.h));
@@ -264,22 +142,7 @@ static void lt_init(Lt& L, int M, int N, int K) {
   CL(cublasLtMatrixLayoutCreate(&L.la, CUDA_R_16BF, K, N, K));
   CL(cublasLtMatrixLayoutCreate(&L.lb, CUDA_R_16BF, N, M, N));
   CL(cublasLtMatrixLayoutCreate(&L.ld, CUDA_R_16BF, K, M, K));
-  cublasLtMatmulPreference_t pref;
-  CL(cublasLtMatmulPreferenceCreate(&pref));
-  CL(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &L.wss, sizeof(L.wss)));
-  cublasLtMatmulHeuristicResult_t res;
-  int found = 0;
-  CL(cublasLtMatmulAlgoGetHeuristic(L.h, L.d, L.la, L.lb, L.ld, L.ld, pref, 1, &res, &found));
-  if (!found) {
-    fprintf(stderr, "no cuBLASLt algorithm\n");
-    exit(1);
-  }
-  L.algo = res.algo;
-  CK(cudaMalloc(&L.ws, L.wss));
-}
-static void lt_run(Lt& L, const bf16* dz, const bf16* w, bf16* dx) {
-  const float one = 1.f, zero = 0.f;
-  CL(cublasLtMatmul(L.h, L.d, &one, w, L.la, dz, L.lb, &zero, dx, L.ld, dx, L.ld, &L.algo, L.ws, L.wss, 0));
+  lt_pick(L);
 }
 
 // ---- the kernel ----------------------------------------------------------------------------------
@@ -469,11 +332,7 @@ static void run(const char* name, const Tmap& tdy, const Tmap& tz, const Tmap& t
 int main(int argc, char** argv) {
   // Optional: the index of the one shape to run (0-2: GPT-2's; 3: a small one for compute-sanitizer).
   const int only = argc > 1 ? atoi(argv[1]) : -1;
-  int dev;
-  CK(cudaGetDevice(&dev));
-  cudaDeviceProp p;
-  CK(cudaGetDeviceProperties(&p, dev));
-  printf("%s, %d SMs\n", p.name, p.multiProcessorCount);
+  const cudaDeviceProp p = device_banner();
   // {M, K (the forward's input width, dx's), N (its output width, dz's)}
   const int shapes[4][3] = {{16384, 1024, 4096}, {16384, 768, 3072}, {16384, 3072, 768}, {256, 256, 512}};
   for (int si = 0; si < 4; ++si) {

@@ -48,107 +48,15 @@
 #include <vector>
 
 #include "attention_wgmma_ops.cuh"
+#include "hopper_harness.cuh"
 
-#define CK(x)                                                                            \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
-#define CL(x)                                                                           \
-  do {                                                                                  \
-    cublasStatus_t s_ = (x);                                                            \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-      fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, (int)s_); \
-      exit(1);                                                                          \
-    }                                                                                   \
-  } while (0)
-
-typedef __nv_bfloat16 bf16;
-
-struct alignas(64) Tmap {
-  unsigned long long v[16];
-};
-
-static __device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 static __device__ __forceinline__ unsigned long long wg_desc(unsigned saddr) {
   // 128-byte swizzle, K-major: LBO 16 bytes (unused for swizzled K-major), SBO 1024 (8 rows x 128 B).
   return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | ((unsigned long long)(16 >> 4) << 16) |
          ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
-static __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-static __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-static __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      "W_%=:\n"
-      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra W_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-static __device__ __forceinline__ void tma_load2(unsigned dst, const Tmap& map, int c0, int c1, unsigned bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-      "[%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-static __device__ __forceinline__ float tanh_fast(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // ---- host ---------------------------------------------------------------------------------------
-
-static Tmap make_map(const bf16* ptr, int rows, int cols, int box_rows) {
-  Tmap m;
-  cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-  cuuint64_t strides[1] = {(cuuint64_t)cols * 2};
-  cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
-  cuuint32_t es[2] = {1, 1};
-  CUresult r =
-      cuTensorMapEncodeTiled(reinterpret_cast<CUtensorMap*>(&m), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)ptr, dims,
-                             strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    fprintf(stderr, "cuTensorMapEncodeTiled: %d\n", (int)r);
-    exit(1);
-  }
-  return m;
-}
-
-__global__ void fill_rand(bf16* p, size_t n, unsigned seed, float scale) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16(((h & 0xFFFFFF) / 16777216.0f * 2.f - 1.f) * scale);
-  }
-}
-
-struct Lt {
-  cublasLtHandle_t h;
-  cublasLtMatmulDesc_t d;
-  cublasLtMatrixLayout_t la, lb, ld;
-  cublasLtMatmulAlgo_t algo;
-  void* ws;
-  size_t wss = 32u << 20;
-};
 
 // cuBLASLt's GELU_AUX_BIAS on the same problem, as ferrograd's fused linear calls it
 // (src/fused/linear/cuda.rs): column-major y^T (N x M) = W (N x K, read transposed) x^T.
@@ -167,42 +75,7 @@ static void lt_init(Lt& L, const bf16* bias, bf16* aux, int M, int N, int K) {
   CL(cublasLtMatrixLayoutCreate(&L.la, CUDA_R_16BF, K, N, K));
   CL(cublasLtMatrixLayoutCreate(&L.lb, CUDA_R_16BF, K, M, K));
   CL(cublasLtMatrixLayoutCreate(&L.ld, CUDA_R_16BF, N, M, N));
-  cublasLtMatmulPreference_t pref;
-  CL(cublasLtMatmulPreferenceCreate(&pref));
-  CL(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &L.wss, sizeof(L.wss)));
-  cublasLtMatmulHeuristicResult_t res;
-  int found = 0;
-  CL(cublasLtMatmulAlgoGetHeuristic(L.h, L.d, L.la, L.lb, L.ld, L.ld, pref, 1, &res, &found));
-  if (!found) {
-    fprintf(stderr, "no cuBLASLt algorithm\n");
-    exit(1);
-  }
-  L.algo = res.algo;
-  CK(cudaMalloc(&L.ws, L.wss));
-}
-static void lt_run(Lt& L, const bf16* x, const bf16* w, bf16* y) {
-  const float one = 1.f, zero = 0.f;
-  CL(cublasLtMatmul(L.h, L.d, &one, w, L.la, x, L.lb, &zero, y, L.ld, y, L.ld, &L.algo, L.ws, L.wss, 0));
-}
-
-template <typename F>
-static float time_us(F f, int reps) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> v;
-  for (int round = 0; round < 7; ++round) {
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < reps; ++i) f();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    v.push_back(ms * 1000.f / reps);
-  }
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  lt_pick(L);
 }
 
 // Max |ours - ref| over |ref| + 1e-2, and how many elements differ by more than 2 bf16 ulps of ref.
@@ -227,16 +100,6 @@ static void compare(const char* what, const bf16* d_ours, const bf16* d_ref, siz
 
 // ---- shared by the kernels below ------------------------------------------------------------------
 
-static __device__ __forceinline__ void tma_store2(const Tmap& map, unsigned src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
-                   reinterpret_cast<unsigned long long>(&map)),
-               "r"(c0), "r"(c1), "r"(src)
-               : "memory");
-}
-// Named barrier `id` among `n` threads (n a multiple of 128 here).
-static __device__ __forceinline__ void named_bar(int id, int n) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
 static __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -593,11 +456,7 @@ int main(int argc, char** argv) {
   // Optional: the index of the one shape to run (0, 1, 2: GPT-2's; 3: a small one, for profiling and
   // compute-sanitizer).
   const int only = argc > 1 ? atoi(argv[1]) : -1;
-  int dev;
-  CK(cudaGetDevice(&dev));
-  cudaDeviceProp p;
-  CK(cudaGetDeviceProperties(&p, dev));
-  printf("%s, %d SMs\n", p.name, p.multiProcessorCount);
+  device_banner();
   const int shapes[4][3] = {{16384, 1024, 4096}, {16384, 768, 3072}, {16384, 3072, 768}, {512, 256, 512}};
   for (int si = 0; si < 4; ++si) {
     if (only >= 0 ? si != only : si == 3) continue;
