@@ -35,7 +35,7 @@ pub trait BackendStorage: Sized {
     fn copy_strided_into(&self, l: &Layout, dst: &mut Self, dst_offset: usize) -> Result<()>;
     /// Copy the viewed elements into the view `dl` of `dst`: element i of one (row-major order)
     /// to element i of the other. `dl` has `l`'s element count, lies inside `dst` and does not
-    /// overlap itself (no stride-0 dim of size above 1): [`check_view_dst`]. (`Tensor::cat`
+    /// overlap itself: [`check_view_dst`]. (`Tensor::cat`
     /// along any dim: each input into its slice of the output.)
     fn copy_into_view(&self, l: &Layout, dst: &mut Self, dl: &Layout) -> Result<()>;
     /// The viewed elements converted to `dtype`.
@@ -95,8 +95,23 @@ pub fn check_view_dst(l: &Layout, dl: &Layout, dst_len: usize) -> Result<()> {
     if dl.elem_count() == 0 {
         return Ok(());
     }
-    if dl.dims().iter().zip(dl.strides()).any(|(&d, &s)| d > 1 && s == 0) {
-        return Err(crate::shape_err!(op, "the destination view {:?} repeats elements (stride 0)", dl.dims()));
+    // Distinct elements must land on distinct places (the kernels write them in parallel): with the
+    // dims of size above 1 sorted by stride, each stride must pass everything the smaller ones
+    // reach. (Sufficient, and what every view made by narrow, permute or slicing satisfies.)
+    let mut by_stride: Vec<(usize, usize)> =
+        dl.dims().iter().zip(dl.strides()).filter(|(&d, _)| d > 1).map(|(&d, &s)| (s, d)).collect();
+    by_stride.sort_unstable();
+    let mut reach = 0usize;
+    for (s, d) in by_stride {
+        if s <= reach || s == 0 {
+            return Err(crate::shape_err!(
+                op,
+                "the destination view {:?} (strides {:?}) repeats elements",
+                dl.dims(),
+                dl.strides()
+            ));
+        }
+        reach = reach.saturating_add((d - 1).saturating_mul(s));
     }
     let last = dl
         .dims()
@@ -128,7 +143,11 @@ mod tests {
         assert!(err(&out.narrow(1, 6, 3).unwrap(), 30).contains("into a view"), "count");
         assert!(err(&out.narrow(1, 6, 4).unwrap(), 29).contains("overflows"), "past the end");
         let repeated = Layout::new(Shape::from(vec![3, 4]), vec![0, 1], 0);
-        assert!(err(&repeated, 30).contains("stride 0"), "a destination that repeats elements");
+        assert!(err(&repeated, 30).contains("repeats elements"), "stride 0");
+        let overlapping = Layout::new(Shape::from(vec![3, 4]), vec![2, 1], 0);
+        assert!(err(&overlapping, 30).contains("repeats elements"), "rows overlapping the next");
+        let transposed = Layout::new(Shape::from(vec![3, 4]), vec![1, 3], 0);
+        assert!(check_view_dst(&src, &transposed, 12).is_ok(), "a permuted view repeats nothing");
         // Nothing to copy: no check of the (empty) destination's extent.
         let empty = Layout::contiguous(Shape::from(vec![0, 4]));
         assert!(check_view_dst(&empty, &Layout::new(Shape::from(vec![0, 4]), vec![4, 1], 99), 0).is_ok());

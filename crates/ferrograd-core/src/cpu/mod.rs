@@ -276,9 +276,23 @@ impl BackendStorage for CpuStorage {
         if dl.is_contiguous() {
             return self.copy_strided_into(l, dst, dl.offset());
         }
-        dispatch2!("copy_into_view", self, dst, (src, dst) => {
-            for (d, s) in dl.offsets().zip(l.offsets()) {
-                dst[d] = src[s];
+        let rows = strided::rows_of(dl);
+        dispatch2!("copy_into_view", self, dst, (src, dst) => match rows {
+            // Rows of `w` elements `stride` apart (cat along any dim is this): in parallel, each
+            // row the head of its own `stride`-long chunk of dst.
+            Some((w, stride)) if l.elem_count() >= strided::PAR_MIN => {
+                use rayon::prelude::*;
+                let tail = &mut dst[dl.offset()..];
+                tail.par_chunks_mut(stride).take(l.elem_count() / w).enumerate().for_each(|(r, row)| {
+                    for (o, off) in row[..w].iter_mut().zip(l.offsets_from(r * w)) {
+                        *o = src[off];
+                    }
+                });
+            }
+            _ => {
+                for (d, s) in dl.offsets().zip(l.offsets()) {
+                    dst[d] = src[s];
+                }
             }
         });
         Ok(())

@@ -106,3 +106,40 @@ pub fn gather_contiguous<T: Copy + Sync + Send + bytemuck::Zeroable>(src: &[T], 
         None => map(src, l, |x| x),
     }
 }
+
+/// A non-contiguous view as rows: `(w, stride)` when its elements are rows of `w` contiguous
+/// elements, `stride` apart (dims nested in each other merged, size-1 dims dropped, as a slice of
+/// a larger contiguous tensor along any dim is); `None` for any other shape of view.
+pub fn rows_of(l: &Layout) -> Option<(usize, usize)> {
+    let mut merged: Vec<(usize, usize)> = vec![];
+    for (&d, &s) in l.dims().iter().zip(l.strides()).rev() {
+        if d == 1 {
+            continue;
+        }
+        match merged.last_mut() {
+            Some((id, is)) if s == *is * *id => *id *= d,
+            _ => merged.push((d, s)),
+        }
+    }
+    match merged[..] {
+        [(w, 1), (_, stride)] if stride >= w => Some((w, stride)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rows_of;
+    use crate::{Layout, Shape};
+
+    #[test]
+    fn slices_along_any_dim_are_rows() {
+        let out = Layout::contiguous(Shape::from(vec![4, 6, 5]));
+        // Along the middle dim: 4 rows of 2 x 5 elements, 30 apart.
+        assert_eq!(rows_of(&out.narrow(1, 3, 2).unwrap()), Some((10, 30)));
+        assert_eq!(rows_of(&out.narrow(2, 1, 3).unwrap()), Some((3, 5)));
+        // Along the first: one run (the contiguous case), not rows.
+        assert_eq!(rows_of(&out.narrow(0, 1, 2).unwrap()), None);
+        assert_eq!(rows_of(&out.permute(&[0, 2, 1]).unwrap()), None, "no unit stride innermost");
+    }
+}

@@ -218,3 +218,23 @@ fn narrow_gradients_overlapping_and_along_other_dims() -> Result<()> {
     }
     Ok(())
 }
+
+/// Large enough for the CPU's parallel rows (`strided::rows_of`): each input equals its slice of
+/// the result along every dim, from contiguous, permuted, narrowed and broadcast inputs.
+#[test]
+fn large_cats_put_each_input_in_its_slice() -> Result<()> {
+    let mut rng = Rng::new(47);
+    let dims = [24usize, 37, 40];
+    for dim in 0..3 {
+        let widths = [29usize, 3, 40, 17];
+        let parts = cat_inputs(&mut rng, &dims, dim, &widths, DType::F32)?;
+        let out = Tensor::cat(&parts, dim)?;
+        let mut off = 0;
+        for (p, &w) in parts.iter().zip(&widths) {
+            let slice = out.narrow(dim, off, w)?.contiguous()?;
+            assert!(bits(&slice)? == bits(&p.contiguous()?)?, "cat along {dim}: the slice at {off} differs");
+            off += w;
+        }
+    }
+    Ok(())
+}
