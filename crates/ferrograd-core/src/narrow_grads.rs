@@ -61,21 +61,20 @@ fn zeros(dims: &[usize], dim: usize, n: usize, g: &Tensor) -> Result<Tensor> {
 }
 
 fn join(dims: &[usize], slices: Vec<Slice>) -> Result<Tensor> {
-    let dim = slices[0].dim;
+    let Some(first) = slices.first() else {
+        return Err(crate::Error::Backward("a narrow gradient with no slices".into()));
+    };
+    let dim = first.dim;
     let mut order: Vec<usize> = (0..slices.len()).collect();
     order.sort_by_key(|&i| slices[i].start);
     let end = |s: &Slice| s.start + s.g.dims()[s.dim];
     let disjoint = order.windows(2).all(|w| end(&slices[w[0]]) <= slices[w[1]].start);
     if !(disjoint && slices.iter().all(|s| s.dim == dim)) {
-        let mut sum: Option<Tensor> = None;
-        for s in &slices {
-            let p = padded(dims, s.dim, s.start, &s.g)?;
-            sum = Some(match sum {
-                Some(acc) => acc.add(&p)?,
-                None => p,
-            });
+        let mut sum = padded(dims, first.dim, first.start, &first.g)?;
+        for s in &slices[1..] {
+            sum = sum.add(&padded(dims, s.dim, s.start, &s.g)?)?;
         }
-        return Ok(sum.expect("at least one slice"));
+        return Ok(sum);
     }
     let mut parts = vec![];
     let mut at = 0;
@@ -88,7 +87,7 @@ fn join(dims: &[usize], slices: Vec<Slice>) -> Result<Tensor> {
         parts.push(s.g.clone());
     }
     if at < dims[dim] {
-        parts.push(zeros(dims, dim, dims[dim] - at, &slices[0].g)?);
+        parts.push(zeros(dims, dim, dims[dim] - at, &first.g)?);
     }
     Tensor::cat(&parts, dim)
 }
