@@ -417,6 +417,8 @@ fn input_grads(node: &Tensor, op: &Op, g: &Tensor, pending: &[Option<Tensor>]) -
             }
             vec![(x.clone(), g.permute(&inv)?)]
         }
+        // The rule; the walk itself keeps a narrow's gradient as a slice instead (narrow_grads.rs),
+        // which joins slices or falls back to this padding.
         Op::Narrow(x, dim, start) => vec![(x.clone(), crate::narrow_grads::padded(x.dims(), *dim, *start, g)?)],
         Op::Broadcast(x) => vec![(x.clone(), sum_to(g, x.dims())?)],
         Op::Copy(x) => vec![(x.clone(), g.clone())],

@@ -86,6 +86,24 @@ impl Layout {
         }
     }
 
+    /// The view's (dim, stride) pairs from the innermost out, size-1 dims dropped and each dim
+    /// merged into the next inner one where it steps exactly over it (stride = inner stride x
+    /// inner dim): the fewest dims that walk the same elements in the same order (what the CUDA
+    /// kernels take, `KLayout::new`, and how the CPU finds rows, `strided::rows_of`).
+    pub fn merged_dims(&self) -> Vec<(usize, usize)> {
+        let mut merged: Vec<(usize, usize)> = vec![];
+        for (&d, &s) in self.dims().iter().zip(self.strides()).rev() {
+            if d == 1 {
+                continue;
+            }
+            match merged.last_mut() {
+                Some((id, is)) if s == *is * *id => *id *= d,
+                _ => merged.push((d, s)),
+            }
+        }
+        merged
+    }
+
     /// The layout with dims `d0` and `d1` swapped.
     pub fn transpose(&self, d0: usize, d1: usize) -> Result<Layout> {
         let mut perm: Vec<usize> = (0..self.shape.rank()).collect();

@@ -108,20 +108,10 @@ pub fn gather_contiguous<T: Copy + Sync + Send + bytemuck::Zeroable>(src: &[T], 
 }
 
 /// A non-contiguous view as rows: `(w, stride)` when its elements are rows of `w` contiguous
-/// elements, `stride` apart (dims nested in each other merged, size-1 dims dropped, as a slice of
-/// a larger contiguous tensor along any dim is); `None` for any other shape of view.
+/// elements, `stride` apart once its dims are merged (`Layout::merged_dims`), as a slice of a
+/// larger contiguous tensor along any dim is; `None` for any other shape of view.
 pub fn rows_of(l: &Layout) -> Option<(usize, usize)> {
-    let mut merged: Vec<(usize, usize)> = vec![];
-    for (&d, &s) in l.dims().iter().zip(l.strides()).rev() {
-        if d == 1 {
-            continue;
-        }
-        match merged.last_mut() {
-            Some((id, is)) if s == *is * *id => *id *= d,
-            _ => merged.push((d, s)),
-        }
-    }
-    match merged[..] {
+    match l.merged_dims()[..] {
         [(w, 1), (_, stride)] if stride >= w => Some((w, stride)),
         _ => None,
     }

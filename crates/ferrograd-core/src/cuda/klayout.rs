@@ -39,17 +39,7 @@ impl KLayout {
             k.strides[0] = 1;
             return Ok(k);
         }
-        // Build from the innermost dim outwards.
-        let mut dims: Vec<(u64, u64)> = vec![];
-        for (&d, &s) in l.dims().iter().zip(l.strides()).rev() {
-            if d == 1 {
-                continue;
-            }
-            match dims.last_mut() {
-                Some((id, is)) if s as u64 == *is * *id => *id *= d as u64,
-                _ => dims.push((d as u64, s as u64)),
-            }
-        }
+        let dims = l.merged_dims(); // innermost first
         if dims.len() > MAX_DIMS {
             return Err(shape_err!(
                 "cuda",
@@ -60,8 +50,8 @@ impl KLayout {
         }
         k.rank = dims.len() as u32;
         for (i, (d, s)) in dims.iter().rev().enumerate() {
-            k.dims[i] = *d;
-            k.strides[i] = *s;
+            k.dims[i] = *d as u64;
+            k.strides[i] = *s as u64;
         }
         for i in dims.len()..MAX_DIMS {
             k.dims[i] = 1;

@@ -136,6 +136,11 @@ pub fn on(t: &Tensor, d: Device) -> Tensor {
     t.to_device(d).expect("transfer")
 }
 
+/// Every element's bits as f64 (exact for every dtype): for tests that two paths agree bit for bit.
+pub fn bits(t: &Tensor) -> Vec<u64> {
+    t.to_f64_vec().expect("values").into_iter().map(f64::to_bits).collect()
+}
+
 /// ‖x − y‖ / ‖y‖ of two value lists; infinite when anything is not finite.
 pub use ferrograd_core::fused::bench::rel_err as rel_err_of;
 

@@ -6,17 +6,13 @@
 
 use crate::common;
 
-use common::{gpu, randn};
+use common::{bits, gpu, randn};
 use ferrograd_core::cuda::ShadowSet;
 use ferrograd_core::fused::linear::{linear, Activation};
 use ferrograd_core::optim::{
     adam_step_scheduled, clip_factor_fused, clip_global_norm_fused, sgd_step, AdamConfig, SgdConfig,
 };
 use ferrograd_core::{DType, Device, Error, Result, Rng, Tensor};
-
-fn bits(t: &Tensor) -> Vec<u64> {
-    t.to_f64_vec().expect("values").into_iter().map(f64::to_bits).collect()
-}
 
 fn cfg() -> AdamConfig {
     AdamConfig { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, decoupled: true }

@@ -271,7 +271,7 @@ pub fn selective_scan(
     // The CUDA kernels read contiguous operands: a strided view (Mamba's z, delta, B and C are
     // permuted slices of projections) is copied here, once, and the copy recorded, so that the
     // backward reads it too instead of copying the view again.
-    let own = |t: &Tensor| if t.device().is_cuda() && !t.is_contiguous() { t.contiguous() } else { Ok(t.clone()) };
+    let own = |t: &Tensor| if t.device().is_cuda() { t.contiguous() } else { Ok(t.clone()) };
     let (u, delta, b, c) = (own(u)?, own(delta)?, own(b)?, own(c)?);
     let z = args.z.map(own).transpose()?;
     let mut inputs = vec![&u, &delta, a, &b, &c];
